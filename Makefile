@@ -1,0 +1,45 @@
+# fleetroll: `make demo` and `make test` are the two commands a newcomer needs (see README.md).
+SHELL := /bin/bash
+NODES ?= 10
+CARGO ?= cargo
+TESTENV := tests/testenv
+
+.PHONY: all build fmt fmt-check lint unit integration test testenv cluster cluster-down clean help
+
+all: build
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+build: ## build the fleetroll binary
+	$(CARGO) build --locked
+
+fmt: ## format the code
+	$(CARGO) fmt
+
+fmt-check:
+	$(CARGO) fmt --check
+
+lint: ## clippy, warnings are errors
+	$(CARGO) clippy --locked --all-targets -- -D warnings
+
+unit: ## unit tests (no cluster needed)
+	$(CARGO) test --locked --lib --bins
+
+integration: ## integration tests on a real control plane (starts one if none is up, stops it afterwards)
+	$(CARGO) build --locked --tests
+	NODES=$(NODES) $(TESTENV)/with-cluster.sh $(CARGO) test --locked --test '*'
+
+test: fmt-check lint unit integration ## everything CI runs
+
+testenv: ## build the control-plane binaries into the cache (once)
+	$(TESTENV)/build.sh
+
+cluster: ## start the local control plane (NODES=10 kwok nodes) or reuse the one that is up
+	@$(TESTENV)/cluster.sh up $(NODES)
+
+cluster-down: ## stop the local control plane and remove its state
+	@$(TESTENV)/cluster.sh down
+
+clean: cluster-down
+	$(CARGO) clean

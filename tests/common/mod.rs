@@ -1,0 +1,119 @@
+//! The integration-test harness: a client for the real control plane, a namespace per test, and waits on
+//! conditions with deadlines (never fixed sleeps).
+//!
+//! The cluster is `target/testenv` (started by `make cluster` or `make test`), or whatever
+//! `FLEETROLL_TEST_KUBECONFIG` points at.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::{fmt::Debug, future::Future, path::PathBuf, time::Duration};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::{
+    Api, Client, Config, Resource, ResourceExt,
+    api::{DeleteParams, ObjectMeta, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+    runtime::wait::await_condition,
+};
+use serde::de::DeserializeOwned;
+
+/// Label put on every namespace a test creates, so leftovers are easy to find.
+pub const TEST_LABEL: &str = "fleetroll.dev/test";
+
+/// Where the cluster under test is.
+pub struct TestCluster {
+    pub kubeconfig: PathBuf,
+    /// True for the local control plane of `tests/testenv` (kwok nodes), false for a user's own cluster.
+    pub local: bool,
+}
+
+pub fn cluster() -> TestCluster {
+    if let Some(path) = std::env::var_os("FLEETROLL_TEST_KUBECONFIG") {
+        return TestCluster {
+            kubeconfig: PathBuf::from(path),
+            local: false,
+        };
+    }
+    let kubeconfig = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/testenv/kubeconfig");
+    assert!(
+        kubeconfig.exists(),
+        "no cluster to test against: run `make cluster` (or `make test`, which starts one), \
+         or set FLEETROLL_TEST_KUBECONFIG to a kubeconfig of your own cluster"
+    );
+    TestCluster {
+        kubeconfig,
+        local: true,
+    }
+}
+
+pub async fn client() -> Client {
+    let path = cluster().kubeconfig;
+    let kubeconfig =
+        Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    Client::try_from(config).unwrap()
+}
+
+/// Runs `body` in a fresh namespace named `<prefix>-<random>`, then deletes the namespace, whether the
+/// body passed or panicked (the panic is re-raised afterwards).
+pub async fn with_namespace<F, Fut>(prefix: &str, body: F)
+where
+    F: FnOnce(Client, String) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let client = client().await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{prefix}-")),
+            labels: Some([(TEST_LABEL.to_string(), "true".to_string())].into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let name = namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap()
+        .name_any();
+    let outcome = tokio::spawn(body(client, name.clone())).await;
+    // Deletion finishes in the background (the namespace controller empties it); tests never reuse names.
+    if let Err(e) = namespaces.delete(&name, &DeleteParams::background()).await {
+        eprintln!("warning: could not delete test namespace {name}: {e}");
+    }
+    if let Err(e) = outcome {
+        match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => panic!("test body in namespace {name} did not finish: {e}"),
+        }
+    }
+}
+
+/// Waits until the named object satisfies `cond`, or panics after `timeout` showing the object as it last
+/// was. Driven by a watch, so it reacts to the change itself rather than polling.
+pub async fn wait_for<K>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    cond: impl Fn(&K) -> bool,
+) -> K
+where
+    K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    let waited = tokio::time::timeout(
+        timeout,
+        await_condition(api.clone(), name, move |obj: Option<&K>| obj.is_some_and(&cond)),
+    )
+    .await;
+    match waited {
+        Ok(Ok(Some(obj))) => obj,
+        Ok(Ok(None)) => panic!("{name} disappeared while waiting for {what}"),
+        Ok(Err(e)) => panic!("watch failed while waiting for {what}: {e}"),
+        Err(_) => {
+            let last = api.get_opt(name).await;
+            panic!("timed out after {timeout:?} waiting for {what}; last seen: {last:#?}")
+        }
+    }
+}

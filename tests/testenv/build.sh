@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Builds the local control plane from Go modules, once, into a cache outside the repository:
+#   $FLEETROLL_CACHE/bin/<component>-<version>/
+# etcd and kube-* cannot be `go install`ed (their go.mod files carry replace directives), so each is
+# built from a small wrapper module in $FLEETROLL_CACHE/src. A finished build leaves a `.complete`
+# stamp holding the versions the binaries reported, so a second run only checks stamps.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=tests/testenv/versions.sh
+. "$here/versions.sh"
+# shellcheck source=tests/testenv/lib.sh
+. "$here/lib.sh"
+
+export GOWORK=off GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+
+# Records what each binary says of its own version; fails if it is not the version we built.
+stamp() {
+  local dir=$1 expect=$2 cmd=$3
+  local got
+  got=$(cd "$dir" && eval "$cmd" 2>&1 | tr '\n' ' ')
+  case "$got" in
+    *"$expect"*) printf '%s\n' "$got" >"$dir/.complete" ;;
+    *) die "$dir: version check '$cmd' printed '$got', expected '$expect'" ;;
+  esac
+}
+
+# Extracts "GoMod"/"Dir" from `go mod download -json`, without needing jq.
+mod_field() { sed -n "s/^[[:space:]]*\"$1\": \"\(.*\)\",\{0,1\}$/\1/p" | head -n1; }
+
+build_etcd() {
+  local out=$CACHE/bin/etcd-$ETCD_VERSION src=$CACHE/src/etcd-$ETCD_VERSION
+  [ -f "$out/.complete" ] && return 0
+  log "building etcd $ETCD_VERSION"
+  mkdir -p "$src" "$out"
+  cat >"$src/go.mod" <<EOF
+module fleetroll.invalid/etcd-bin
+
+go 1.26.0
+
+require go.etcd.io/etcd/server/v3 $ETCD_VERSION
+
+tool go.etcd.io/etcd/server/v3
+EOF
+  (cd "$src" && go mod tidy && go build -trimpath -ldflags '-s -w' -o "$out/etcd" go.etcd.io/etcd/server/v3)
+  stamp "$out" "etcd Version: ${ETCD_VERSION#v}" './etcd --version'
+}
+
+build_kubernetes() {
+  local out=$CACHE/bin/kubernetes-$K8S_VERSION src=$CACHE/src/kubernetes-$K8S_VERSION
+  [ -f "$out/.complete" ] && return 0
+  log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl $K8S_VERSION (the long one)"
+  mkdir -p "$src" "$out"
+  local staging=v0.${K8S_VERSION#v1.}
+  local upstream_mod info
+  upstream_mod=$(cd "$src" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | mod_field GoMod)
+  info=$(cd "$src" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | mod_field Info)
+  [ -f "$upstream_mod" ] || die "could not download k8s.io/kubernetes@$K8S_VERSION"
+  {
+    echo "module fleetroll.invalid/kube-bins"
+    echo
+    grep -E '^(go|godebug) ' "$upstream_mod"
+    echo
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo
+    echo "tool ("
+    for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do echo "	k8s.io/kubernetes/cmd/$c"; done
+    echo ")"
+    echo
+    # Upstream maps every staging module to ./staging/src; point each at its published release instead.
+    echo "replace ("
+    sed -n 's#^[[:space:]]*\(k8s\.io/[a-z0-9-]*\) => \./staging/src/.*#\1#p' "$upstream_mod" |
+      while read -r m; do echo "	$m => $m $staging"; done
+    echo ")"
+  } >"$src/go.mod"
+  (cd "$src" && go mod tidy)
+
+  local minor=${K8S_VERSION#v1.}
+  minor=${minor%%.*}
+  local date commit ldf=""
+  date=$(sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "$info")
+  commit=$(sed -n 's/.*"Hash":"\([^"]*\)".*/\1/p' "$info")
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldf+=" -X '$pkg.gitVersion=$K8S_VERSION' -X '$pkg.gitMajor=1' -X '$pkg.gitMinor=$minor'"
+    ldf+=" -X '$pkg.gitTreeState=clean' -X '$pkg.buildDate=${date:-unknown}' -X '$pkg.gitCommit=${commit:-unknown}'"
+  done
+  (cd "$src" && go build -trimpath -tags selinux,notest -ldflags "-s -w $ldf" -o "$out/" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
+  stamp "$out" "Kubernetes $K8S_VERSION Kubernetes $K8S_VERSION Kubernetes $K8S_VERSION Client Version: $K8S_VERSION" \
+    './kube-apiserver --version; ./kube-controller-manager --version; ./kube-scheduler --version; ./kubectl version --client'
+}
+
+build_kwok() {
+  local out=$CACHE/bin/kwok-$KWOK_VERSION
+  [ -f "$out/.complete" ] && return 0
+  log "building kwok $KWOK_VERSION"
+  mkdir -p "$out"
+  GOBIN=$out go install -trimpath -ldflags '-s -w' "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  stamp "$out" "${KWOK_VERSION#v}" './kwok --version'
+}
+
+build_helm() {
+  local out=$CACHE/bin/helm-$HELM_VERSION
+  [ -f "$out/.complete" ] && return 0
+  log "building helm $HELM_VERSION"
+  mkdir -p "$out"
+  local major=${HELM_VERSION%%.*} kminor=${K8S_VERSION#v1.}
+  kminor=${kminor%%.*}
+  local p="helm.sh/helm/$major"
+  GOBIN=$out go install -trimpath -ldflags "-s -w -X $p/internal/version.version=$HELM_VERSION \
+    -X $p/internal/version.gitTreeState=clean \
+    -X $p/pkg/chartutil.k8sVersionMajor=1 -X $p/pkg/chartutil.k8sVersionMinor=$kminor \
+    -X $p/pkg/lint/rules.k8sVersionMajor=1 -X $p/pkg/lint/rules.k8sVersionMinor=$kminor" \
+    "$p/cmd/helm@$HELM_VERSION"
+  stamp "$out" "$HELM_VERSION" './helm version --short'
+}
+
+mkdir -p "$CACHE"
+start=$(date +%s)
+build_etcd
+build_kwok
+build_helm
+build_kubernetes
+log "control-plane binaries ready in $CACHE/bin ($(($(date +%s) - start))s)"

@@ -1,0 +1,282 @@
+#!/usr/bin/env bash
+# A real local control plane as plain processes on 127.0.0.1: etcd, kube-apiserver (TLS, RBAC,
+# ServiceAccount token signing), kube-controller-manager, kube-scheduler and kwok with fake nodes.
+#
+#   cluster.sh up [NODES]   start one (or reuse the one that is up, adding nodes up to NODES)
+#   cluster.sh down         stop every process `up` started, by PID, and remove the state
+#   cluster.sh status       exit 0 when a cluster is up and answering
+#
+# State lives in $FLEETROLL_TESTENV (default target/testenv): kubeconfig, bin/ (links to the cached
+# binaries), pki/, pids/, logs/, etcd/. Ports are chosen free at start, so nothing else is disturbed.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+# shellcheck source=tests/testenv/versions.sh
+. "$here/versions.sh"
+# shellcheck source=tests/testenv/lib.sh
+. "$here/lib.sh"
+
+W=${FLEETROLL_TESTENV:-$root/target/testenv}
+BIN=$W/bin
+KUBECONFIG_OUT=$W/kubeconfig
+# Reverse of this order is the stop order.
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+
+kubectl() { "$BIN/kubectl" --kubeconfig="$KUBECONFIG_OUT" "$@"; }
+
+# Polls a command until it succeeds or the deadline passes; prints the component's log tail on failure.
+wait_for() {
+  local what=$1 seconds=$2 logname=$3
+  shift 3
+  local deadline=$((SECONDS + seconds))
+  until "$@" >/dev/null 2>&1; do
+    if [ $SECONDS -ge $deadline ]; then
+      [ -f "$W/logs/$logname.log" ] && tail -n 30 "$W/logs/$logname.log" >&2
+      die "timed out after ${seconds}s waiting for $what"
+    fi
+    if [ -n "$logname" ] && [ -f "$W/pids/$logname.pid" ] && ! kill -0 "$(cat "$W/pids/$logname.pid")" 2>/dev/null; then
+      tail -n 30 "$W/logs/$logname.log" >&2
+      die "$logname exited while waiting for $what"
+    fi
+    sleep 0.2
+  done
+}
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# Starts a component in its own session so `down` can stop it and all its children by process group.
+spawn() {
+  local name=$1
+  shift
+  setsid "$@" >"$W/logs/$name.log" 2>&1 </dev/null &
+  echo $! >"$W/pids/$name.pid"
+}
+
+link_binaries() {
+  mkdir -p "$BIN"
+  local k="$CACHE/bin/kubernetes-$K8S_VERSION"
+  local b
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do ln -sf "$k/$b" "$BIN/$b"; done
+  ln -sf "$CACHE/bin/etcd-$ETCD_VERSION/etcd" "$BIN/etcd"
+  ln -sf "$CACHE/bin/kwok-$KWOK_VERSION/kwok" "$BIN/kwok"
+  ln -sf "$CACHE/bin/helm-$HELM_VERSION/helm" "$BIN/helm"
+}
+
+# One CA; a serving cert for the apiserver; client certs whose CN/O the bootstrap RBAC policy knows.
+make_pki() {
+  local p=$W/pki
+  mkdir -p "$p"
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$p/ca.key" -out "$p/ca.crt" -days 3650 \
+    -subj /CN=fleetroll-testenv-ca 2>/dev/null
+  # cert NAME SUBJECT EKU [SAN]
+  cert() {
+    local ext="$p/$1.ext"
+    {
+      echo "basicConstraints=CA:FALSE"
+      echo "keyUsage=critical,digitalSignature,keyEncipherment"
+      echo "extendedKeyUsage=$3"
+      [ -z "${4:-}" ] || echo "subjectAltName=$4"
+    } >"$ext"
+    openssl req -newkey rsa:2048 -nodes -keyout "$p/$1.key" -out "$p/$1.csr" -subj "$2" 2>/dev/null
+    openssl x509 -req -in "$p/$1.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial -days 3650 \
+      -extfile "$ext" -out "$p/$1.crt" 2>/dev/null
+    rm -f "$p/$1.csr" "$ext"
+  }
+  cert apiserver /CN=kube-apiserver serverAuth \
+    "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:127.0.0.1,IP:10.96.0.1"
+  cert admin "/O=system:masters/CN=fleetroll-admin" clientAuth
+  cert kcm /CN=system:kube-controller-manager clientAuth
+  cert scheduler /CN=system:kube-scheduler clientAuth
+  cert kwok "/O=system:masters/CN=kwok" clientAuth
+  openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$p/sa.key" 2>/dev/null
+  openssl pkey -in "$p/sa.key" -pubout -out "$p/sa.pub"
+}
+
+# write_kubeconfig FILE USER: certificates are embedded, so the file works from any directory.
+write_kubeconfig() {
+  local f=$1 user=$2 k="$BIN/kubectl"
+  rm -f "$f"
+  "$k" config --kubeconfig="$f" set-cluster fleetroll-testenv --server="https://127.0.0.1:$(cat "$W/ports/apiserver")" \
+    --certificate-authority="$W/pki/ca.crt" --embed-certs >/dev/null
+  "$k" config --kubeconfig="$f" set-credentials "$user" --client-certificate="$W/pki/$user.crt" \
+    --client-key="$W/pki/$user.key" --embed-certs >/dev/null
+  "$k" config --kubeconfig="$f" set-context fleetroll-testenv --cluster=fleetroll-testenv --user="$user" >/dev/null
+  "$k" config --kubeconfig="$f" use-context fleetroll-testenv >/dev/null
+}
+
+port() { cat "$W/ports/$1"; }
+
+start_etcd() {
+  spawn etcd "$BIN/etcd" --name=node0 --data-dir="$W/etcd" \
+    --listen-client-urls="http://127.0.0.1:$(port etcd)" --advertise-client-urls="http://127.0.0.1:$(port etcd)" \
+    --listen-peer-urls="http://127.0.0.1:$(port etcd-peer)" --initial-advertise-peer-urls="http://127.0.0.1:$(port etcd-peer)" \
+    --initial-cluster="node0=http://127.0.0.1:$(port etcd-peer)" \
+    --unsafe-no-fsync=true --auto-compaction-retention=1 --quota-backend-bytes=8589934592 --log-level=warn
+  wait_for "etcd health" 30 etcd curl -fsS "http://127.0.0.1:$(port etcd)/health"
+}
+
+start_apiserver() {
+  local adv=()
+  # With a loopback bind address the apiserver advertises the default-route IP, and refuses to start
+  # on a host that has none.
+  if ! awk 'NR > 1 && $2 == "00000000" { found = 1 } END { exit !found }' /proc/net/route; then
+    local ip
+    ip=$(hostname -I 2>/dev/null | tr ' ' '\n' | grep -v '^127\.' | grep -v ':' | head -n1 || true)
+    [ -n "$ip" ] || die "this host has no default route and no non-loopback IPv4 address for --advertise-address"
+    adv=(--advertise-address="$ip")
+  fi
+  spawn kube-apiserver "$BIN/kube-apiserver" "${adv[@]}" \
+    --etcd-servers="http://127.0.0.1:$(port etcd)" \
+    --bind-address=127.0.0.1 --secure-port="$(port apiserver)" \
+    --tls-cert-file="$W/pki/apiserver.crt" --tls-private-key-file="$W/pki/apiserver.key" \
+    --client-ca-file="$W/pki/ca.crt" \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$W/pki/sa.pub" --service-account-signing-key-file="$W/pki/sa.key" \
+    --service-cluster-ip-range=10.96.0.0/16 \
+    --authorization-mode=Node,RBAC --allow-privileged=true \
+    --max-requests-inflight=2000 --max-mutating-requests-inflight=1000 \
+    --profiling=false --v=1
+  wait_for "kube-apiserver /readyz" 120 kube-apiserver \
+    curl -fsS --cacert "$W/pki/ca.crt" "https://127.0.0.1:$(port apiserver)/readyz"
+}
+
+start_controller_manager() {
+  write_kubeconfig "$W/kcm.kubeconfig" kcm
+  # Each controller gets its own ServiceAccount credentials, as kubeadm does; QPS is raised so that
+  # thousands of Deployments (the scale benchmarks) are not throttled by the client side.
+  spawn kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig="$W/kcm.kubeconfig" \
+    --authentication-kubeconfig="$W/kcm.kubeconfig" --authorization-kubeconfig="$W/kcm.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$(port controller-manager)" --leader-elect=false \
+    --authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics \
+    --use-service-account-credentials=true \
+    --service-account-private-key-file="$W/pki/sa.key" --root-ca-file="$W/pki/ca.crt" \
+    --cluster-signing-cert-file="$W/pki/ca.crt" --cluster-signing-key-file="$W/pki/ca.key" \
+    --kube-api-qps=500 --kube-api-burst=1000 \
+    --concurrent-deployment-syncs=20 --concurrent-replicaset-syncs=20 \
+    --node-monitor-period=5s --node-monitor-grace-period=40s --v=1
+  wait_for "kube-controller-manager /healthz" 60 kube-controller-manager \
+    curl -fsSk "https://127.0.0.1:$(port controller-manager)/healthz"
+}
+
+start_scheduler() {
+  write_kubeconfig "$W/scheduler.kubeconfig" scheduler
+  cat >"$W/scheduler.yaml" <<EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: $W/scheduler.kubeconfig
+  qps: 500
+  burst: 1000
+leaderElection:
+  leaderElect: false
+EOF
+  spawn kube-scheduler "$BIN/kube-scheduler" --config="$W/scheduler.yaml" \
+    --authentication-kubeconfig="$W/scheduler.kubeconfig" --authorization-kubeconfig="$W/scheduler.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$(port scheduler)" \
+    --authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics --v=1
+  wait_for "kube-scheduler /healthz" 60 kube-scheduler curl -fsSk "https://127.0.0.1:$(port scheduler)/healthz"
+}
+
+start_kwok() {
+  write_kubeconfig "$W/kwok.kubeconfig" kwok
+  spawn kwok "$BIN/kwok" --kubeconfig="$W/kwok.kubeconfig" --config="$here/kwok-stages.yaml" \
+    --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+    --node-lease-duration-seconds=40 --cidr=10.244.0.0/16 --node-ip=10.244.0.1 \
+    --server-address="127.0.0.1:$(port kwok)" --node-port="$(port kwok)"
+  # kwok has no health endpoint of its own worth trusting yet; nodes turning Ready is the real check.
+  sleep 0.1
+}
+
+# Creates fake nodes kwok-node-0..N-1 (idempotently) and waits until all are Ready.
+ensure_nodes() {
+  local n=$1 i
+  {
+    for ((i = 0; i < n; i++)); do
+      cat <<EOF
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: kwok-node-$i
+  annotations:
+    kwok.x-k8s.io/node: fake
+    node.alpha.kubernetes.io/ttl: "0"
+  labels:
+    kubernetes.io/hostname: kwok-node-$i
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    kubernetes.io/role: agent
+    node-role.kubernetes.io/agent: ""
+    type: kwok
+status:
+  allocatable: {cpu: "32", memory: 256Gi, pods: "1000"}
+  capacity: {cpu: "32", memory: 256Gi, pods: "1000"}
+EOF
+    done
+  } | kubectl apply --server-side --field-manager=fleetroll-testenv -f - >/dev/null
+  wait_for "$n kwok nodes Ready" 120 kwok \
+    sh -c "[ \"\$('$BIN/kubectl' --kubeconfig='$KUBECONFIG_OUT' get nodes -l type=kwok -o jsonpath='{range .items[*]}{.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}' | grep -c True)\" -ge $n ]"
+}
+
+is_up() {
+  [ -f "$W/ports/apiserver" ] && [ -f "$KUBECONFIG_OUT" ] || return 1
+  local c
+  for c in "${COMPONENTS[@]}"; do
+    [ -f "$W/pids/$c.pid" ] && kill -0 "$(cat "$W/pids/$c.pid")" 2>/dev/null || return 1
+  done
+  curl -fsS --max-time 5 --cacert "$W/pki/ca.crt" "https://127.0.0.1:$(port apiserver)/readyz" >/dev/null 2>&1
+}
+
+up() {
+  local nodes=${1:-10}
+  local t0=$SECONDS
+  if is_up; then
+    log "reusing the cluster that is up at $W"
+    ensure_nodes "$nodes"
+  else
+    [ ! -d "$W/pids" ] || down
+    "$here/build.sh"
+    mkdir -p "$W"/{pids,logs,ports}
+    link_binaries
+    local p
+    for p in etcd etcd-peer apiserver controller-manager scheduler kwok; do free_port >"$W/ports/$p"; done
+    make_pki
+    start_etcd
+    start_apiserver
+    write_kubeconfig "$KUBECONFIG_OUT" admin
+    start_controller_manager
+    start_scheduler
+    start_kwok
+    ensure_nodes "$nodes"
+    wait_for "the default ServiceAccount" 60 kube-controller-manager kubectl -n default get serviceaccount default
+    log "cluster up in $((SECONDS - t0))s"
+  fi
+  kubectl version 2>/dev/null | sed 's/^/[testenv] /' >&2 || true
+  echo "export KUBECONFIG=$KUBECONFIG_OUT PATH=$BIN:\$PATH"
+}
+
+# Stops the components in reverse start order: TERM to the process group, KILL after 10 s.
+down() {
+  local i c pid
+  for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
+    c=${COMPONENTS[$i]}
+    [ -f "$W/pids/$c.pid" ] || continue
+    pid=$(cat "$W/pids/$c.pid")
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+      local deadline=$((SECONDS + 10))
+      while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+      kill -KILL -- "-$pid" 2>/dev/null || true
+    fi
+    rm -f "$W/pids/$c.pid"
+  done
+  rm -rf "$W"
+  log "cluster stopped and $W removed"
+}
+
+case "${1:-}" in
+  up) up "${2:-10}" ;;
+  down) down ;;
+  status) is_up ;;
+  *) die "usage: $0 up [NODES] | down | status" ;;
+esac

@@ -1,0 +1,6 @@
+# Versions of the local control plane. One place; the cache is keyed by these.
+# k8s-openapi's feature in Cargo.toml (v1_37) must match K8S_VERSION's minor.
+K8S_VERSION=v1.37.2
+ETCD_VERSION=v3.6.16
+KWOK_VERSION=v0.8.0
+HELM_VERSION=v3.22.0
