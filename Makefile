@@ -4,7 +4,7 @@ NODES ?= 10
 CARGO ?= cargo
 TESTENV := tests/testenv
 
-.PHONY: all build fmt fmt-check lint unit integration test testenv cluster cluster-down clean help
+.PHONY: all build generate fmt fmt-check lint unit integration test testenv cluster cluster-down clean help
 
 all: build
 
@@ -13,6 +13,9 @@ help: ## list the targets
 
 build: ## build the fleetroll binary
 	$(CARGO) build --locked
+
+generate: ## regenerate the CRD under crds/ from the Rust types
+	$(CARGO) run --locked --quiet -- crd > crds/fleetroll.dev_fleetrollouts.yaml
 
 fmt: ## format the code
 	$(CARGO) fmt

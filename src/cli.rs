@@ -1,14 +1,151 @@
 //! The command line: one binary, one subcommand per role.
 
-use clap::Parser;
+use std::{net::SocketAddr, process::ExitCode, time::Duration};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+
+use crate::{controller::Settings, operator};
 
 /// Durable, batched image rollouts across a fleet of Kubernetes workloads.
 #[derive(Debug, Parser)]
 #[command(name = "fleetroll", version, about, long_about = None)]
-pub struct Cli {}
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+
+    /// Log level (or a full tracing filter such as `fleetroll=debug,kube=info`); RUST_LOG overrides it.
+    #[arg(long, global = true, env = "FLEETROLL_LOG_LEVEL", default_value = "info")]
+    log_level: String,
+
+    /// Log format.
+    #[arg(long, global = true, env = "FLEETROLL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the FleetRollout CustomResourceDefinition as YAML.
+    Crd,
+    /// Run the operator: the controller (when leader) and its HTTP listener (/healthz, /readyz, /metrics).
+    Operator(OperatorArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct OperatorArgs {
+    /// Address of the HTTP listener.
+    #[arg(long, env = "FLEETROLL_LISTEN", default_value = "0.0.0.0:8080")]
+    listen: SocketAddr,
+
+    /// The namespace whose FleetRollouts may span namespaces (targets.namespaceSelector).
+    #[arg(long, env = "FLEETROLL_FLEET_NAMESPACE", default_value = "fleetroll-system")]
+    fleet_namespace: String,
+
+    /// Reconcile only the FleetRollouts of this namespace (default: all namespaces).
+    #[arg(long, env = "FLEETROLL_NAMESPACE")]
+    namespace: Option<String>,
+
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "FLEETROLL_LEASE_NAME", default_value = "fleetroll-operator")]
+    lease_name: String,
+
+    /// Namespace of the Lease (default: the fleet namespace).
+    #[arg(long, env = "FLEETROLL_LEASE_NAMESPACE")]
+    lease_namespace: Option<String>,
+
+    /// How long a leader's lease lasts without renewal before another replica takes over.
+    #[arg(long, env = "FLEETROLL_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    lease_duration: Duration,
+
+    /// This replica's name in the Lease and in events (default: POD_NAME, else host name and pid).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    crate::duration::parse(s).map_err(|e| e.to_string())
+}
+
+fn init_tracing(level: &str, format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    let registry = tracing_subscriber::registry().with(filter);
+    let _ = match format {
+        LogFormat::Text => registry
+            .with(fmt::layer().with_writer(std::io::stderr))
+            .try_init(),
+        LogFormat::Json => registry
+            .with(fmt::layer().json().with_writer(std::io::stderr))
+            .try_init(),
+    };
+}
+
+fn default_identity() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "fleetroll".into());
+    format!("{host}-{}", std::process::id())
+}
 
 /// Parses the command line and runs the chosen subcommand.
-pub fn run() -> std::process::ExitCode {
-    let _cli = Cli::parse();
-    std::process::ExitCode::SUCCESS
+pub fn run() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Crd => match crate::api::crd_yaml() {
+            Ok(yaml) => {
+                print!("{yaml}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: cannot render the CRD: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Operator(args) => {
+            init_tracing(&cli.log_level, cli.log_format);
+            let opts = operator::Options {
+                listen: args.listen,
+                lease_namespace: args
+                    .lease_namespace
+                    .unwrap_or_else(|| args.fleet_namespace.clone()),
+                lease_name: args.lease_name,
+                lease_duration: args.lease_duration,
+                settings: Settings {
+                    fleet_namespace: args.fleet_namespace,
+                    watch_namespace: args.namespace,
+                    identity: args.identity.unwrap_or_else(default_identity),
+                },
+            };
+            block_on(operator::run(opts))
+        }
+    }
+}
+
+fn block_on(f: impl std::future::Future<Output = crate::error::Result<()>>) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(f) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "fatal");
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

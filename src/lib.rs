@@ -3,4 +3,17 @@
 //! A `FleetRollout` resource describes the rollout; its status subresource is the durable checkpoint, so
 //! etcd, not any process, knows where a rollout stands.
 
+pub mod api;
 pub mod cli;
+pub mod conditions;
+pub mod controller;
+pub mod duration;
+pub mod engine;
+pub mod error;
+pub mod failpoint;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod operator;
+pub mod plan;
+pub mod workload;

@@ -1,0 +1,353 @@
+//! Finding the fleet: which namespaces a rollout may touch, and which workloads in them match. Run once
+//! per revision, against the API server (not the cache), right before the plan is frozen.
+
+use std::collections::HashSet;
+
+use k8s_openapi::api::{
+    apps::v1::{DaemonSet, Deployment, StatefulSet},
+    core::v1::Namespace,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::ListParams,
+    core::{Selector, SelectorExt},
+};
+
+use crate::{
+    api::{FleetRollout, OPT_IN_LABEL, OPT_IN_VALUE, TargetKind, Unplanned},
+    engine::Blocked,
+    error::Result,
+    plan::Candidate,
+    workload::{self, ContainerError, WorkloadFacts},
+};
+
+use super::targets::Stores;
+
+pub mod reason {
+    pub const INVALID_SELECTOR: &str = "InvalidSelector";
+    pub const CROSS_NAMESPACE_NOT_ALLOWED: &str = "CrossNamespaceNotAllowed";
+    pub const NO_NAMESPACES: &str = "NoNamespacesMatch";
+    pub const NAMESPACE_NOT_OPTED_IN: &str = "NamespaceNotOptedIn";
+    pub const NO_TARGETS: &str = "NoTargets";
+    pub const CONTAINER_NOT_FOUND: &str = "ContainerNotFound";
+    pub const CONTAINER_AMBIGUOUS: &str = "ContainerAmbiguous";
+}
+
+fn blocked(reason: &'static str, message: String) -> Blocked {
+    Blocked { reason, message }
+}
+
+/// The namespaces a rollout may touch, or why it may touch none. Pure over the namespaces listed.
+pub fn allowed_namespaces(
+    fr: &FleetRollout,
+    fleet_namespace: &str,
+    listed: Option<&[Namespace]>,
+) -> Result<Vec<String>, Blocked> {
+    let own = fr.namespace().unwrap_or_default();
+    let Some(selector) = &fr.spec.targets.namespace_selector else {
+        return Ok(vec![own]);
+    };
+    if own != fleet_namespace {
+        return Err(blocked(
+            reason::CROSS_NAMESPACE_NOT_ALLOWED,
+            format!(
+                "targets.namespaceSelector is honoured only for FleetRollouts in the fleet namespace {fleet_namespace:?}; \
+                 this one is in {own:?} (no target was changed)"
+            ),
+        ));
+    }
+    let selector = Selector::try_from(selector.clone()).map_err(|e| {
+        blocked(
+            reason::INVALID_SELECTOR,
+            format!("targets.namespaceSelector: {e}"),
+        )
+    })?;
+    let matching: Vec<&Namespace> = listed
+        .unwrap_or_default()
+        .iter()
+        .filter(|n| selector.matches(n.labels()))
+        .collect();
+    if matching.is_empty() {
+        return Err(blocked(
+            reason::NO_NAMESPACES,
+            format!("no namespace matches targets.namespaceSelector ({selector})"),
+        ));
+    }
+    let not_opted_in: Vec<String> = matching
+        .iter()
+        .filter(|n| n.labels().get(OPT_IN_LABEL).map(String::as_str) != Some(OPT_IN_VALUE))
+        .map(|n| n.name_any())
+        .collect();
+    if !not_opted_in.is_empty() {
+        return Err(blocked(
+            reason::NAMESPACE_NOT_OPTED_IN,
+            format!(
+                "{} namespace(s) match targets.namespaceSelector but are not labelled {OPT_IN_LABEL}={OPT_IN_VALUE}: {} \
+                 (no target was changed)",
+                not_opted_in.len(),
+                sample(&not_opted_in)
+            ),
+        ));
+    }
+    let mut names: Vec<String> = matching.iter().map(|n| n.name_any()).collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Turns the matching workloads into plan candidates, or says why they cannot be planned. Pure.
+pub fn candidates(
+    fr: &FleetRollout,
+    found: Vec<WorkloadFacts>,
+    namespaces: &[String],
+) -> Result<Vec<Candidate>, Blocked> {
+    let container = fr.spec.container.as_deref();
+    let mut out = Vec::with_capacity(found.len());
+    let mut errors: Vec<ContainerError> = Vec::new();
+    for f in &found {
+        match f.container_image(container) {
+            Ok((_, image)) => out.push(Candidate {
+                namespace: f.namespace.clone(),
+                name: f.name.clone(),
+                current_image: image.to_string(),
+            }),
+            Err(e) => errors.push(e),
+        }
+    }
+    if let Some(first) = errors.first() {
+        let reason = match first {
+            ContainerError::NotFound { .. } => reason::CONTAINER_NOT_FOUND,
+            ContainerError::Ambiguous { .. } => reason::CONTAINER_AMBIGUOUS,
+        };
+        let more = if errors.len() > 1 {
+            format!(" (and {} more targets)", errors.len() - 1)
+        } else {
+            String::new()
+        };
+        return Err(blocked(reason, format!("{first}{more}; no target was changed")));
+    }
+    if out.is_empty() {
+        let kind = workload::kind_name(fr.spec.targets.kind);
+        let selector = Selector::try_from(fr.spec.targets.selector.clone())
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        return Err(blocked(
+            reason::NO_TARGETS,
+            format!(
+                "no {kind} matches selector {selector:?} in namespace(s) {}",
+                sample(namespaces)
+            ),
+        ));
+    }
+    Ok(out)
+}
+
+/// Lists the fleet from the API server. The outer error is an API failure; the inner one is a spec the
+/// operator cannot act on.
+pub async fn discover(
+    client: &Client,
+    fleet_namespace: &str,
+    fr: &FleetRollout,
+) -> Result<Result<Vec<Candidate>, Blocked>> {
+    let selector = match Selector::try_from(fr.spec.targets.selector.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            return Ok(Err(blocked(
+                reason::INVALID_SELECTOR,
+                format!("targets.selector: {e}"),
+            )));
+        }
+    };
+    let listed = match &fr.spec.targets.namespace_selector {
+        Some(_) => Some(
+            Api::<Namespace>::all(client.clone())
+                .list(&ListParams::default())
+                .await?
+                .items,
+        ),
+        None => None,
+    };
+    let namespaces = match allowed_namespaces(fr, fleet_namespace, listed.as_deref()) {
+        Ok(n) => n,
+        Err(b) => return Ok(Err(b)),
+    };
+    let lp = ListParams::default().labels(&selector.to_string());
+    let mut found = Vec::new();
+    for ns in &namespaces {
+        match fr.spec.targets.kind {
+            TargetKind::Deployment => found.extend(
+                Api::<Deployment>::namespaced(client.clone(), ns)
+                    .list(&lp)
+                    .await?
+                    .items
+                    .iter()
+                    .map(workload::deployment_facts),
+            ),
+            TargetKind::StatefulSet => found.extend(
+                Api::<StatefulSet>::namespaced(client.clone(), ns)
+                    .list(&lp)
+                    .await?
+                    .items
+                    .iter()
+                    .map(workload::statefulset_facts),
+            ),
+            TargetKind::DaemonSet => found.extend(
+                Api::<DaemonSet>::namespaced(client.clone(), ns)
+                    .list(&lp)
+                    .await?
+                    .items
+                    .iter()
+                    .map(workload::daemonset_facts),
+            ),
+        }
+    }
+    Ok(candidates(fr, found, &namespaces))
+}
+
+/// Matching workloads in the cache that the plan does not contain (reported, never added).
+pub fn unplanned(
+    fr: &FleetRollout,
+    fleet_namespace: &str,
+    stores: &Stores,
+    members: &HashSet<(String, String)>,
+) -> Option<Unplanned> {
+    let selector = Selector::try_from(fr.spec.targets.selector.clone()).ok()?;
+    let namespaces: Vec<Namespace> = match &fr.spec.targets.namespace_selector {
+        Some(_) => stores.namespaces.state().iter().map(|n| (**n).clone()).collect(),
+        None => Vec::new(),
+    };
+    let allowed: HashSet<String> = allowed_namespaces(fr, fleet_namespace, Some(&namespaces))
+        .ok()?
+        .into_iter()
+        .collect();
+    let mut extra: Vec<String> = stores
+        .all(fr.spec.targets.kind)
+        .into_iter()
+        .filter(|f| allowed.contains(&f.namespace) && selector.matches(&f.labels))
+        .filter(|f| !members.contains(&(f.namespace.clone(), f.name.clone())))
+        .map(|f| f.key())
+        .collect();
+    extra.sort();
+    let count = u32::try_from(extra.len()).unwrap_or(u32::MAX);
+    extra.truncate(10);
+    Some(Unplanned { count, sample: extra })
+}
+
+fn sample(names: &[String]) -> String {
+    let mut s = names.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+    if names.len() > 5 {
+        s.push_str(&format!(" and {} more", names.len() - 5));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{FleetRolloutSpec, Health, Strategy, Targets};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+    use std::collections::BTreeMap;
+
+    fn rollout(ns: &str, ns_selector: Option<&str>) -> FleetRollout {
+        let sel = |k: &str| LabelSelector {
+            match_labels: Some(BTreeMap::from([(k.to_string(), "yes".to_string())])),
+            ..Default::default()
+        };
+        let mut fr = FleetRollout::new(
+            "r",
+            FleetRolloutSpec {
+                image: "web:v2".into(),
+                container: None,
+                targets: Targets {
+                    kind: TargetKind::Deployment,
+                    selector: sel("app"),
+                    namespace_selector: ns_selector.map(sel),
+                },
+                strategy: Strategy::default(),
+                health: Health::default(),
+                paused: false,
+                abort: false,
+                rollback: false,
+                approvals: vec![],
+            },
+        );
+        fr.metadata.namespace = Some(ns.into());
+        fr
+    }
+
+    fn namespace(name: &str, labels: &[(&str, &str)]) -> Namespace {
+        Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn without_a_namespace_selector_only_the_own_namespace_is_used() {
+        assert_eq!(
+            allowed_namespaces(&rollout("team-a", None), "fleetroll-system", None),
+            Ok(vec!["team-a".into()])
+        );
+    }
+
+    #[test]
+    fn cross_namespace_rollouts_are_honoured_only_in_the_fleet_namespace() {
+        let err =
+            allowed_namespaces(&rollout("team-a", Some("tier")), "fleetroll-system", Some(&[])).unwrap_err();
+        assert_eq!(err.reason, reason::CROSS_NAMESPACE_NOT_ALLOWED);
+    }
+
+    #[test]
+    fn every_matching_namespace_must_be_opted_in() {
+        let listed = [
+            namespace("t1", &[("tier", "yes"), (OPT_IN_LABEL, OPT_IN_VALUE)]),
+            namespace("t2", &[("tier", "yes")]),
+            namespace("other", &[(OPT_IN_LABEL, OPT_IN_VALUE)]),
+        ];
+        let err = allowed_namespaces(
+            &rollout("fleetroll-system", Some("tier")),
+            "fleetroll-system",
+            Some(&listed),
+        )
+        .unwrap_err();
+        assert_eq!(err.reason, reason::NAMESPACE_NOT_OPTED_IN);
+        assert!(err.message.contains("t2"), "{}", err.message);
+        let ok = allowed_namespaces(
+            &rollout("fleetroll-system", Some("tier")),
+            "fleetroll-system",
+            Some(&listed[..1]),
+        );
+        assert_eq!(ok, Ok(vec!["t1".into()]));
+    }
+
+    #[test]
+    fn a_wrong_container_name_blocks_the_whole_plan() {
+        let f = WorkloadFacts {
+            namespace: "ns".into(),
+            name: "web".into(),
+            labels: BTreeMap::new(),
+            applied: None,
+            containers: vec![("web".into(), "web:v1".into())],
+            generation: 1,
+            status: Default::default(),
+        };
+        let mut fr = rollout("ns", None);
+        fr.spec.container = Some("api".into());
+        let err = candidates(&fr, vec![f.clone()], &["ns".into()]).unwrap_err();
+        assert_eq!(err.reason, reason::CONTAINER_NOT_FOUND);
+        fr.spec.container = None;
+        assert_eq!(candidates(&fr, vec![f], &["ns".into()]).unwrap().len(), 1);
+        assert_eq!(
+            candidates(&fr, vec![], &["ns".into()]).unwrap_err().reason,
+            reason::NO_TARGETS
+        );
+    }
+}

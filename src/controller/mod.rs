@@ -1,0 +1,555 @@
+//! The reconcile loop: reads facts, asks the state machine (`engine`) for the next step, performs it, and
+//! repeats until the machine says to wait. All decisions are the engine's; this module only does IO.
+
+pub mod discovery;
+pub mod plans;
+pub mod targets;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use k8s_openapi::{
+    api::{
+        apps::v1::{DaemonSet, Deployment, StatefulSet},
+        core::v1::Namespace,
+    },
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{ListParams, PostParams},
+    runtime::{
+        Controller, WatchStreamExt,
+        controller::Action,
+        events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter},
+        reflector::{self, ObjectRef, Store},
+        watcher,
+    },
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use crate::{
+    api::{BatchState, FleetRollout, FleetRolloutStatus, Phase, ROLLOUT_ANNOTATION, RevisionInputs},
+    engine::{self, EventType, Facts, NewRevision, Step, Transition},
+    error::{Error, Result},
+    failpoint,
+    metrics::{Metrics, PhaseLabel, StateLabel},
+    plan,
+};
+
+use self::{
+    plans::PlanStore,
+    targets::{Change, Prober, Stores},
+};
+
+/// How many steps one reconcile may take before yielding (a safety net, never reached in practice).
+const MAX_STEPS: usize = 64;
+/// Re-check rollouts that wait on nothing in particular this often (reads only; writes happen on change).
+const RESYNC: Duration = Duration::from_secs(300);
+/// Re-try a spec that cannot be acted on (targets or namespaces may appear).
+const BLOCKED_RETRY: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Cross-namespace rollouts are honoured only in this namespace.
+    pub fleet_namespace: String,
+    /// Only FleetRollouts in this namespace are reconciled (all namespaces when None).
+    pub watch_namespace: Option<String>,
+    /// Name of this replica, for events.
+    pub identity: String,
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    client: Client,
+    settings: Settings,
+    stores: Stores,
+    rollouts: Store<FleetRollout>,
+    plans: PlanStore,
+    prober: Prober,
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+    /// The newest version of each rollout this replica wrote, by uid: the cache may lag behind our own
+    /// writes, and acting on a stale status would only earn a conflict.
+    written: Mutex<HashMap<String, Arc<FleetRollout>>>,
+}
+
+impl Context {
+    fn freshest(&self, cached: Arc<FleetRollout>) -> Arc<FleetRollout> {
+        let Some(uid) = cached.uid() else { return cached };
+        let Ok(mut written) = self.written.lock() else {
+            return cached;
+        };
+        match written.get(&uid) {
+            Some(ours) if rv(ours) > rv(&cached) => ours.clone(),
+            Some(_) => {
+                written.remove(&uid);
+                cached
+            }
+            None => cached,
+        }
+    }
+
+    fn remember(&self, fr: &Arc<FleetRollout>) {
+        if let (Some(uid), Ok(mut written)) = (fr.uid(), self.written.lock()) {
+            written.insert(uid, fr.clone());
+        }
+    }
+}
+
+/// resourceVersions are opaque, but etcd's are integers; an unparsable one never wins.
+fn rv(fr: &FleetRollout) -> u64 {
+    fr.resource_version().and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+fn api(ctx: &Context, fr: &FleetRollout) -> Api<FleetRollout> {
+    Api::namespaced(ctx.client.clone(), &fr.namespace().unwrap_or_default())
+}
+
+async fn reconcile(obj: Arc<FleetRollout>, ctx: Arc<Context>) -> Result<Action> {
+    let started = Instant::now();
+    ctx.metrics.reconciles.inc();
+    let span = info_span!("reconcile", rollout = %format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any()));
+    let result = run_steps(ctx.freshest(obj), &ctx, started).instrument(span).await;
+    ctx.metrics
+        .reconcile_duration
+        .observe(started.elapsed().as_secs_f64());
+    update_gauges(&ctx);
+    result
+}
+
+async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -> Result<Action> {
+    if fr.meta().deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    // Target health is read from the caches: never decide on a cache that has not been filled yet (every
+    // target would look deleted).
+    ctx.stores.wait_until_ready().await;
+    let uid = fr.uid().unwrap_or_default();
+    let mut batch_settled_at: Option<Instant> = None;
+    for _ in 0..MAX_STEPS {
+        let status = fr.status.clone().unwrap_or_default();
+        let generation = fr.metadata.generation.unwrap_or(0);
+        let now = Timestamp::now();
+
+        if engine::needs_new_revision(&fr.spec, &status) {
+            match plan_revision(ctx, &fr, &status, generation, now).await? {
+                Some(t) => {
+                    fr = match write_status(ctx, &fr, t).await {
+                        Ok(f) => f,
+                        Err(Error::Conflict) => refetch(ctx, &fr).await?,
+                        Err(e) => return Err(e),
+                    };
+                    continue;
+                }
+                None => return Ok(Action::requeue(BLOCKED_RETRY)),
+            }
+        }
+
+        let Some(plan_ref) = status.plan.clone() else {
+            return Ok(Action::requeue(BLOCKED_RETRY));
+        };
+        let loaded = ctx.plans.load(&ctx.client, &fr, &plan_ref).await?;
+        let kind = fr.spec.targets.kind;
+        let container = status.revision.as_ref().and_then(|r| r.inputs.container.clone());
+        let http = http_checks(ctx, &fr, &status, &loaded.plan).await;
+        let lookup = |t: &crate::api::PlannedTarget| ctx.stores.state(kind, container.as_deref(), t, &http);
+        let unplanned =
+            || discovery::unplanned(&fr, &ctx.settings.fleet_namespace, &ctx.stores, &loaded.members);
+        let step = engine::advance(&Facts {
+            now,
+            uid: &uid,
+            generation,
+            spec: &fr.spec,
+            status: &status,
+            plan: &loaded.plan,
+            target: &lookup,
+            unplanned: &unplanned,
+        });
+
+        let outcome = match step {
+            Step::Wait { after } => {
+                return Ok(Action::requeue(
+                    after.map_or(RESYNC, |d| d.min(RESYNC) + Duration::from_millis(10)),
+                ));
+            }
+            Step::Write(t) => {
+                let intent = is_intent(&status, &t.status);
+                if t.events
+                    .iter()
+                    .any(|e| e.reason == engine::reason::BATCH_SUCCEEDED)
+                {
+                    batch_settled_at = Some(started);
+                }
+                observe_batches(ctx, &status, &t.status);
+                let written = write_status(ctx, &fr, t).await;
+                if intent && written.is_ok() {
+                    failpoint::hit(failpoint::AFTER_INTENT).await;
+                }
+                written
+            }
+            Step::Apply {
+                key,
+                image,
+                targets,
+                after,
+            } => {
+                let rollout = format!("{}/{}", fr.namespace().unwrap_or_default(), fr.name_any());
+                let change = Change {
+                    kind,
+                    container: container.as_deref(),
+                    key: &key,
+                    rollout: &rollout,
+                    between: failpoint::BETWEEN_PATCHES,
+                };
+                let out =
+                    targets::patch_all(&ctx.client, &ctx.stores, &ctx.metrics, &change, &targets, |_| {
+                        image.clone()
+                    })
+                    .await?;
+                if let Some(at) = batch_settled_at.take() {
+                    ctx.metrics.batch_transition.observe(at.elapsed().as_secs_f64());
+                }
+                info!(key = %key, changed = out.changed, unchanged = out.unchanged, skipped = out.skipped, "batch applied");
+                failpoint::hit(failpoint::AFTER_APPLY).await;
+                write_status(ctx, &fr, after).await
+            }
+            Step::Restore { key, targets } => {
+                let rollout = format!("{}/{}", fr.namespace().unwrap_or_default(), fr.name_any());
+                let change = Change {
+                    kind,
+                    container: container.as_deref(),
+                    key: &key,
+                    rollout: &rollout,
+                    between: failpoint::BETWEEN_RESTORES,
+                };
+                let out =
+                    targets::patch_all(&ctx.client, &ctx.stores, &ctx.metrics, &change, &targets, |t| {
+                        t.previous_image.clone()
+                    })
+                    .await?;
+                info!(key = %key, changed = out.changed, unchanged = out.unchanged, skipped = out.skipped, "rollback applied");
+                let t = engine::restored(now, generation, &status, out.changed + out.unchanged, out.skipped);
+                write_status(ctx, &fr, t).await
+            }
+        };
+        fr = match outcome {
+            Ok(f) => f,
+            Err(Error::Conflict) => {
+                debug!("status changed underneath us; re-reading");
+                refetch(ctx, &fr).await?
+            }
+            Err(e) => return Err(e),
+        };
+    }
+    Ok(Action::requeue(Duration::from_millis(100)))
+}
+
+/// A write that moves a batch to Applying: the intent before any target of it changes.
+fn is_intent(before: &FleetRolloutStatus, after: &FleetRolloutStatus) -> bool {
+    after.current_batch.is_some()
+        && after.current_batch != before.current_batch
+        && after
+            .batches
+            .last()
+            .is_some_and(|b| b.state == BatchState::Applying)
+}
+
+fn observe_batches(ctx: &Context, before: &FleetRolloutStatus, after: &FleetRolloutStatus) {
+    for b in &after.batches {
+        let was_open = before
+            .batches
+            .iter()
+            .any(|x| x.index == b.index && x.finished_at.is_none());
+        if let (true, Some(start), Some(end)) = (was_open, &b.started_at, &b.finished_at) {
+            let secs = end.0.duration_since(start.0).as_secs_f64();
+            ctx.metrics.batch_duration.observe(secs.max(0.0));
+        }
+    }
+}
+
+async fn refetch(ctx: &Context, fr: &FleetRollout) -> Result<Arc<FleetRollout>> {
+    Ok(Arc::new(api(ctx, fr).get(&fr.name_any()).await?))
+}
+
+/// Discovers the fleet and freezes the plan of a new revision; None when the spec cannot be acted on and
+/// the status already says so.
+async fn plan_revision(
+    ctx: &Context,
+    fr: &Arc<FleetRollout>,
+    status: &FleetRolloutStatus,
+    generation: i64,
+    now: Timestamp,
+) -> Result<Option<Transition>> {
+    let candidates = match discovery::discover(&ctx.client, &ctx.settings.fleet_namespace, fr).await? {
+        Ok(c) => c,
+        Err(why) => return Ok(engine::blocked(now, generation, status, &why)),
+    };
+    let inputs = RevisionInputs::of(&fr.spec);
+    let spec_hash = plan::sha256_hex(&inputs);
+    // A superseded revision's targets keep the image they had before this rollout first changed them.
+    let mut previous = HashMap::new();
+    if let Some(old_ref) = &status.plan {
+        let old = ctx.plans.load(&ctx.client, fr, old_ref).await?;
+        for t in old.plan.batches.iter().flatten() {
+            previous.insert((t.namespace.clone(), t.name.clone()), t.previous_image.clone());
+        }
+    }
+    let plan = match plan::build(candidates, &inputs, &spec_hash, &previous) {
+        Ok(p) => p,
+        Err(e) => {
+            let why = engine::Blocked {
+                reason: engine::reason::INVALID_SPEC,
+                message: e.to_string(),
+            };
+            return Ok(engine::blocked(now, generation, status, &why));
+        }
+    };
+    let plan_ref = ctx.plans.store(&ctx.client, fr, &plan).await?;
+    Ok(Some(engine::start_revision(
+        now,
+        generation,
+        &fr.spec,
+        status,
+        NewRevision {
+            inputs,
+            spec_hash,
+            plan: &plan,
+            plan_ref,
+        },
+    )))
+}
+
+async fn http_checks(
+    ctx: &Context,
+    fr: &FleetRollout,
+    status: &FleetRolloutStatus,
+    plan: &plan::Plan,
+) -> HashMap<(String, String), Result<(), String>> {
+    let Some(check) = &fr.spec.health.http else {
+        return HashMap::new();
+    };
+    let Some(batch) = status
+        .current_batch
+        .and_then(|i| status.batches.iter().find(|b| b.index == i))
+    else {
+        return HashMap::new();
+    };
+    if batch.state != BatchState::Verifying {
+        return HashMap::new();
+    }
+    // Probe only targets whose own rollout is complete: the others are not healthy anyway.
+    let container = status.revision.as_ref().and_then(|r| r.inputs.container.clone());
+    let ready: Vec<_> = plan
+        .batch(batch.index)
+        .iter()
+        .filter(|t| {
+            ctx.stores
+                .state(fr.spec.targets.kind, container.as_deref(), t, &HashMap::new())
+                .is_some_and(|s| s.readiness == crate::workload::Readiness::Ready)
+        })
+        .cloned()
+        .collect();
+    ctx.prober
+        .check_all(&check.url, check.expect_status, &ready)
+        .await
+}
+
+/// Persists a status with the resourceVersion we read: if anything changed since, the API server refuses
+/// (409) and we re-read instead of overwriting.
+async fn write_status(ctx: &Context, fr: &FleetRollout, t: Transition) -> Result<Arc<FleetRollout>> {
+    let mut next = fr.clone();
+    next.status = Some(t.status);
+    next.metadata.managed_fields = None;
+    let pp = PostParams {
+        field_manager: Some(crate::api::FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    let written = Arc::new(api(ctx, fr).replace_status(&fr.name_any(), &pp, &next).await?);
+    ctx.metrics.status_writes.inc();
+    ctx.remember(&written);
+    if let Some(s) = &written.status {
+        debug!(phase = %s.phase, batch = ?s.current_batch, "status written");
+    }
+    publish(ctx, &written, t.events);
+    Ok(written)
+}
+
+/// Events are best effort and must not slow the rollout down: they are sent in the background.
+fn publish(ctx: &Context, fr: &FleetRollout, events: Vec<engine::Event>) {
+    if events.is_empty() {
+        return;
+    }
+    let recorder = ctx.recorder.clone();
+    let reference = fr.object_ref(&());
+    tokio::spawn(async move {
+        for e in events {
+            let event = KubeEvent {
+                type_: match e.type_ {
+                    EventType::Normal => KubeEventType::Normal,
+                    EventType::Warning => KubeEventType::Warning,
+                },
+                reason: e.reason.to_string(),
+                note: Some(e.message),
+                action: "Rollout".into(),
+                secondary: None,
+            };
+            if let Err(err) = recorder.publish(&event, &reference).await {
+                warn!(error = %err, "could not publish an event");
+            }
+        }
+    });
+}
+
+fn update_gauges(ctx: &Context) {
+    let mut phases: HashMap<Phase, i64> = Phase::ALL.iter().map(|p| (*p, 0)).collect();
+    let (mut updated, mut healthy, mut failed, mut pending) = (0i64, 0i64, 0i64, 0i64);
+    for fr in ctx.rollouts.state() {
+        let s = fr.status.clone().unwrap_or_default();
+        *phases.entry(s.phase).or_default() += 1;
+        updated += i64::from(s.counts.updated);
+        healthy += i64::from(s.counts.healthy);
+        failed += i64::from(s.counts.failed);
+        pending += i64::from(s.counts.total.saturating_sub(s.counts.updated));
+    }
+    for (phase, n) in phases {
+        ctx.metrics
+            .rollouts
+            .get_or_create(&PhaseLabel {
+                phase: phase.to_string(),
+            })
+            .set(n);
+    }
+    for (state, n) in [
+        ("updated", updated),
+        ("healthy", healthy),
+        ("failed", failed),
+        ("pending", pending),
+    ] {
+        ctx.metrics
+            .targets
+            .get_or_create(&StateLabel { state: state.into() })
+            .set(n);
+    }
+}
+
+fn error_policy(fr: Arc<FleetRollout>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&crate::metrics::ErrorLabel {
+            error: err.metric_label().into(),
+        })
+        .inc();
+    warn!(rollout = %fr.name_any(), error = %err, "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(2))
+}
+
+/// Maps a target event to the rollout that last changed it (from our annotation).
+fn rollout_of<K: Resource>(obj: &K) -> Option<ObjectRef<FleetRollout>> {
+    let value = obj.meta().annotations.as_ref()?.get(ROLLOUT_ANNOTATION)?;
+    let (ns, name) = value.split_once('/')?;
+    Some(ObjectRef::new(name).within(ns))
+}
+
+/// Strips what the controller never reads, so a cache of 10,000 workloads stays small.
+fn slim<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.retain(|k, _| k.starts_with("fleetroll.dev/"));
+    }
+}
+
+/// Runs the controller until `shutdown` fires. Call only while holding the leader lease.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let rollouts: Api<FleetRollout> = match &settings.watch_namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    rollouts
+        .list(&ListParams::default().limit(1))
+        .await
+        .map_err(Error::CrdMissing)?;
+
+    let watch_cfg = watcher::Config::default().any_semantic();
+    let (deployments, deployments_w) = reflector::store::<Deployment>();
+    let (statefulsets, statefulsets_w) = reflector::store::<StatefulSet>();
+    let (daemonsets, daemonsets_w) = reflector::store::<DaemonSet>();
+    let (namespaces, namespaces_w) = reflector::store::<Namespace>();
+    let deployment_events = watcher(Api::<Deployment>::all(client.clone()), watch_cfg.clone())
+        .default_backoff()
+        .modify(slim)
+        .reflect(deployments_w)
+        .touched_objects();
+    let statefulset_events = watcher(Api::<StatefulSet>::all(client.clone()), watch_cfg.clone())
+        .default_backoff()
+        .modify(slim)
+        .reflect(statefulsets_w)
+        .touched_objects();
+    let daemonset_events = watcher(Api::<DaemonSet>::all(client.clone()), watch_cfg.clone())
+        .default_backoff()
+        .modify(slim)
+        .reflect(daemonsets_w)
+        .touched_objects();
+    let namespace_events = watcher(Api::<Namespace>::all(client.clone()), watch_cfg.clone())
+        .default_backoff()
+        .modify(slim)
+        .reflect(namespaces_w)
+        .touched_objects();
+
+    let controller = Controller::new(rollouts, watch_cfg)
+        .watches_stream(deployment_events, |d| rollout_of(&d))
+        .watches_stream(statefulset_events, |s| rollout_of(&s))
+        .watches_stream(daemonset_events, |d| rollout_of(&d))
+        .watches_stream(namespace_events, |_| None);
+    let stores = Stores {
+        deployments,
+        statefulsets,
+        daemonsets,
+        namespaces,
+    };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "fleetroll".into(),
+                instance: Some(settings.identity.clone()),
+            },
+        ),
+        rollouts: controller.store(),
+        client,
+        settings,
+        stores: stores.clone(),
+        plans: PlanStore::default(),
+        prober: Prober::default(),
+        metrics,
+        written: Mutex::new(HashMap::new()),
+    });
+
+    let stop = shutdown.clone();
+    info!("controller starting");
+    controller
+        .graceful_shutdown_on(async move { stop.cancelled().await })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                match e {
+                    kube::runtime::controller::Error::ObjectNotFound(_) => {}
+                    other => error!(error = %other, "controller error"),
+                }
+            }
+        })
+        .await;
+    info!("controller stopped");
+    Ok(())
+}

@@ -1,0 +1,305 @@
+//! The targets, as the controller sees and changes them: cached facts from the reflector stores, the
+//! idempotent image patches of a batch and of a rollback, and the optional HTTP checks.
+
+use std::{collections::HashMap, time::Duration};
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::{
+    apps::v1::{DaemonSet, Deployment, StatefulSet},
+    core::v1::Namespace,
+};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+    runtime::reflector::{ObjectRef, Store},
+};
+use tracing::{debug, info};
+
+use crate::{
+    api::{FIELD_MANAGER, PlannedTarget, TargetKind},
+    engine::TargetState,
+    error::{Error, Result, is_not_found},
+    failpoint,
+    metrics::Metrics,
+    workload::{self, WorkloadFacts},
+};
+
+/// How many target patches of one batch are in flight at once.
+const PATCH_CONCURRENCY: usize = 16;
+const HTTP_CONCURRENCY: usize = 16;
+const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The reflector caches the controller reads targets from.
+#[derive(Clone)]
+pub struct Stores {
+    pub deployments: Store<Deployment>,
+    pub statefulsets: Store<StatefulSet>,
+    pub daemonsets: Store<DaemonSet>,
+    pub namespaces: Store<Namespace>,
+}
+
+impl Stores {
+    /// Resolves once every cache has been filled by its first list.
+    pub async fn wait_until_ready(&self) {
+        let _ = futures::future::join4(
+            self.deployments.wait_until_ready(),
+            self.statefulsets.wait_until_ready(),
+            self.daemonsets.wait_until_ready(),
+            self.namespaces.wait_until_ready(),
+        )
+        .await;
+    }
+
+    /// A target's facts from the cache.
+    pub fn facts(&self, kind: TargetKind, namespace: &str, name: &str) -> Option<WorkloadFacts> {
+        match kind {
+            TargetKind::Deployment => self
+                .deployments
+                .get(&ObjectRef::new(name).within(namespace))
+                .map(|d| workload::deployment_facts(&d)),
+            TargetKind::StatefulSet => self
+                .statefulsets
+                .get(&ObjectRef::new(name).within(namespace))
+                .map(|s| workload::statefulset_facts(&s)),
+            TargetKind::DaemonSet => self
+                .daemonsets
+                .get(&ObjectRef::new(name).within(namespace))
+                .map(|d| workload::daemonset_facts(&d)),
+        }
+    }
+
+    /// Every cached workload of a kind.
+    pub fn all(&self, kind: TargetKind) -> Vec<WorkloadFacts> {
+        match kind {
+            TargetKind::Deployment => self
+                .deployments
+                .state()
+                .iter()
+                .map(|d| workload::deployment_facts(d))
+                .collect(),
+            TargetKind::StatefulSet => self
+                .statefulsets
+                .state()
+                .iter()
+                .map(|s| workload::statefulset_facts(s))
+                .collect(),
+            TargetKind::DaemonSet => self
+                .daemonsets
+                .state()
+                .iter()
+                .map(|d| workload::daemonset_facts(d))
+                .collect(),
+        }
+    }
+
+    /// What the state machine needs of a target.
+    pub fn state(
+        &self,
+        kind: TargetKind,
+        container: Option<&str>,
+        t: &PlannedTarget,
+        http: &HashMap<(String, String), Result<(), String>>,
+    ) -> Option<TargetState> {
+        let facts = self.facts(kind, &t.namespace, &t.name)?;
+        Some(TargetState {
+            image: facts
+                .container_image(container)
+                .map(|(_, i)| i.to_string())
+                .map_err(|e| e.to_string()),
+            applied: facts.applied.clone(),
+            readiness: facts.readiness(),
+            http: http.get(&(t.namespace.clone(), t.name.clone())).cloned(),
+        })
+    }
+}
+
+/// What happened to the targets of one patch round.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    pub changed: u32,
+    /// Already carried the key: not changed again.
+    pub unchanged: u32,
+    /// Gone, or without the container.
+    pub skipped: u32,
+}
+
+/// One image change to make.
+pub struct Change<'a> {
+    pub kind: TargetKind,
+    pub container: Option<&'a str>,
+    pub key: &'a str,
+    pub rollout: &'a str,
+    pub between: &'static str,
+}
+
+/// Applies `image_of(target)` to each target that does not carry `change.key` yet, with server-side apply.
+/// Safe to repeat: a target that already has the key is skipped, and re-sending the same apply is a no-op.
+pub async fn patch_all(
+    client: &Client,
+    stores: &Stores,
+    metrics: &Metrics,
+    change: &Change<'_>,
+    targets: &[PlannedTarget],
+    image_of: impl Fn(&PlannedTarget) -> String,
+) -> Result<Outcome> {
+    // Owned items: a stream of borrowed ones trips the compiler's higher-ranked lifetime checks.
+    let work: Vec<(usize, PlannedTarget, String)> = targets
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (i, t.clone(), image_of(t)))
+        .collect();
+    let results: Vec<Result<PatchResult>> = stream::iter(work)
+        .map(|(i, t, image)| async move {
+            if i > 0 {
+                failpoint::hit(change.between).await;
+            }
+            patch_one(client, stores, metrics, change, &t, &image).await
+        })
+        .buffered(PATCH_CONCURRENCY)
+        .collect()
+        .await;
+    let mut outcome = Outcome::default();
+    for r in results {
+        match r? {
+            PatchResult::Changed => outcome.changed += 1,
+            PatchResult::Unchanged => outcome.unchanged += 1,
+            PatchResult::Skipped => outcome.skipped += 1,
+        }
+    }
+    Ok(outcome)
+}
+
+enum PatchResult {
+    Changed,
+    Unchanged,
+    Skipped,
+}
+
+async fn patch_one(
+    client: &Client,
+    stores: &Stores,
+    metrics: &Metrics,
+    change: &Change<'_>,
+    t: &PlannedTarget,
+    image: &str,
+) -> Result<PatchResult> {
+    let facts = match stores.facts(change.kind, &t.namespace, &t.name) {
+        Some(f) => Some(f),
+        // Not in the cache (yet): ask the API server, so a fresh target is not mistaken for a gone one.
+        None => live_facts(client, change.kind, t).await?,
+    };
+    let Some(facts) = facts else {
+        info!(target = %format!("{}/{}", t.namespace, t.name), "target is gone; skipped");
+        return Ok(PatchResult::Skipped);
+    };
+    let container = match facts.container_image(change.container) {
+        Ok((name, current)) => {
+            if facts.applied.as_deref() == Some(change.key) && current == image {
+                return Ok(PatchResult::Unchanged);
+            }
+            name.to_string()
+        }
+        Err(e) => {
+            info!(error = %e, "target has no such container; skipped");
+            return Ok(PatchResult::Skipped);
+        }
+    };
+    let body = workload::image_patch(
+        change.kind,
+        &t.namespace,
+        &t.name,
+        &container,
+        image,
+        change.key,
+        change.rollout,
+    );
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let patch = Patch::Apply(&body);
+    let result = match change.kind {
+        TargetKind::Deployment => Api::<Deployment>::namespaced(client.clone(), &t.namespace)
+            .patch(&t.name, &params, &patch)
+            .await
+            .map(|_| ()),
+        TargetKind::StatefulSet => Api::<StatefulSet>::namespaced(client.clone(), &t.namespace)
+            .patch(&t.name, &params, &patch)
+            .await
+            .map(|_| ()),
+        TargetKind::DaemonSet => Api::<DaemonSet>::namespaced(client.clone(), &t.namespace)
+            .patch(&t.name, &params, &patch)
+            .await
+            .map(|_| ()),
+    };
+    metrics.target_patches.inc();
+    match result {
+        Ok(()) => {
+            debug!(target = %format!("{}/{}", t.namespace, t.name), %image, key = change.key, "patched");
+            Ok(PatchResult::Changed)
+        }
+        Err(e) if is_not_found(&e) => Ok(PatchResult::Skipped),
+        Err(e) => Err(Error::Kube(e)),
+    }
+}
+
+async fn live_facts(client: &Client, kind: TargetKind, t: &PlannedTarget) -> Result<Option<WorkloadFacts>> {
+    let facts = match kind {
+        TargetKind::Deployment => Api::<Deployment>::namespaced(client.clone(), &t.namespace)
+            .get_opt(&t.name)
+            .await?
+            .map(|d| workload::deployment_facts(&d)),
+        TargetKind::StatefulSet => Api::<StatefulSet>::namespaced(client.clone(), &t.namespace)
+            .get_opt(&t.name)
+            .await?
+            .map(|s| workload::statefulset_facts(&s)),
+        TargetKind::DaemonSet => Api::<DaemonSet>::namespaced(client.clone(), &t.namespace)
+            .get_opt(&t.name)
+            .await?
+            .map(|d| workload::daemonset_facts(&d)),
+    };
+    Ok(facts)
+}
+
+/// Runs the HTTP check against each target, like a kubelet probe (TLS certificates are not verified).
+#[derive(Clone, Debug)]
+pub struct Prober {
+    http: reqwest::Client,
+}
+
+impl Default for Prober {
+    fn default() -> Self {
+        let http = reqwest::Client::builder()
+            .timeout(HTTP_TIMEOUT)
+            .danger_accept_invalid_certs(true)
+            .redirect(reqwest::redirect::Policy::limited(3))
+            .build()
+            .unwrap_or_else(|_| reqwest::Client::new());
+        Self { http }
+    }
+}
+
+impl Prober {
+    pub async fn check_all(
+        &self,
+        url: &str,
+        expect: u16,
+        targets: &[PlannedTarget],
+    ) -> HashMap<(String, String), Result<(), String>> {
+        stream::iter(targets.to_vec())
+            .map(|t| async move {
+                let url = url
+                    .replace("{name}", &t.name)
+                    .replace("{namespace}", &t.namespace);
+                let result = match self.http.get(&url).send().await {
+                    Ok(r) if r.status().as_u16() == expect => Ok(()),
+                    Ok(r) => Err(format!(
+                        "GET {url} returned {}, expected {expect}",
+                        r.status().as_u16()
+                    )),
+                    Err(e) => Err(format!("GET {url} failed: {e}")),
+                };
+                ((t.namespace.clone(), t.name.clone()), result)
+            })
+            .buffer_unordered(HTTP_CONCURRENCY)
+            .collect()
+            .await
+    }
+}

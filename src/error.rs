@@ -1,0 +1,60 @@
+//! The operator's error type.
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API request failed: {0}")]
+    Kube(#[source] kube::Error),
+
+    #[error("the FleetRollout status changed while this replica was working on it")]
+    Conflict,
+
+    #[error("the plan of {rollout} cannot be read: {reason}")]
+    PlanUnreadable { rollout: String, reason: String },
+
+    #[error("cannot encode JSON: {0}")]
+    Json(#[source] serde_json::Error),
+
+    #[error("the FleetRollout CRD is not installed (kubectl apply -f crds/): {0}")]
+    CrdMissing(#[source] kube::Error),
+
+    #[error("cannot serve HTTP on {addr}: {source}")]
+    Listen { addr: String, source: std::io::Error },
+
+    #[error("lost the leader lease")]
+    LostLeadership,
+
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+impl Error {
+    /// A low-cardinality label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "kube",
+            Error::Conflict => "conflict",
+            Error::PlanUnreadable { .. } => "plan_unreadable",
+            Error::Json(_) => "json",
+            Error::CrdMissing(_) => "crd_missing",
+            Error::Listen { .. } => "listen",
+            Error::LostLeadership => "lost_leadership",
+            Error::Config(_) => "config",
+        }
+    }
+}
+
+impl From<kube::Error> for Error {
+    fn from(e: kube::Error) -> Self {
+        match &e {
+            kube::Error::Api(s) if s.code == 409 => Error::Conflict,
+            _ => Error::Kube(e),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// True for a 404 from the API server.
+pub fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}

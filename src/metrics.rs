@@ -1,0 +1,124 @@
+//! Prometheus metrics, served at `/metrics`.
+
+use std::sync::Mutex;
+
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabel {
+    pub phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabel {
+    pub error: String,
+}
+
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    /// FleetRollouts by phase.
+    pub rollouts: Family<PhaseLabel, Gauge>,
+    /// Targets of all rollouts by state (updated, healthy, failed, pending).
+    pub targets: Family<StateLabel, Gauge>,
+    /// From a batch's start (intent) to its end.
+    pub batch_duration: Histogram,
+    /// From the moment a batch was seen settled to the intent of the next one being persisted.
+    pub batch_transition: Histogram,
+    pub reconciles: Counter,
+    pub reconcile_errors: Family<ErrorLabel, Counter>,
+    pub reconcile_duration: Histogram,
+    pub status_writes: Counter,
+    pub target_patches: Counter,
+    /// 1 while this replica holds the lease.
+    pub leader: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let m = Self {
+            registry: Mutex::new(Registry::with_prefix("fleetroll")),
+            rollouts: Family::default(),
+            targets: Family::default(),
+            batch_duration: Histogram::new(exponential_buckets(0.5, 2.0, 14)),
+            batch_transition: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            reconciles: Counter::default(),
+            reconcile_errors: Family::default(),
+            reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            status_writes: Counter::default(),
+            target_patches: Counter::default(),
+            leader: Gauge::default(),
+        };
+        if let Ok(mut r) = m.registry.lock() {
+            r.register("rollouts", "FleetRollouts by phase", m.rollouts.clone());
+            r.register(
+                "targets",
+                "Targets of all FleetRollouts by state",
+                m.targets.clone(),
+            );
+            r.register(
+                "batch_duration_seconds",
+                "Time from a batch's start to its end",
+                m.batch_duration.clone(),
+            );
+            r.register(
+                "batch_transition_seconds",
+                "Time from a batch being seen settled to the next batch's intent being persisted",
+                m.batch_transition.clone(),
+            );
+            r.register("reconciles", "Reconciles run", m.reconciles.clone());
+            r.register(
+                "reconcile_errors",
+                "Reconciles that failed, by error kind",
+                m.reconcile_errors.clone(),
+            );
+            r.register(
+                "reconcile_duration_seconds",
+                "Time per reconcile",
+                m.reconcile_duration.clone(),
+            );
+            r.register(
+                "status_writes",
+                "FleetRollout status writes",
+                m.status_writes.clone(),
+            );
+            r.register(
+                "target_patches",
+                "Target workload patches (image changes and restores)",
+                m.target_patches.clone(),
+            );
+            r.register(
+                "leader",
+                "1 while this replica holds the leader lease",
+                m.leader.clone(),
+            );
+        }
+        m
+    }
+}
+
+impl Metrics {
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if let Ok(r) = self.registry.lock() {
+            // Writing into a String cannot fail.
+            let _ = encode(&mut out, &r);
+        }
+        out
+    }
+}

@@ -1,0 +1,125 @@
+//! `fleetroll operator`: the HTTP listener, leader election, and the controller, on one shutdown signal.
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use kube::{Api, Client, api::ListParams};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+use crate::{
+    api::FleetRollout,
+    controller::{self, Settings},
+    error::{Error, Result},
+    http,
+    leader::{Elector, LeaseConfig},
+    metrics::Metrics,
+};
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub listen: SocketAddr,
+    pub settings: Settings,
+    pub lease_name: String,
+    pub lease_namespace: String,
+    pub lease_duration: Duration,
+}
+
+pub async fn run(opts: Options) -> Result<()> {
+    let client = Client::try_default().await.map_err(Error::Kube)?;
+    let metrics = Arc::new(Metrics::default());
+    let ready = Arc::new(AtomicBool::new(false));
+    let shutdown = CancellationToken::new();
+    tokio::spawn(stop_on_signal(shutdown.clone()));
+
+    let listener = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .map_err(|source| Error::Listen {
+            addr: opts.listen.to_string(),
+            source,
+        })?;
+    let app = http::router(http::Health {
+        metrics: metrics.clone(),
+        ready: ready.clone(),
+    });
+    let stop = shutdown.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await
+    });
+    info!(listen = %opts.listen, "serving /healthz, /readyz, /metrics");
+
+    Api::<FleetRollout>::all(client.clone())
+        .list(&ListParams::default().limit(1))
+        .await
+        .map_err(Error::CrdMissing)?;
+    ready.store(true, Ordering::Relaxed);
+
+    let elector = Arc::new(Elector::new(
+        client.clone(),
+        LeaseConfig {
+            name: opts.lease_name.clone(),
+            namespace: opts.lease_namespace.clone(),
+            identity: opts.settings.identity.clone(),
+            duration: opts.lease_duration,
+        },
+    ));
+    let mut leading = elector.leading();
+    let campaign = tokio::spawn({
+        let elector = elector.clone();
+        async move { elector.run().await }
+    });
+    info!(identity = %opts.settings.identity, lease = %format!("{}/{}", opts.lease_namespace, opts.lease_name), "waiting for leadership");
+    tokio::select! {
+        _ = shutdown.cancelled() => {
+            campaign.abort();
+            return Ok(());
+        }
+        _ = leading.wait_for(|l| *l) => {}
+    }
+    metrics.leader.set(1);
+
+    let result = tokio::select! {
+        r = controller::run(client, opts.settings, metrics.clone(), shutdown.clone()) => r,
+        _ = campaign => {
+            error!("lost the leader lease; stopping so that no two replicas act");
+            shutdown.cancel();
+            Err(Error::LostLeadership)
+        }
+    };
+    metrics.leader.set(0);
+    elector.release().await;
+    shutdown.cancel();
+    let _ = server.await;
+    result
+}
+
+async fn stop_on_signal(shutdown: CancellationToken) {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                shutdown.cancel();
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    info!("shutting down");
+    shutdown.cancel();
+}

@@ -1,0 +1,325 @@
+//! Planning: which target goes in which batch, decided once per revision and then frozen.
+//!
+//! Pure functions only. The order is deterministic (namespace, then name), so the same fleet always gives
+//! the same plan, and the plan hash identifies it for approvals.
+
+use std::collections::HashMap;
+
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::api::{PlannedTarget, RevisionInputs};
+
+/// A workload found by discovery, as planning needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    pub namespace: String,
+    pub name: String,
+    /// The image of the rolled container right now.
+    pub current_image: String,
+}
+
+/// The frozen plan of one revision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub hash: String,
+    pub batches: Vec<Vec<PlannedTarget>>,
+}
+
+impl Plan {
+    pub fn total_targets(&self) -> u32 {
+        count(self.batches.iter().map(Vec::len).sum())
+    }
+
+    pub fn total_batches(&self) -> u32 {
+        count(self.batches.len())
+    }
+
+    pub fn batch(&self, index: u32) -> &[PlannedTarget] {
+        self.batches.get(index as usize).map_or(&[], Vec::as_slice)
+    }
+
+    /// Every target of batches `0..=last`, in plan order.
+    pub fn through(&self, last: u32) -> impl Iterator<Item = &PlannedTarget> {
+        self.batches.iter().take(last as usize + 1).flatten()
+    }
+
+    pub fn contains(&self, namespace: &str, name: &str) -> bool {
+        self.batches
+            .iter()
+            .flatten()
+            .any(|t| t.namespace == namespace && t.name == name)
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PlanError {
+    #[error("{0:?} is neither a positive integer nor a percentage from 1% to 100%")]
+    InvalidSize(String),
+}
+
+/// Resolves an int-or-percentage against the fleet size. Percentages round up (at least 1 target).
+fn size_of(value: &IntOrString, total: u32) -> Result<u32, PlanError> {
+    match value {
+        IntOrString::Int(n) if *n >= 1 => Ok(u32::try_from(*n).unwrap_or(u32::MAX)),
+        IntOrString::Int(n) => Err(PlanError::InvalidSize(n.to_string())),
+        IntOrString::String(s) => {
+            let pct = percent(s)
+                .filter(|p| (1..=100).contains(p))
+                .ok_or_else(|| PlanError::InvalidSize(s.clone()))?;
+            Ok((u64::from(total) * u64::from(pct)).div_ceil(100).max(1) as u32)
+        }
+    }
+}
+
+fn percent(s: &str) -> Option<u32> {
+    s.strip_suffix('%')?.parse().ok()
+}
+
+/// The failure budget: how many failed targets are tolerated. Percentages round down.
+pub fn failure_budget(max_failures: &IntOrString, total: u32) -> u32 {
+    match max_failures {
+        IntOrString::Int(n) => u32::try_from(*n).unwrap_or(0),
+        IntOrString::String(s) => {
+            percent(s).map_or(0, |p| (u64::from(total) * u64::from(p.min(100)) / 100) as u32)
+        }
+    }
+}
+
+/// Sizes of successive batches for a fleet of `total`: each of `steps`, then `batch_size` repeatedly, the
+/// last batch taking what remains.
+pub fn batch_sizes(
+    total: u32,
+    steps: &[IntOrString],
+    batch_size: &IntOrString,
+) -> Result<Vec<u32>, PlanError> {
+    let steps: Vec<u32> = steps
+        .iter()
+        .map(|s| size_of(s, total))
+        .collect::<Result<_, _>>()?;
+    let regular = size_of(batch_size, total)?;
+    let mut sizes = Vec::new();
+    let mut remaining = total;
+    let mut next = steps.into_iter();
+    while remaining > 0 {
+        let size = next.next().unwrap_or(regular).min(remaining);
+        sizes.push(size);
+        remaining -= size;
+    }
+    Ok(sizes)
+}
+
+/// Builds the plan of a revision. `previous` carries each target's pre-rollout image from the revision this
+/// one supersedes, so a rollback always restores what the target had before this rollout touched it.
+pub fn build(
+    mut candidates: Vec<Candidate>,
+    inputs: &RevisionInputs,
+    spec_hash: &str,
+    previous: &HashMap<(String, String), String>,
+) -> Result<Plan, PlanError> {
+    candidates.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    candidates.dedup_by(|a, b| a.namespace == b.namespace && a.name == b.name);
+    let sizes = batch_sizes(count(candidates.len()), &inputs.steps, &inputs.batch_size)?;
+    let mut targets = candidates.into_iter().map(|c| {
+        let previous_image = previous
+            .get(&(c.namespace.clone(), c.name.clone()))
+            .cloned()
+            .unwrap_or(c.current_image);
+        PlannedTarget {
+            namespace: c.namespace,
+            name: c.name,
+            previous_image,
+        }
+    });
+    let batches: Vec<Vec<PlannedTarget>> = sizes
+        .iter()
+        .map(|&n| targets.by_ref().take(n as usize).collect())
+        .collect();
+    let hash = plan_hash(spec_hash, &batches);
+    Ok(Plan { hash, batches })
+}
+
+/// sha256 over the canonical JSON of `value`, hex-encoded.
+pub fn sha256_hex(value: &impl Serialize) -> String {
+    // serde_json::Value keeps object keys sorted, which makes the encoding canonical.
+    let canonical = serde_json::to_value(value)
+        .map(|v| v.to_string())
+        .unwrap_or_default();
+    hex(&Sha256::digest(canonical.as_bytes()))
+}
+
+fn plan_hash(spec_hash: &str, batches: &[Vec<PlannedTarget>]) -> String {
+    let mut full = sha256_hex(&(spec_hash, batches));
+    full.truncate(16);
+    full
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::TargetKind;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    use proptest::prelude::*;
+
+    fn int(n: i32) -> IntOrString {
+        IntOrString::Int(n)
+    }
+    fn pct(s: &str) -> IntOrString {
+        IntOrString::String(s.into())
+    }
+
+    fn inputs(batch: IntOrString, steps: Vec<IntOrString>) -> RevisionInputs {
+        RevisionInputs {
+            image: "web:v2".into(),
+            container: None,
+            kind: TargetKind::Deployment,
+            selector: LabelSelector::default(),
+            namespace_selector: None,
+            batch_size: batch,
+            steps,
+        }
+    }
+
+    fn fleet(n: usize) -> Vec<Candidate> {
+        (0..n)
+            .map(|i| Candidate {
+                namespace: format!("tenant-{}", i % 4),
+                name: format!("web-{i:03}"),
+                current_image: "web:v1".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn forty_targets_ten_at_a_time_make_four_batches() {
+        assert_eq!(batch_sizes(40, &[], &int(10)), Ok(vec![10, 10, 10, 10]));
+    }
+
+    #[test]
+    fn canary_steps_come_first_then_batch_size() {
+        assert_eq!(
+            batch_sizes(40, &[int(1), pct("10%")], &int(10)),
+            Ok(vec![1, 4, 10, 10, 10, 5])
+        );
+    }
+
+    #[test]
+    fn percentages_round_up_and_never_give_empty_batches() {
+        assert_eq!(batch_sizes(10, &[], &pct("25%")), Ok(vec![3, 3, 3, 1]));
+        assert_eq!(batch_sizes(3, &[], &pct("1%")), Ok(vec![1, 1, 1]));
+        assert_eq!(batch_sizes(0, &[int(1)], &int(10)), Ok(vec![]));
+    }
+
+    #[test]
+    fn invalid_sizes_are_errors_not_panics() {
+        assert!(batch_sizes(10, &[], &int(0)).is_err());
+        assert!(batch_sizes(10, &[pct("0%")], &int(1)).is_err());
+        assert!(batch_sizes(10, &[], &pct("abc")).is_err());
+    }
+
+    #[test]
+    fn failure_budget_rounds_percentages_down() {
+        assert_eq!(failure_budget(&int(0), 40), 0);
+        assert_eq!(failure_budget(&int(3), 40), 3);
+        assert_eq!(failure_budget(&pct("5%"), 40), 2);
+        assert_eq!(failure_budget(&pct("10%"), 9), 0);
+        assert_eq!(failure_budget(&pct("100%"), 9), 9);
+    }
+
+    #[test]
+    fn plan_is_ordered_by_namespace_then_name() {
+        let plan = build(fleet(8), &inputs(int(3), vec![]), "h", &HashMap::new()).unwrap();
+        let order: Vec<String> = plan
+            .batches
+            .iter()
+            .flatten()
+            .map(|t| format!("{}/{}", t.namespace, t.name))
+            .collect();
+        let mut sorted = order.clone();
+        sorted.sort();
+        assert_eq!(order, sorted);
+        assert_eq!(
+            plan.batches.iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![3, 3, 2]
+        );
+    }
+
+    #[test]
+    fn previous_images_carry_over_from_a_superseded_revision() {
+        let mut first = fleet(2);
+        first[0].current_image = "web:v2".into(); // changed by the superseded revision
+        let previous = HashMap::from([(
+            ("tenant-0".to_string(), "web-000".to_string()),
+            "web:v1".to_string(),
+        )]);
+        let plan = build(first, &inputs(int(10), vec![]), "h", &previous).unwrap();
+        assert!(plan.batches[0].iter().all(|t| t.previous_image == "web:v1"));
+    }
+
+    #[test]
+    fn the_hash_identifies_the_plan() {
+        let a = build(fleet(5), &inputs(int(2), vec![]), "h", &HashMap::new()).unwrap();
+        let b = build(fleet(5), &inputs(int(2), vec![]), "h", &HashMap::new()).unwrap();
+        let c = build(fleet(5), &inputs(int(3), vec![]), "h", &HashMap::new()).unwrap();
+        let d = build(fleet(5), &inputs(int(2), vec![]), "other-spec", &HashMap::new()).unwrap();
+        assert_eq!(a.hash, b.hash);
+        assert_ne!(a.hash, c.hash);
+        assert_ne!(a.hash, d.hash);
+    }
+
+    proptest! {
+        #[test]
+        fn every_target_is_in_exactly_one_batch_in_a_deterministic_order(
+            n in 0usize..300,
+            batch in 1i32..50,
+            steps in proptest::collection::vec(1i32..20, 0..4),
+            shuffle_seed in any::<u64>(),
+        ) {
+            let steps: Vec<IntOrString> = steps.into_iter().map(int).collect();
+            let inputs = inputs(int(batch), steps.clone());
+            let mut shuffled = fleet(n);
+            // A different discovery order must not change the plan.
+            let len = shuffled.len();
+            if len > 1 {
+                for i in 0..len {
+                    let j = ((shuffle_seed.wrapping_mul(i as u64 + 1)) % len as u64) as usize;
+                    shuffled.swap(i, j);
+                }
+            }
+            let a = build(fleet(n), &inputs, "h", &HashMap::new()).unwrap();
+            let b = build(shuffled, &inputs, "h", &HashMap::new()).unwrap();
+            prop_assert_eq!(&a, &b);
+
+            let mut seen: Vec<(String, String)> =
+                a.batches.iter().flatten().map(|t| (t.namespace.clone(), t.name.clone())).collect();
+            prop_assert_eq!(seen.len(), n);
+            seen.sort();
+            seen.dedup();
+            prop_assert_eq!(seen.len(), n, "a target appears twice");
+            prop_assert!(a.batches.iter().all(|b| !b.is_empty()), "an empty batch");
+            // Wave sizes: the steps first (capped by what remains), then batchSize.
+            let sizes: Vec<usize> = a.batches.iter().map(Vec::len).collect();
+            for (i, size) in sizes.iter().enumerate() {
+                let expected = steps.get(i).map_or(batch as usize, |s| match s { IntOrString::Int(v) => *v as usize, _ => 0 });
+                if i + 1 < sizes.len() { prop_assert_eq!(*size, expected); } else { prop_assert!(*size <= expected); }
+            }
+        }
+
+        #[test]
+        fn percentage_batches_cover_the_fleet(n in 1u32..5000, p in 1u32..=100) {
+            let sizes = batch_sizes(n, &[], &pct(&format!("{p}%"))).unwrap();
+            prop_assert_eq!(sizes.iter().sum::<u32>(), n);
+            let expected = (n * p).div_ceil(100).max(1);
+            prop_assert!(sizes.iter().all(|&s| s <= expected));
+        }
+    }
+}

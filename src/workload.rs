@@ -1,0 +1,387 @@
+//! The three workload kinds seen through one lens: their containers, our annotations, and whether their own
+//! rollout is complete. Also the server-side-apply body that changes a target's image.
+//!
+//! Pure functions over the API objects; no client here.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use kube::ResourceExt;
+use serde_json::{Value, json};
+
+use crate::api::{APPLIED_ANNOTATION, ROLLOUT_ANNOTATION, TargetKind};
+
+/// What fleetroll needs to know about one workload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkloadFacts {
+    pub namespace: String,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// The `fleetroll.dev/applied` annotation, if any.
+    pub applied: Option<String>,
+    /// (name, image) of each container, in order.
+    pub containers: Vec<(String, String)>,
+    pub generation: i64,
+    pub status: RolloutStatus,
+}
+
+/// The workload's own rollout, from its status.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RolloutStatus {
+    pub observed_generation: i64,
+    pub desired: i32,
+    /// Pods of any revision (more than desired while old ones are still around).
+    pub current: i32,
+    pub updated: i32,
+    pub ready: i32,
+    pub available: i32,
+    /// Deployment: Progressing=False with reason ProgressDeadlineExceeded.
+    pub deadline_exceeded: bool,
+    /// StatefulSet/DaemonSet with the OnDelete update strategy: pods never update by themselves.
+    pub on_delete: bool,
+    /// StatefulSet: currentRevision == updateRevision. Always true for the other kinds.
+    pub revision_settled: bool,
+}
+
+/// Whether a workload's own rollout of its current template is complete.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    Ready,
+    /// Still rolling; the string says what it is waiting for.
+    NotReady(String),
+    /// It will not get there by itself.
+    Failed {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+impl WorkloadFacts {
+    /// The image of the container a rollout changes: the named one, or the only one.
+    pub fn container_image(&self, container: Option<&str>) -> Result<(&str, &str), ContainerError> {
+        match container {
+            Some(wanted) => self
+                .containers
+                .iter()
+                .find(|(n, _)| n == wanted)
+                .map(|(n, i)| (n.as_str(), i.as_str()))
+                .ok_or_else(|| ContainerError::NotFound {
+                    target: self.key(),
+                    container: wanted.to_string(),
+                    available: self.container_names(),
+                }),
+            None => match self.containers.as_slice() {
+                [(n, i)] => Ok((n.as_str(), i.as_str())),
+                _ => Err(ContainerError::Ambiguous {
+                    target: self.key(),
+                    available: self.container_names(),
+                }),
+            },
+        }
+    }
+
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    fn container_names(&self) -> String {
+        self.containers
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    pub fn readiness(&self) -> Readiness {
+        let s = &self.status;
+        if s.observed_generation < self.generation {
+            return Readiness::NotReady("its controller has not observed the change yet".into());
+        }
+        if s.deadline_exceeded {
+            return Readiness::Failed {
+                reason: "ProgressDeadlineExceeded",
+                message: format!("{} exceeded its progress deadline", self.key()),
+            };
+        }
+        if s.on_delete && s.updated < s.desired {
+            return Readiness::NotReady(format!(
+                "updateStrategy is OnDelete: {}/{} pods updated (pods must be deleted to update)",
+                s.updated, s.desired
+            ));
+        }
+        if s.updated < s.desired {
+            return Readiness::NotReady(format!("{}/{} replicas updated", s.updated, s.desired));
+        }
+        if s.current > s.desired {
+            return Readiness::NotReady(format!(
+                "{} old replicas pending termination",
+                s.current - s.desired
+            ));
+        }
+        if s.ready < s.desired || s.available < s.desired {
+            return Readiness::NotReady(format!(
+                "{}/{} replicas ready, {} available",
+                s.ready, s.desired, s.available
+            ));
+        }
+        if !s.revision_settled {
+            return Readiness::NotReady("the update revision is not current yet".into());
+        }
+        Readiness::Ready
+    }
+}
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum ContainerError {
+    #[error("{target} has no container named {container:?} (it has: {available})")]
+    NotFound {
+        target: String,
+        container: String,
+        available: String,
+    },
+    #[error("{target} has several containers ({available}): set spec.container to choose one")]
+    Ambiguous { target: String, available: String },
+}
+
+fn containers(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<(String, String)> {
+    spec.map(|s| {
+        s.containers
+            .iter()
+            .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+fn common(meta: &impl ResourceExt) -> (String, String, BTreeMap<String, String>, Option<String>, i64) {
+    (
+        meta.namespace().unwrap_or_default(),
+        meta.name_any(),
+        meta.labels().clone(),
+        meta.annotations().get(APPLIED_ANNOTATION).cloned(),
+        meta.meta().generation.unwrap_or(0),
+    )
+}
+
+pub fn deployment_facts(d: &Deployment) -> WorkloadFacts {
+    let (namespace, name, labels, applied, generation) = common(d);
+    let st = d.status.clone().unwrap_or_default();
+    let deadline_exceeded = st.conditions.iter().flatten().any(|c| {
+        c.type_.as_deref() == Some("Progressing")
+            && c.status.as_deref() == Some("False")
+            && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+    });
+    WorkloadFacts {
+        namespace,
+        name,
+        labels,
+        applied,
+        containers: containers(d.spec.template.spec.as_ref()),
+        generation,
+        status: RolloutStatus {
+            observed_generation: st.observed_generation.unwrap_or(0),
+            desired: d.spec.replicas.unwrap_or(1),
+            current: st.replicas.unwrap_or(0),
+            updated: st.updated_replicas.unwrap_or(0),
+            ready: st.ready_replicas.unwrap_or(0),
+            available: st.available_replicas.unwrap_or(0),
+            deadline_exceeded,
+            on_delete: false,
+            revision_settled: true,
+        },
+    }
+}
+
+pub fn statefulset_facts(s: &StatefulSet) -> WorkloadFacts {
+    let (namespace, name, labels, applied, generation) = common(s);
+    let st = s.status.clone().unwrap_or_default();
+    let on_delete = s.spec.update_strategy.as_ref().and_then(|u| u.type_.as_deref()) == Some("OnDelete");
+    WorkloadFacts {
+        namespace,
+        name,
+        labels,
+        applied,
+        containers: containers(s.spec.template.spec.as_ref()),
+        generation,
+        status: RolloutStatus {
+            observed_generation: st.observed_generation.unwrap_or(0),
+            desired: s.spec.replicas.unwrap_or(1),
+            current: st.replicas,
+            updated: st.updated_replicas.unwrap_or(0),
+            ready: st.ready_replicas.unwrap_or(0),
+            available: st.available_replicas.unwrap_or(0),
+            deadline_exceeded: false,
+            on_delete,
+            revision_settled: st.update_revision.is_none() || st.current_revision == st.update_revision,
+        },
+    }
+}
+
+pub fn daemonset_facts(d: &DaemonSet) -> WorkloadFacts {
+    let (namespace, name, labels, applied, generation) = common(d);
+    let st = d.status.clone().unwrap_or_default();
+    let on_delete = d.spec.update_strategy.as_ref().and_then(|u| u.type_.as_deref()) == Some("OnDelete");
+    WorkloadFacts {
+        namespace,
+        name,
+        labels,
+        applied,
+        containers: containers(d.spec.template.spec.as_ref()),
+        generation,
+        status: RolloutStatus {
+            observed_generation: st.observed_generation.unwrap_or(0),
+            desired: st.desired_number_scheduled,
+            current: st.current_number_scheduled,
+            updated: st.updated_number_scheduled.unwrap_or(0),
+            ready: st.number_ready,
+            available: st.number_available.unwrap_or(0),
+            deadline_exceeded: false,
+            on_delete,
+            revision_settled: true,
+        },
+    }
+}
+
+/// The server-side-apply body that sets one container's image and stamps our annotations. Applied with
+/// field manager `fleetroll`, it owns exactly these fields and nothing else of the workload.
+pub fn image_patch(
+    kind: TargetKind,
+    namespace: &str,
+    name: &str,
+    container: &str,
+    image: &str,
+    applied_key: &str,
+    rollout: &str,
+) -> Value {
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": kind_name(kind),
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "annotations": { APPLIED_ANNOTATION: applied_key, ROLLOUT_ANNOTATION: rollout },
+        },
+        "spec": { "template": { "spec": { "containers": [ { "name": container, "image": image } ] } } },
+    })
+}
+
+pub fn kind_name(kind: TargetKind) -> &'static str {
+    match kind {
+        TargetKind::Deployment => "Deployment",
+        TargetKind::StatefulSet => "StatefulSet",
+        TargetKind::DaemonSet => "DaemonSet",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(status: RolloutStatus, generation: i64) -> WorkloadFacts {
+        WorkloadFacts {
+            namespace: "ns".into(),
+            name: "web".into(),
+            labels: BTreeMap::new(),
+            applied: None,
+            containers: vec![
+                ("web".into(), "web:v1".into()),
+                ("sidecar".into(), "proxy:v1".into()),
+            ],
+            generation,
+            status,
+        }
+    }
+
+    fn settled(n: i32) -> RolloutStatus {
+        RolloutStatus {
+            observed_generation: 2,
+            desired: n,
+            current: n,
+            updated: n,
+            ready: n,
+            available: n,
+            revision_settled: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_fully_rolled_out_workload_is_ready() {
+        assert_eq!(facts(settled(3), 2).readiness(), Readiness::Ready);
+    }
+
+    #[test]
+    fn an_unobserved_generation_is_not_ready_whatever_the_counts() {
+        assert!(matches!(facts(settled(3), 3).readiness(), Readiness::NotReady(_)));
+    }
+
+    #[test]
+    fn old_replicas_or_unready_ones_keep_it_not_ready() {
+        let mut s = settled(3);
+        s.current = 4;
+        assert!(matches!(facts(s, 2).readiness(), Readiness::NotReady(m) if m.contains("old replicas")));
+        let mut s = settled(3);
+        s.ready = 2;
+        assert!(matches!(facts(s, 2).readiness(), Readiness::NotReady(_)));
+        let mut s = settled(3);
+        s.revision_settled = false;
+        assert!(matches!(facts(s, 2).readiness(), Readiness::NotReady(_)));
+    }
+
+    #[test]
+    fn a_deployment_past_its_progress_deadline_has_failed() {
+        let mut s = settled(3);
+        s.ready = 0;
+        s.deadline_exceeded = true;
+        assert!(matches!(
+            facts(s, 2).readiness(),
+            Readiness::Failed {
+                reason: "ProgressDeadlineExceeded",
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn zero_replicas_is_trivially_ready() {
+        assert_eq!(facts(settled(0), 2).readiness(), Readiness::Ready);
+    }
+
+    #[test]
+    fn the_container_is_named_or_the_only_one() {
+        let f = facts(settled(1), 2);
+        assert_eq!(f.container_image(Some("sidecar")), Ok(("sidecar", "proxy:v1")));
+        assert!(matches!(
+            f.container_image(None),
+            Err(ContainerError::Ambiguous { .. })
+        ));
+        let err = f.container_image(Some("nope")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "ns/web has no container named \"nope\" (it has: web, sidecar)"
+        );
+        let mut single = facts(settled(1), 2);
+        single.containers.truncate(1);
+        assert_eq!(single.container_image(None), Ok(("web", "web:v1")));
+    }
+
+    #[test]
+    fn the_patch_touches_only_the_image_and_our_annotations() {
+        let p = image_patch(
+            TargetKind::StatefulSet,
+            "ns",
+            "db",
+            "db",
+            "db:v2",
+            "uid/1/0",
+            "fleet/r",
+        );
+        assert_eq!(p["kind"], "StatefulSet");
+        assert_eq!(p["metadata"]["annotations"][APPLIED_ANNOTATION], "uid/1/0");
+        assert_eq!(
+            p["spec"]["template"]["spec"]["containers"],
+            json!([{"name": "db", "image": "db:v2"}])
+        );
+        assert_eq!(p["spec"].as_object().map(|o| o.len()), Some(1));
+    }
+}
