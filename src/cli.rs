@@ -66,6 +66,14 @@ struct OperatorArgs {
     /// This replica's name in the Lease and in events (default: POD_NAME, else host name and pid).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+
+    /// Plans larger than this (JSON bytes) are stored in ConfigMaps instead of status.
+    #[arg(long, hide = true, default_value_t = crate::controller::plans::INLINE_MAX_BYTES)]
+    plan_inline_max_bytes: usize,
+
+    /// Targets per plan ConfigMap.
+    #[arg(long, hide = true, default_value_t = crate::controller::plans::SHARD_TARGETS)]
+    plan_shard_targets: usize,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -125,6 +133,10 @@ pub fn run() -> ExitCode {
                     fleet_namespace: args.fleet_namespace,
                     watch_namespace: args.namespace,
                     identity: args.identity.unwrap_or_else(default_identity),
+                    plan_limits: crate::controller::plans::Limits {
+                        inline_max_bytes: args.plan_inline_max_bytes,
+                        shard_targets: args.plan_shard_targets,
+                    },
                 },
             };
             block_on(operator::run(opts))

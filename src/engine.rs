@@ -90,6 +90,8 @@ pub struct Event {
     pub type_: EventType,
     pub reason: &'static str,
     pub message: String,
+    /// The batch (0-based) it is about, so events of different batches are not merged into one series.
+    pub batch: Option<u32>,
 }
 
 /// A status to persist, and the events that announce it.
@@ -161,6 +163,7 @@ pub fn blocked(
     (s != *status).then(|| Transition {
         status: s,
         events: vec![Event {
+            batch: None,
             type_: EventType::Warning,
             reason: why.reason,
             message: why.message.clone(),
@@ -207,6 +210,7 @@ pub fn start_revision(
             });
             trim_front(&mut s.superseded, HISTORY);
             events.push(Event {
+                batch: None,
                 type_: EventType::Normal,
                 reason: reason::SUPERSEDED,
                 message: format!(
@@ -230,6 +234,7 @@ pub fn start_revision(
     s.phase = Phase::Progressing;
     s.reason = Some(reason::PLANNED.into());
     events.push(Event {
+        batch: None,
         type_: EventType::Normal,
         reason: reason::PLANNED,
         message: format!(
@@ -273,6 +278,7 @@ pub fn advance(f: &Facts<'_>) -> Step {
         s.pending_approval = None;
         s.finished_at = Some(time(f.now));
         let event = Event {
+            batch: None,
             type_: EventType::Normal,
             reason: reason::ABORT_REQUESTED,
             message: format!(
@@ -299,6 +305,7 @@ pub fn advance(f: &Facts<'_>) -> Step {
             after.reason = Some(reason::BATCH_APPLIED.into());
             finish(&mut after, f.generation, f.now);
             let event = Event {
+                batch: Some(b.index),
                 type_: EventType::Normal,
                 reason: reason::BATCH_APPLIED,
                 message: format!(
@@ -348,6 +355,7 @@ pub fn restored(
     s.finished_at = Some(time(now));
     finish(&mut s, generation, now);
     let event = Event {
+        batch: None,
         type_: EventType::Normal,
         reason: reason::ROLLED_BACK,
         message: format!(
@@ -398,6 +406,7 @@ fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
             && entry.healthy_since.take().is_some()
         {
             events.push(Event {
+                batch: Some(b.index),
                 type_: EventType::Warning,
                 reason: reason::SOAKING,
                 message: format!("batch {}: soak restarted, {why}", b.index + 1),
@@ -422,6 +431,7 @@ fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
                 }
                 s.reason = Some(reason::SOAKING.into());
                 let event = Event {
+                    batch: Some(b.index),
                     type_: EventType::Normal,
                     reason: reason::SOAKING,
                     message: format!(
@@ -447,7 +457,11 @@ fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
     s.failures.extend(failures);
     trim_front(&mut s.failures, FAILURE_DETAILS);
     let mut events = Vec::new();
-    let entry_state = if over_budget(f, &s) { BatchState::Failed } else { BatchState::Succeeded };
+    let entry_state = if over_budget(f, &s) {
+        BatchState::Failed
+    } else {
+        BatchState::Succeeded
+    };
     if let Some(entry) = s.batches.iter_mut().find(|x| x.index == b.index) {
         entry.state = entry_state;
         entry.failed = failed;
@@ -455,6 +469,7 @@ fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
     }
     if entry_state == BatchState::Failed {
         events.push(Event {
+            batch: Some(b.index),
             type_: EventType::Warning,
             reason: reason::BATCH_FAILED,
             message: format!(
@@ -469,6 +484,7 @@ fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
         return apply_failure_policy(f, s, &b, events);
     }
     events.push(Event {
+        batch: Some(b.index),
         type_: EventType::Normal,
         reason: reason::BATCH_SUCCEEDED,
         message: format!(
@@ -551,6 +567,7 @@ fn next_batch(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: Vec<Event>) 
         s.pending_approval = None;
         s.finished_at = Some(time(f.now));
         events.push(Event {
+            batch: None,
             type_: EventType::Normal,
             reason: reason::SUCCEEDED,
             message: format!(
@@ -563,6 +580,7 @@ fn next_batch(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: Vec<Event>) 
     if f.spec.paused {
         if s.phase != Phase::Paused {
             events.push(Event {
+                batch: Some(next),
                 type_: EventType::Normal,
                 reason: reason::PAUSED_BY_SPEC,
                 message: format!("paused before batch {}/{}", next + 1, total_batches(f)),
@@ -574,6 +592,7 @@ fn next_batch(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: Vec<Event>) 
     }
     if s.phase == Phase::Paused {
         events.push(Event {
+            batch: Some(next),
             type_: EventType::Normal,
             reason: reason::RESUMED,
             message: format!("resumed before batch {}/{}", next + 1, total_batches(f)),
@@ -598,6 +617,7 @@ fn next_batch(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: Vec<Event>) 
                         since: time(f.now),
                     });
                     events.push(Event {
+                        batch: Some(next),
                         type_: EventType::Normal,
                         reason: reason::WAITING_FOR_APPROVAL,
                         message: format!(
@@ -620,6 +640,7 @@ fn next_batch(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: Vec<Event>) 
                 });
                 trim_front(&mut s.approvals, HISTORY);
                 events.push(Event {
+                    batch: Some(next),
                     type_: EventType::Normal,
                     reason: reason::APPROVED,
                     message: format!(
@@ -673,6 +694,7 @@ fn next_batch(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: Vec<Event>) 
         s.unplanned = Some(u).filter(|u| u.count > 0);
     }
     events.push(Event {
+        batch: Some(next),
         type_: EventType::Normal,
         reason: reason::BATCH_STARTED,
         message: format!(
@@ -703,6 +725,7 @@ fn apply_failure_policy(
             s.phase = Phase::Paused;
             s.reason = Some(reason::FAILURE_BUDGET_EXCEEDED.into());
             events.push(Event {
+                batch: None,
                 type_: EventType::Warning,
                 reason: reason::FAILURE_BUDGET_EXCEEDED,
                 message: format!("{summary}: paused; raise maxFailures to continue, or abort or roll back"),
@@ -714,6 +737,7 @@ fn apply_failure_policy(
             s.reason = Some(reason::FAILURE_BUDGET_EXCEEDED.into());
             s.finished_at = Some(time(f.now));
             events.push(Event {
+                batch: None,
                 type_: EventType::Warning,
                 reason: reason::FAILURE_BUDGET_EXCEEDED,
                 message: format!("{summary}: stopped (onFailure: Abort)"),
@@ -745,6 +769,7 @@ fn start_rollback(f: &Facts<'_>, mut s: FleetRolloutStatus, why: &'static str, r
         skipped: 0,
     });
     let event = Event {
+        batch: None,
         type_: EventType::Warning,
         reason: why,
         message: format!(

@@ -62,6 +62,8 @@ pub struct Settings {
     pub watch_namespace: Option<String>,
     /// Name of this replica, for events.
     pub identity: String,
+    /// When plans move from status to ConfigMaps.
+    pub plan_limits: plans::Limits,
 }
 
 /// Shared by every reconcile.
@@ -396,7 +398,9 @@ fn publish(ctx: &Context, fr: &FleetRollout, events: Vec<engine::Event>) {
                 },
                 reason: e.reason.to_string(),
                 note: Some(e.message),
-                action: "Rollout".into(),
+                action: e
+                    .batch
+                    .map_or_else(|| "Rollout".to_string(), |b| format!("Batch{}", b + 1)),
                 secondary: None,
             };
             if let Err(err) = recorder.publish(&event, &reference).await {
@@ -528,9 +532,9 @@ pub async fn run(
         ),
         rollouts: controller.store(),
         client,
+        plans: PlanStore::new(settings.plan_limits),
         settings,
         stores: stores.clone(),
-        plans: PlanStore::default(),
         prober: Prober::default(),
         metrics,
         written: Mutex::new(HashMap::new()),

@@ -24,6 +24,22 @@ use crate::{
 pub const INLINE_MAX_BYTES: usize = 24 * 1024;
 /// Targets per ConfigMap shard (about 130 bytes each, far below the 1 MiB object limit).
 pub const SHARD_TARGETS: usize = 2000;
+
+/// Where the line between inline and sharded plans lies.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub inline_max_bytes: usize,
+    pub shard_targets: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            inline_max_bytes: INLINE_MAX_BYTES,
+            shard_targets: SHARD_TARGETS,
+        }
+    }
+}
 const DATA_KEY: &str = "plan.json";
 const CACHE_LIMIT: usize = 512;
 
@@ -48,6 +64,7 @@ impl LoadedPlan {
 
 #[derive(Debug, Default)]
 pub struct PlanStore {
+    limits: Limits,
     cache: Mutex<HashMap<String, Arc<LoadedPlan>>>,
 }
 
@@ -60,6 +77,16 @@ struct ShardEntry {
 }
 
 impl PlanStore {
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            limits: Limits {
+                shard_targets: limits.shard_targets.max(1),
+                ..limits
+            },
+            cache: Mutex::default(),
+        }
+    }
+
     /// Persists a plan (shards first, if it needs them) and returns the reference to put in status.
     pub async fn store(&self, client: &Client, fr: &FleetRollout, plan: &Plan) -> Result<PlanRef> {
         let encoded = serde_json::to_vec(&plan.batches).map_err(Error::Json)?;
@@ -71,7 +98,7 @@ impl PlanStore {
             batches: Vec::new(),
             shards: Vec::new(),
         };
-        if encoded.len() <= INLINE_MAX_BYTES {
+        if encoded.len() <= self.limits.inline_max_bytes {
             plan_ref.batches = plan.batches.clone();
         } else {
             plan_ref.storage = PlanStorage::ConfigMaps;
@@ -98,7 +125,7 @@ impl PlanStore {
             })
             .collect();
         let mut names = Vec::new();
-        for (i, chunk) in entries.chunks(SHARD_TARGETS).enumerate() {
+        for (i, chunk) in entries.chunks(self.limits.shard_targets).enumerate() {
             // The name carries the plan hash, so a re-plan never collides with an older shard.
             let name = format!("{}-plan-{}-{i}", truncate_name(&fr.name_any(), 200), plan.hash);
             let cm = ConfigMap {

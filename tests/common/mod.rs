@@ -117,3 +117,6 @@ where
         }
     }
 }
+
+pub mod fleet;
+pub mod operator;

@@ -1,0 +1,270 @@
+//! A fleet to roll: a namespace of its own (where the FleetRollout and the operator's lease live), tenant
+//! namespaces opted in to cross-namespace rollouts, and Deployments in them. Everything is deleted
+//! afterwards, whether the test passed or not.
+
+use std::{collections::BTreeMap, future::Future, time::Duration};
+
+use fleetroll::api::{FleetRollout, OPT_IN_LABEL, OPT_IN_VALUE};
+use k8s_openapi::{
+    api::{apps::v1::Deployment, core::v1::Namespace},
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams},
+    runtime::{conditions, wait::await_condition},
+};
+use serde_json::{Value, json};
+use tokio::sync::OnceCell;
+
+use super::{TEST_LABEL, client, wait_for};
+
+pub const READY_IMAGE: &str = "registry.k8s.io/pause:3.10";
+pub const NEXT_IMAGE: &str = "registry.k8s.io/pause:3.9";
+/// Never becomes Ready (see tests/testenv/kwok-stages.yaml).
+pub const UNREADY_IMAGE: &str = "registry.invalid/fleetroll/web:v2-unready";
+/// Label on the tenant namespaces of one test, so its namespaceSelector matches nothing else.
+pub const FLEET_LABEL: &str = "fleetroll.dev/test-fleet";
+
+/// Installs (or updates) the CRD once per test process.
+pub async fn ensure_crd(client: &Client) {
+    static DONE: OnceCell<()> = OnceCell::const_new();
+    DONE.get_or_init(|| async {
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        let crd = fleetroll::api::crd();
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        crds.patch(
+            &name,
+            &PatchParams::apply("fleetroll-tests").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .expect("apply the FleetRollout CRD");
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            await_condition(crds, &name, conditions::is_crd_established()),
+        )
+        .await
+        .expect("the CRD was not established in time")
+        .expect("watching the CRD");
+    })
+    .await;
+}
+
+pub struct Fleet {
+    pub client: Client,
+    /// The fleet namespace: FleetRollouts and the operator's lease live here.
+    pub ns: String,
+    /// Tenant namespaces, opted in and labelled `FLEET_LABEL=<ns>`.
+    pub tenants: Vec<String>,
+}
+
+/// Runs `body` with a fleet namespace and `tenants` opted-in tenant namespaces, then deletes them all.
+pub async fn with_fleet<F, Fut>(prefix: &str, tenants: usize, body: F)
+where
+    F: FnOnce(Fleet) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let client = client().await;
+    ensure_crd(&client).await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = create_namespace(&namespaces, prefix, BTreeMap::new()).await;
+    let mut tenant_names = Vec::new();
+    for i in 0..tenants {
+        let labels = BTreeMap::from([
+            (OPT_IN_LABEL.to_string(), OPT_IN_VALUE.to_string()),
+            (FLEET_LABEL.to_string(), ns.clone()),
+        ]);
+        tenant_names.push(create_namespace(&namespaces, &format!("{prefix}-t{i}"), labels).await);
+    }
+    let fleet = Fleet {
+        client,
+        ns: ns.clone(),
+        tenants: tenant_names.clone(),
+    };
+    let outcome = tokio::spawn(body(fleet)).await;
+    for name in std::iter::once(&ns).chain(tenant_names.iter()) {
+        if let Err(e) = namespaces.delete(name, &DeleteParams::background()).await {
+            eprintln!("warning: could not delete test namespace {name}: {e}");
+        }
+    }
+    if let Err(e) = outcome {
+        match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => panic!("test body in {ns} did not finish: {e}"),
+        }
+    }
+}
+
+async fn create_namespace(
+    api: &Api<Namespace>,
+    prefix: &str,
+    mut labels: BTreeMap<String, String>,
+) -> String {
+    labels.insert(TEST_LABEL.to_string(), "true".to_string());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{prefix}-")),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    api.create(&PostParams::default(), &ns)
+        .await
+        .expect("create namespace")
+        .name_any()
+}
+
+pub fn deployment(name: &str, image: &str, labels: &[(&str, &str)]) -> Deployment {
+    let mut all: BTreeMap<String, String> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    all.insert("app".into(), name.into());
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": all},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "web", "image": image}]}
+            }
+        }
+    }))
+    .expect("a valid Deployment")
+}
+
+impl Fleet {
+    /// Creates `n` Deployments `web-00..` (label `fleet=web`) in `ns`, and waits until they are Available.
+    pub async fn deployments(&self, ns: &str, n: usize, image: &str) -> Vec<String> {
+        let api: Api<Deployment> = Api::namespaced(self.client.clone(), ns);
+        let mut names = Vec::new();
+        for i in 0..n {
+            let name = format!("web-{i:02}");
+            api.create(
+                &PostParams::default(),
+                &deployment(&name, image, &[("fleet", "web")]),
+            )
+            .await
+            .expect("create");
+            names.push(name);
+        }
+        for name in &names {
+            wait_for(
+                &api,
+                name,
+                "the Deployment to be available",
+                Duration::from_secs(120),
+                |d| d.status.as_ref().and_then(|s| s.available_replicas) == Some(1),
+            )
+            .await;
+        }
+        names
+    }
+
+    /// Ten Deployments in each tenant namespace.
+    pub async fn tenant_deployments(&self, per_tenant: usize) {
+        for t in &self.tenants {
+            self.deployments(t, per_tenant, READY_IMAGE).await;
+        }
+    }
+
+    pub fn rollouts(&self) -> Api<FleetRollout> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Creates a FleetRollout from a JSON spec.
+    pub async fn rollout(&self, name: &str, spec: Value) -> FleetRollout {
+        let fr: FleetRollout = serde_json::from_value(json!({
+            "apiVersion": "fleetroll.dev/v1alpha1",
+            "kind": "FleetRollout",
+            "metadata": {"name": name},
+            "spec": spec,
+        }))
+        .expect("a FleetRollout");
+        self.rollouts()
+            .create(&PostParams::default(), &fr)
+            .await
+            .expect("create the FleetRollout")
+    }
+
+    /// Patches the spec the way a person or agent would (merge patch).
+    pub async fn patch_spec(&self, name: &str, spec: Value) {
+        self.rollouts()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": spec })),
+            )
+            .await
+            .expect("patch the FleetRollout");
+    }
+
+    pub async fn wait_rollout(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        cond: impl Fn(&FleetRollout) -> bool,
+    ) -> FleetRollout {
+        wait_for(&self.rollouts(), name, what, timeout, cond).await
+    }
+
+    /// Every Deployment of the fleet (the tenants', or the fleet namespace's when there are none).
+    pub async fn all_deployments(&self) -> Vec<Deployment> {
+        let mut out = Vec::new();
+        let namespaces = if self.tenants.is_empty() {
+            vec![self.ns.clone()]
+        } else {
+            self.tenants.clone()
+        };
+        for ns in namespaces {
+            let api: Api<Deployment> = Api::namespaced(self.client.clone(), &ns);
+            out.extend(
+                api.list(&ListParams::default().labels("fleet=web"))
+                    .await
+                    .expect("list")
+                    .items,
+            );
+        }
+        out
+    }
+
+    /// The events recorded for a FleetRollout, as (reason, message).
+    pub async fn events(&self, name: &str) -> Vec<(String, String)> {
+        let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(self.client.clone(), &self.ns);
+        let list = api.list(&ListParams::default()).await.expect("list events");
+        list.items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+            .collect()
+    }
+}
+
+pub fn image_of(d: &Deployment) -> String {
+    d.spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default()
+}
+
+pub fn phase(fr: &FleetRollout) -> fleetroll::api::Phase {
+    fr.status.as_ref().map(|s| s.phase).unwrap_or_default()
+}
+
+pub fn condition<'a>(
+    fr: &'a FleetRollout,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    fr.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+}

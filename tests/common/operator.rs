@@ -1,0 +1,157 @@
+//! The real `fleetroll` binary, run as a child process against the test cluster, SIGKILLed at will.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    net::TcpListener,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex, mpsc},
+    time::Duration,
+};
+
+/// A running operator. Killed (SIGKILL) when dropped.
+pub struct Operator {
+    child: Child,
+    pub port: u16,
+    pub log: PathBuf,
+    lines: Arc<Mutex<mpsc::Receiver<String>>>,
+}
+
+static SERIAL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+impl Operator {
+    /// Starts `fleetroll operator` scoped to namespace `ns` (its FleetRollouts, its lease, and as the fleet
+    /// namespace), with `extra` arguments and environment.
+    pub fn start(ns: &str, extra: &[&str], env: &[(&str, &str)]) -> Operator {
+        let port = free_port();
+        let n = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-logs");
+        std::fs::create_dir_all(&dir).expect("log dir");
+        let log = dir.join(format!("{ns}-operator-{n}.log"));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleetroll"));
+        cmd.args(["operator", "--listen", &format!("127.0.0.1:{port}")])
+            .args([
+                "--namespace",
+                ns,
+                "--fleet-namespace",
+                ns,
+                "--lease-namespace",
+                ns,
+            ])
+            .args([
+                "--lease-duration",
+                "4s",
+                "--identity",
+                &format!("test-operator-{n}"),
+            ])
+            .args(extra)
+            .env("KUBECONFIG", &super::cluster().kubeconfig)
+            .env("RUST_LOG", "info,fleetroll=debug,kube=warn")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn fleetroll operator");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        let path = log.clone();
+        std::thread::spawn(move || {
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .ok();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(f) = file.as_mut() {
+                    let _ = writeln!(f, "{line}");
+                }
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Operator {
+            child,
+            port,
+            log,
+            lines: Arc::new(Mutex::new(rx)),
+        }
+    }
+
+    /// Waits until the operator prints a line containing `needle`; false after `timeout`.
+    pub async fn wait_for_line(&self, needle: &str, timeout: Duration) -> bool {
+        let lines = self.lines.clone();
+        let needle = needle.to_string();
+        tokio::task::spawn_blocking(move || {
+            let rx = lines.lock().expect("lines");
+            let deadline = std::time::Instant::now() + timeout;
+            loop {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                match rx.recv_timeout(left) {
+                    Ok(line) if line.contains(&needle) => return true,
+                    Ok(_) => {}
+                    Err(_) => return false,
+                }
+            }
+        })
+        .await
+        .unwrap_or(false)
+    }
+
+    /// SIGKILL: no clean-up of any kind, as in a node failure.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The operator's own metrics.
+    pub async fn metrics(&self) -> String {
+        let url = format!("http://127.0.0.1:{}/metrics", self.port);
+        tokio::task::spawn_blocking(move || {
+            let mut stream = std::net::TcpStream::connect(
+                url.trim_start_matches("http://")
+                    .split('/')
+                    .next()
+                    .unwrap_or_default(),
+            )
+            .expect("connect to the operator's metrics");
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+            write!(stream, "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("send");
+            let mut out = String::new();
+            let _ = std::io::Read::read_to_string(&mut stream, &mut out);
+            out
+        })
+        .await
+        .unwrap_or_default()
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A metric's value from the text exposition.
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}

@@ -1,0 +1,588 @@
+//! The operator on the real control plane: whole rollouts, failure policies, gates, spec changes and specs
+//! it cannot act on. Each test runs the real binary against its own namespaces.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use common::{
+    fleet::{Fleet, NEXT_IMAGE, READY_IMAGE, UNREADY_IMAGE, condition, image_of, phase, with_fleet},
+    operator::Operator,
+};
+use fleetroll::api::{APPLIED_ANNOTATION, Phase};
+use futures::StreamExt;
+use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
+use kube::{
+    Api, ResourceExt,
+    api::ListParams,
+    runtime::{WatchStreamExt, watcher},
+};
+use serde_json::json;
+
+const DEADLINE: Duration = Duration::from_secs(180);
+
+fn fully_rolled_out(d: &Deployment) -> bool {
+    let want = d.spec.replicas.unwrap_or(1);
+    d.status.as_ref().is_some_and(|s| {
+        s.observed_generation == d.metadata.generation
+            && s.updated_replicas == Some(want)
+            && s.ready_replicas == Some(want)
+            && s.available_replicas == Some(want)
+            && s.replicas == Some(want)
+    })
+}
+
+/// What a watch of the fleet saw: when each target first had the new image and when it was rolled out on
+/// it, and the most targets ever in flight (changed, not yet rolled out) at once.
+#[derive(Default)]
+struct Observed {
+    changed: HashMap<String, Instant>,
+    rolled: HashMap<String, Instant>,
+    max_in_flight: usize,
+}
+
+fn observe_fleet(fleet: &Fleet, image: &'static str) -> (Arc<Mutex<Observed>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Observed::default()));
+    let namespaces = fleet.tenants.clone();
+    let api: Api<Deployment> = Api::all(fleet.client.clone());
+    let out = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut events = watcher(api, watcher::Config::default().labels("fleet=web"))
+            .applied_objects()
+            .boxed();
+        while let Some(Ok(d)) = events.next().await {
+            let ns = d.namespace().unwrap_or_default();
+            if !namespaces.contains(&ns) {
+                continue;
+            }
+            let key = format!("{ns}/{}", d.name_any());
+            let mut o = out.lock().unwrap();
+            if image_of(&d) == image {
+                o.changed.entry(key.clone()).or_insert_with(Instant::now);
+                if fully_rolled_out(&d) {
+                    o.rolled.entry(key.clone()).or_insert_with(Instant::now);
+                }
+            }
+            let in_flight = o.changed.keys().filter(|k| !o.rolled.contains_key(*k)).count();
+            o.max_in_flight = o.max_in_flight.max(in_flight);
+        }
+    });
+    (seen, task)
+}
+
+#[tokio::test]
+async fn forty_deployments_in_four_namespaces_roll_ten_at_a_time_each_changed_once() {
+    with_fleet("forty", 4, |fleet| async move {
+        fleet.tenant_deployments(10).await;
+        let before: HashMap<String, i64> = fleet
+            .all_deployments()
+            .await
+            .iter()
+            .map(|d| {
+                (
+                    format!("{}/{}", d.namespace().unwrap(), d.name_any()),
+                    d.metadata.generation.unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(before.len(), 40);
+        let (seen, watch) = observe_fleet(&fleet, NEXT_IMAGE);
+        let _op = Operator::start(&fleet.ns, &[], &[]);
+        fleet
+            .rollout(
+                "tenants",
+                json!({
+                    "image": NEXT_IMAGE,
+                    "targets": {
+                        "kind": "Deployment",
+                        "selector": {"matchLabels": {"fleet": "web"}},
+                        "namespaceSelector": {"matchLabels": {"fleetroll.dev/test-fleet": fleet.ns}},
+                    },
+                    "strategy": {"batchSize": 10},
+                }),
+            )
+            .await;
+        let fr = fleet
+            .wait_rollout("tenants", "the rollout to succeed", DEADLINE, |f| {
+                phase(f) == Phase::Succeeded
+            })
+            .await;
+        watch.abort();
+
+        let status = fr.status.clone().unwrap();
+        assert_eq!(
+            (
+                status.counts.total,
+                status.counts.updated,
+                status.counts.healthy,
+                status.counts.failed
+            ),
+            (40, 40, 40, 0)
+        );
+        assert_eq!(status.batch.as_deref(), Some("4/4"));
+        assert_eq!(
+            condition(&fr, "Complete").map(|c| c.status.as_str()),
+            Some("True")
+        );
+
+        // Every Deployment's generation rose by exactly one, and each carries its batch's key.
+        let plan = status.plan.clone().unwrap();
+        let batch_of: HashMap<String, usize> = plan
+            .batches
+            .iter()
+            .enumerate()
+            .flat_map(|(i, b)| b.iter().map(move |t| (format!("{}/{}", t.namespace, t.name), i)))
+            .collect();
+        let uid = fr.uid().unwrap();
+        for d in fleet.all_deployments().await {
+            let key = format!("{}/{}", d.namespace().unwrap(), d.name_any());
+            assert_eq!(image_of(&d), NEXT_IMAGE, "{key}");
+            assert_eq!(
+                d.metadata.generation,
+                Some(before[&key] + 1),
+                "{key} was changed more than once"
+            );
+            let applied = d
+                .annotations()
+                .get(APPLIED_ANNOTATION)
+                .cloned()
+                .unwrap_or_default();
+            assert_eq!(applied, format!("{uid}/1/{}", batch_of[&key]), "{key}");
+        }
+
+        let reasons: Vec<String> = fleet
+            .events("tenants")
+            .await
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect();
+        for r in [
+            "Planned",
+            "BatchStarted",
+            "BatchApplied",
+            "BatchSucceeded",
+            "Succeeded",
+        ] {
+            assert!(reasons.iter().any(|x| x == r), "no {r} event in {reasons:?}");
+        }
+
+        // Batches ran in order: no target of batch k changed before every target of batch k-1 rolled out.
+        let o = seen.lock().unwrap();
+        assert_eq!(o.changed.len(), 40);
+        assert!(
+            o.max_in_flight <= 10,
+            "{} targets were in flight at once",
+            o.max_in_flight
+        );
+        for k in 1..plan.batches.len() {
+            let members = |b: usize| {
+                batch_of
+                    .iter()
+                    .filter(move |(_, i)| **i == b)
+                    .map(|(t, _)| t.clone())
+            };
+            let first_change = members(k).map(|t| o.changed[&t]).min().unwrap();
+            let last_rolled = members(k - 1).map(|t| o.rolled[&t]).max().unwrap();
+            assert!(
+                first_change >= last_rolled,
+                "batch {k} started before batch {} was healthy",
+                k - 1
+            );
+        }
+    })
+    .await;
+}
+
+/// Six targets, batches of two, an image whose pods never become ready.
+fn failing_spec(on_failure: &str) -> serde_json::Value {
+    json!({
+        "image": UNREADY_IMAGE,
+        "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
+        "strategy": {"batchSize": 2, "onFailure": on_failure},
+        "health": {"timeout": "5s"},
+    })
+}
+
+async fn generations(fleet: &Fleet) -> HashMap<String, (i64, String)> {
+    fleet
+        .all_deployments()
+        .await
+        .iter()
+        .map(|d| (d.name_any(), (d.metadata.generation.unwrap(), image_of(d))))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_failing_batch_pauses_the_rollout_and_abort_ends_it() {
+    with_fleet("fail-pause", 0, |fleet| async move {
+        fleet.deployments(&fleet.ns, 6, READY_IMAGE).await;
+        let _op = Operator::start(&fleet.ns, &[], &[]);
+        fleet.rollout("bad", failing_spec("Pause")).await;
+        let fr = fleet
+            .wait_rollout("bad", "the rollout to pause on failures", DEADLINE, |f| {
+                phase(f) == Phase::Paused
+            })
+            .await;
+        let s = fr.status.clone().unwrap();
+        assert_eq!(s.reason.as_deref(), Some("FailureBudgetExceeded"));
+        assert_eq!((s.counts.updated, s.counts.failed), (2, 2));
+        assert!(
+            s.failures.iter().all(|f| f.reason == "Timeout" && f.batch == 0),
+            "{:?}",
+            s.failures
+        );
+        let degraded = condition(&fr, "Degraded").unwrap();
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "FailureBudgetExceeded")
+        );
+        let gens = generations(&fleet).await;
+        assert_eq!(
+            gens.values()
+                .filter(|(g, i)| *g == 2 && i == UNREADY_IMAGE)
+                .count(),
+            2
+        );
+        assert_eq!(
+            gens.values().filter(|(g, i)| *g == 1 && i == READY_IMAGE).count(),
+            4,
+            "{gens:?}"
+        );
+        let events = fleet.events("bad").await;
+        assert!(events.iter().any(|(r, _)| r == "BatchFailed"), "{events:?}");
+        assert!(
+            events.iter().any(|(r, _)| r == "FailureBudgetExceeded"),
+            "{events:?}"
+        );
+
+        fleet.patch_spec("bad", json!({"abort": true})).await;
+        let fr = fleet
+            .wait_rollout("bad", "the rollout to be aborted", DEADLINE, |f| {
+                phase(f) == Phase::Aborted
+            })
+            .await;
+        assert_eq!(fr.status.unwrap().reason.as_deref(), Some("AbortRequested"));
+        assert_eq!(generations(&fleet).await, gens, "abort changed a target");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_rollback_policy_restores_each_changed_target_once() {
+    with_fleet("fail-rollback", 0, |fleet| async move {
+        fleet.deployments(&fleet.ns, 6, READY_IMAGE).await;
+        let _op = Operator::start(&fleet.ns, &[], &[]);
+        fleet.rollout("bad", failing_spec("Rollback")).await;
+        let fr = fleet
+            .wait_rollout("bad", "the rollout to roll back", DEADLINE, |f| {
+                phase(f) == Phase::RolledBack
+            })
+            .await;
+        let s = fr.status.unwrap();
+        let rb = s.rollback.unwrap();
+        assert_eq!(
+            (rb.reason.as_str(), rb.restored, rb.skipped),
+            ("FailureBudgetExceeded", 2, 0)
+        );
+        // Changed twice (forward, then back), the rest never touched; everyone on the old image.
+        let gens = generations(&fleet).await;
+        assert_eq!(gens.values().filter(|(g, _)| *g == 3).count(), 2, "{gens:?}");
+        assert_eq!(gens.values().filter(|(g, _)| *g == 1).count(), 4, "{gens:?}");
+        assert!(gens.values().all(|(_, i)| i == READY_IMAGE), "{gens:?}");
+        assert!(fleet.events("bad").await.iter().any(|(r, _)| r == "RolledBack"));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_abort_policy_fails_the_rollout_and_leaves_targets_as_they_are() {
+    with_fleet("fail-abort", 0, |fleet| async move {
+        fleet.deployments(&fleet.ns, 6, READY_IMAGE).await;
+        let _op = Operator::start(&fleet.ns, &[], &[]);
+        fleet.rollout("bad", failing_spec("Abort")).await;
+        let fr = fleet
+            .wait_rollout("bad", "the rollout to fail", DEADLINE, |f| {
+                phase(f) == Phase::Failed
+            })
+            .await;
+        assert_eq!(
+            fr.status.as_ref().unwrap().reason.as_deref(),
+            Some("FailureBudgetExceeded")
+        );
+        assert_eq!(
+            condition(&fr, "Complete").map(|c| c.status.as_str()),
+            Some("False")
+        );
+        let gens = generations(&fleet).await;
+        assert_eq!(
+            gens.values()
+                .filter(|(g, i)| *g == 2 && i == UNREADY_IMAGE)
+                .count(),
+            2,
+            "{gens:?}"
+        );
+        assert_eq!(gens.values().filter(|(g, _)| *g == 1).count(), 4, "{gens:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn approvals_gate_batches_and_pause_holds_them() {
+    with_fleet("gates", 0, |fleet| async move {
+        fleet.deployments(&fleet.ns, 4, READY_IMAGE).await;
+        let _op = Operator::start(&fleet.ns, &[], &[]);
+        fleet
+            .rollout(
+                "gated",
+                json!({
+                    "image": NEXT_IMAGE,
+                    "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
+                    "strategy": {"batchSize": 2, "approval": "EveryBatch"},
+                }),
+            )
+            .await;
+        let waiting = |batch: u32| {
+            move |f: &fleetroll::api::FleetRollout| {
+                phase(f) == Phase::WaitingForApproval
+                    && f.status
+                        .as_ref()
+                        .and_then(|s| s.pending_approval.as_ref())
+                        .is_some_and(|p| p.batch == batch)
+            }
+        };
+        let fr = fleet
+            .wait_rollout("gated", "approval of batch 1", DEADLINE, waiting(0))
+            .await;
+        let hash = fr.status.as_ref().unwrap().plan.as_ref().unwrap().hash.clone();
+        assert_eq!(
+            fr.status
+                .as_ref()
+                .unwrap()
+                .pending_approval
+                .as_ref()
+                .unwrap()
+                .plan_hash,
+            hash
+        );
+        assert_eq!(condition(&fr, "Paused").map(|c| c.status.as_str()), Some("True"));
+        assert!(
+            fleet
+                .all_deployments()
+                .await
+                .iter()
+                .all(|d| image_of(d) == READY_IMAGE),
+            "nothing changes before approval"
+        );
+
+        // An approval of another plan does not count.
+        fleet
+            .patch_spec(
+                "gated",
+                json!({"approvals": [{"batch": 0, "planHash": "0000000000000000"}]}),
+            )
+            .await;
+        fleet.patch_spec("gated", json!({"paused": true})).await;
+        fleet
+            .wait_rollout("gated", "the status to see the new generation", DEADLINE, |f| {
+                f.status.as_ref().and_then(|s| s.observed_generation) == f.metadata.generation
+            })
+            .await;
+        assert!(
+            fleet
+                .all_deployments()
+                .await
+                .iter()
+                .all(|d| image_of(d) == READY_IMAGE)
+        );
+
+        // The right approval while paused: pause wins.
+        fleet
+            .patch_spec(
+                "gated",
+                json!({"approvals": [{"batch": 0, "planHash": hash, "approvedBy": "alice"}]}),
+            )
+            .await;
+        let fr = fleet
+            .wait_rollout("gated", "the rollout to be paused", DEADLINE, |f| {
+                phase(f) == Phase::Paused
+            })
+            .await;
+        assert_eq!(fr.status.unwrap().reason.as_deref(), Some("PausedBySpec"));
+
+        fleet.patch_spec("gated", json!({"paused": false})).await;
+        let fr = fleet
+            .wait_rollout("gated", "approval of batch 2", DEADLINE, waiting(1))
+            .await;
+        let s = fr.status.unwrap();
+        assert_eq!(s.approvals[0].approved_by.as_deref(), Some("alice"));
+        assert_eq!(
+            fleet
+                .all_deployments()
+                .await
+                .iter()
+                .filter(|d| image_of(d) == NEXT_IMAGE)
+                .count(),
+            2
+        );
+
+        fleet
+            .patch_spec(
+                "gated",
+                json!({"approvals": [{"batch": 0, "planHash": hash}, {"batch": 1, "planHash": hash}]}),
+            )
+            .await;
+        fleet
+            .wait_rollout("gated", "the rollout to succeed", DEADLINE, |f| {
+                phase(f) == Phase::Succeeded
+            })
+            .await;
+        assert!(
+            fleet
+                .all_deployments()
+                .await
+                .iter()
+                .all(|d| image_of(d) == NEXT_IMAGE)
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_new_image_mid_rollout_supersedes_the_revision_and_rollback_restores_the_original() {
+    const THIRD: &str = "registry.k8s.io/pause:3.8";
+    with_fleet("supersede", 0, |fleet| async move {
+        fleet.deployments(&fleet.ns, 4, READY_IMAGE).await;
+        let _op = Operator::start(&fleet.ns, &[], &[]);
+        fleet
+            .rollout(
+                "web",
+                json!({
+                    "image": NEXT_IMAGE,
+                    "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
+                    "strategy": {"batchSize": 2, "approval": "EveryBatch"},
+                }),
+            )
+            .await;
+        let fr = fleet
+            .wait_rollout("web", "the first approval", DEADLINE, |f| {
+                phase(f) == Phase::WaitingForApproval
+            })
+            .await;
+        let hash = fr.status.unwrap().plan.unwrap().hash;
+        fleet
+            .patch_spec("web", json!({"approvals": [{"batch": 0, "planHash": hash}]}))
+            .await;
+        fleet
+            .wait_rollout("web", "the second approval", DEADLINE, |f| {
+                f.status
+                    .as_ref()
+                    .and_then(|s| s.pending_approval.as_ref())
+                    .is_some_and(|p| p.batch == 1)
+            })
+            .await;
+
+        // Mid-rollout, the image changes: revision 2 is planned afresh, and needs its own approvals.
+        fleet.patch_spec("web", json!({"image": THIRD})).await;
+        let fr = fleet
+            .wait_rollout("web", "revision 2 to wait for approval", DEADLINE, |f| {
+                f.status.as_ref().is_some_and(|s| {
+                    s.revision.as_ref().is_some_and(|r| r.number == 2) && s.phase == Phase::WaitingForApproval
+                })
+            })
+            .await;
+        let s = fr.status.unwrap();
+        assert_eq!(
+            (
+                s.superseded[0].number,
+                s.superseded[0].updated,
+                s.superseded[0].image.as_str()
+            ),
+            (1, 2, NEXT_IMAGE)
+        );
+        let hash2 = s.plan.unwrap().hash;
+        assert_ne!(hash, hash2, "a changed plan needs a new approval");
+        fleet
+            .patch_spec(
+                "web",
+                json!({"approvals": [{"batch": 0, "planHash": hash2}, {"batch": 1, "planHash": hash2}]}),
+            )
+            .await;
+        fleet
+            .wait_rollout("web", "revision 2 to succeed", DEADLINE, |f| {
+                phase(f) == Phase::Succeeded
+            })
+            .await;
+        let gens = generations(&fleet).await;
+        assert!(gens.values().all(|(_, i)| i == THIRD), "{gens:?}");
+        // Two targets went v1 -> v2 -> v3, two went v1 -> v3.
+        assert_eq!(gens.values().filter(|(g, _)| *g == 3).count(), 2, "{gens:?}");
+        assert_eq!(gens.values().filter(|(g, _)| *g == 2).count(), 2, "{gens:?}");
+        assert!(fleet.events("web").await.iter().any(|(r, _)| r == "Superseded"));
+
+        // Rollback restores what each target had before this rollout first touched it.
+        fleet.patch_spec("web", json!({"rollback": true})).await;
+        fleet
+            .wait_rollout("web", "the rollback", DEADLINE, |f| phase(f) == Phase::RolledBack)
+            .await;
+        assert!(generations(&fleet).await.values().all(|(_, i)| i == READY_IMAGE));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn large_plans_are_stored_in_owned_immutable_configmaps() {
+    with_fleet("shards", 0, |fleet| async move {
+        fleet.deployments(&fleet.ns, 12, READY_IMAGE).await;
+        let _op = Operator::start(
+            &fleet.ns,
+            &["--plan-inline-max-bytes", "0", "--plan-shard-targets", "5"],
+            &[],
+        );
+        fleet
+            .rollout(
+                "big",
+                json!({
+                    "image": NEXT_IMAGE,
+                    "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
+                    "strategy": {"batchSize": 4},
+                }),
+            )
+            .await;
+        let fr = fleet
+            .wait_rollout("big", "the rollout to succeed", DEADLINE, |f| {
+                phase(f) == Phase::Succeeded
+            })
+            .await;
+        let plan = fr.status.as_ref().unwrap().plan.clone().unwrap();
+        assert!(plan.batches.is_empty(), "the plan is not in status");
+        assert_eq!(plan.shards.len(), 3);
+        let cms: Api<ConfigMap> = Api::namespaced(fleet.client.clone(), &fleet.ns);
+        for name in &plan.shards {
+            let cm = cms.get(name).await.unwrap();
+            assert_eq!(cm.immutable, Some(true));
+            let owner = &cm.owner_references()[0];
+            assert_eq!(
+                (owner.kind.as_str(), owner.uid.as_str()),
+                ("FleetRollout", fr.uid().unwrap().as_str())
+            );
+        }
+        assert!(
+            fleet
+                .all_deployments()
+                .await
+                .iter()
+                .all(|d| image_of(d) == NEXT_IMAGE)
+        );
+        let listed = cms
+            .list(&ListParams::default().labels(&format!("fleetroll.dev/plan={}", plan.hash)))
+            .await
+            .unwrap();
+        assert_eq!(listed.items.len(), 3);
+    })
+    .await;
+}
