@@ -4,76 +4,20 @@
 
 mod common;
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::{Duration, Instant},
-};
+use std::{collections::HashMap, time::Duration};
 
 use common::{
-    fleet::{Fleet, NEXT_IMAGE, READY_IMAGE, UNREADY_IMAGE, condition, image_of, phase, with_fleet},
+    fleet::{
+        Fleet, NEXT_IMAGE, READY_IMAGE, UNREADY_IMAGE, condition, image_of, observe_fleet, phase, with_fleet,
+    },
     operator::Operator,
 };
 use fleetroll::api::{APPLIED_ANNOTATION, Phase};
-use futures::StreamExt;
-use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
-use kube::{
-    Api, ResourceExt,
-    api::ListParams,
-    runtime::{WatchStreamExt, watcher},
-};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{Api, ResourceExt, api::ListParams};
 use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_secs(180);
-
-fn fully_rolled_out(d: &Deployment) -> bool {
-    let want = d.spec.replicas.unwrap_or(1);
-    d.status.as_ref().is_some_and(|s| {
-        s.observed_generation == d.metadata.generation
-            && s.updated_replicas == Some(want)
-            && s.ready_replicas == Some(want)
-            && s.available_replicas == Some(want)
-            && s.replicas == Some(want)
-    })
-}
-
-/// What a watch of the fleet saw: when each target first had the new image and when it was rolled out on
-/// it, and the most targets ever in flight (changed, not yet rolled out) at once.
-#[derive(Default)]
-struct Observed {
-    changed: HashMap<String, Instant>,
-    rolled: HashMap<String, Instant>,
-    max_in_flight: usize,
-}
-
-fn observe_fleet(fleet: &Fleet, image: &'static str) -> (Arc<Mutex<Observed>>, tokio::task::JoinHandle<()>) {
-    let seen = Arc::new(Mutex::new(Observed::default()));
-    let namespaces = fleet.tenants.clone();
-    let api: Api<Deployment> = Api::all(fleet.client.clone());
-    let out = seen.clone();
-    let task = tokio::spawn(async move {
-        let mut events = watcher(api, watcher::Config::default().labels("fleet=web"))
-            .applied_objects()
-            .boxed();
-        while let Some(Ok(d)) = events.next().await {
-            let ns = d.namespace().unwrap_or_default();
-            if !namespaces.contains(&ns) {
-                continue;
-            }
-            let key = format!("{ns}/{}", d.name_any());
-            let mut o = out.lock().unwrap();
-            if image_of(&d) == image {
-                o.changed.entry(key.clone()).or_insert_with(Instant::now);
-                if fully_rolled_out(&d) {
-                    o.rolled.entry(key.clone()).or_insert_with(Instant::now);
-                }
-            }
-            let in_flight = o.changed.keys().filter(|k| !o.rolled.contains_key(*k)).count();
-            o.max_in_flight = o.max_in_flight.max(in_flight);
-        }
-    });
-    (seen, task)
-}
 
 #[tokio::test]
 async fn forty_deployments_in_four_namespaces_roll_ten_at_a_time_each_changed_once() {

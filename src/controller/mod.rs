@@ -51,6 +51,8 @@ use self::{
 const MAX_STEPS: usize = 64;
 /// Re-check rollouts that wait on nothing in particular this often (reads only; writes happen on change).
 const RESYNC: Duration = Duration::from_secs(300);
+/// How long a shutdown waits for reconciles in flight.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// Re-try a spec that cannot be acted on (targets or namespaces may appear).
 const BLOCKED_RETRY: Duration = Duration::from_secs(30);
 
@@ -542,7 +544,7 @@ pub async fn run(
 
     let stop = shutdown.clone();
     info!("controller starting");
-    controller
+    let running = controller
         .graceful_shutdown_on(async move { stop.cancelled().await })
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -552,8 +554,18 @@ pub async fn run(
                     other => error!(error = %other, "controller error"),
                 }
             }
-        })
-        .await;
+        });
+    tokio::pin!(running);
+    tokio::select! {
+        _ = &mut running => {}
+        _ = shutdown.cancelled() => {
+            // Give reconciles in flight a moment to finish; stopping mid-step is safe anyway (it is a crash,
+            // and every step survives one).
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut running).await.is_err() {
+                warn!("reconciles still running after {SHUTDOWN_GRACE:?}; stopping anyway");
+            }
+        }
+    }
     info!("controller stopped");
     Ok(())
 }

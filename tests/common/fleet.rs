@@ -2,7 +2,14 @@
 //! namespaces opted in to cross-namespace rollouts, and Deployments in them. Everything is deleted
 //! afterwards, whether the test passed or not.
 
-use std::{collections::BTreeMap, future::Future, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap},
+    future::Future,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
 
 use fleetroll::api::{FleetRollout, OPT_IN_LABEL, OPT_IN_VALUE};
 use k8s_openapi::{
@@ -12,7 +19,7 @@ use k8s_openapi::{
 use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams},
-    runtime::{conditions, wait::await_condition},
+    runtime::{WatchStreamExt, conditions, wait::await_condition, watcher},
 };
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
@@ -267,4 +274,60 @@ pub fn condition<'a>(
     fr.status
         .as_ref()
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+}
+
+pub fn fully_rolled_out(d: &Deployment) -> bool {
+    let want = d.spec.replicas.unwrap_or(1);
+    d.status.as_ref().is_some_and(|s| {
+        s.observed_generation == d.metadata.generation
+            && s.updated_replicas == Some(want)
+            && s.ready_replicas == Some(want)
+            && s.available_replicas == Some(want)
+            && s.replicas == Some(want)
+    })
+}
+
+/// What a watch of the fleet saw: when each target first had the new image and when it was rolled out on
+/// it, and the most targets ever in flight (changed, not yet rolled out) at once.
+#[derive(Default)]
+pub struct Observed {
+    pub changed: HashMap<String, Instant>,
+    pub rolled: HashMap<String, Instant>,
+    pub max_in_flight: usize,
+}
+
+pub fn observe_fleet(
+    fleet: &Fleet,
+    image: &'static str,
+) -> (Arc<Mutex<Observed>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Observed::default()));
+    let namespaces = if fleet.tenants.is_empty() {
+        vec![fleet.ns.clone()]
+    } else {
+        fleet.tenants.clone()
+    };
+    let api: Api<Deployment> = Api::all(fleet.client.clone());
+    let out = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut events = watcher(api, watcher::Config::default().labels("fleet=web"))
+            .applied_objects()
+            .boxed();
+        while let Some(Ok(d)) = events.next().await {
+            let ns = d.namespace().unwrap_or_default();
+            if !namespaces.contains(&ns) {
+                continue;
+            }
+            let key = format!("{ns}/{}", d.name_any());
+            let mut o = out.lock().unwrap();
+            if image_of(&d) == image {
+                o.changed.entry(key.clone()).or_insert_with(Instant::now);
+                if fully_rolled_out(&d) {
+                    o.rolled.entry(key.clone()).or_insert_with(Instant::now);
+                }
+            }
+            let in_flight = o.changed.keys().filter(|k| !o.rolled.contains_key(*k)).count();
+            o.max_in_flight = o.max_in_flight.max(in_flight);
+        }
+    });
+    (seen, task)
 }

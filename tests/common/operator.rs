@@ -45,12 +45,6 @@ impl Operator {
                 "--lease-namespace",
                 ns,
             ])
-            .args([
-                "--lease-duration",
-                "4s",
-                "--identity",
-                &format!("test-operator-{n}"),
-            ])
             .args(extra)
             .env("KUBECONFIG", &super::cluster().kubeconfig)
             .env("RUST_LOG", "info,fleetroll=debug,kube=warn")
@@ -58,6 +52,13 @@ impl Operator {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        // Defaults for what `extra` does not set itself.
+        if !extra.contains(&"--identity") {
+            cmd.args(["--identity", &format!("test-operator-{n}")]);
+        }
+        if !extra.contains(&"--lease-duration") {
+            cmd.args(["--lease-duration", "4s"]);
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }
