@@ -530,3 +530,46 @@ async fn large_plans_are_stored_in_owned_immutable_configmaps() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_failing_http_check_fails_its_target() {
+    // Every target answers 200 except web-01, which answers 503.
+    let app = axum::Router::new().route(
+        "/{namespace}/{name}",
+        axum::routing::get(
+            |axum::extract::Path((_ns, name)): axum::extract::Path<(String, String)>| async move {
+                if name == "web-01" {
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE
+                } else {
+                    axum::http::StatusCode::OK
+                }
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    with_fleet("http", 0, move |fleet| async move {
+        fleet.deployments(&fleet.ns, 4, READY_IMAGE).await;
+        let _op = Operator::start(&fleet.ns, &[], &[]);
+        fleet
+            .rollout(
+                "checked",
+                json!({
+                    "image": NEXT_IMAGE,
+                    "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
+                    "strategy": {"batchSize": 2, "maxFailures": 0},
+                    "health": {"timeout": "5s", "http": {"url": format!("http://127.0.0.1:{port}/{{namespace}}/{{name}}")}},
+                }),
+            )
+            .await;
+        let fr = fleet.wait_rollout("checked", "the rollout to pause", DEADLINE, |f| phase(f) == Phase::Paused).await;
+        let s = fr.status.unwrap();
+        assert_eq!((s.counts.healthy, s.counts.failed), (1, 1));
+        let f = &s.failures[0];
+        assert_eq!((f.name.as_str(), f.reason.as_str()), ("web-01", "HttpCheckFailed"));
+        assert!(f.message.contains("returned 503, expected 200"), "{}", f.message);
+    })
+    .await;
+    server.abort();
+}

@@ -37,14 +37,7 @@ impl Operator {
         let log = dir.join(format!("{ns}-operator-{n}.log"));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleetroll"));
         cmd.args(["operator", "--listen", &format!("127.0.0.1:{port}")])
-            .args([
-                "--namespace",
-                ns,
-                "--fleet-namespace",
-                ns,
-                "--lease-namespace",
-                ns,
-            ])
+            .args(["--namespace", ns, "--lease-namespace", ns])
             .args(extra)
             .env("KUBECONFIG", &super::cluster().kubeconfig)
             .env("RUST_LOG", "info,fleetroll=debug,kube=warn")
@@ -53,11 +46,15 @@ impl Operator {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         // Defaults for what `extra` does not set itself.
-        if !extra.contains(&"--identity") {
-            cmd.args(["--identity", &format!("test-operator-{n}")]);
-        }
-        if !extra.contains(&"--lease-duration") {
-            cmd.args(["--lease-duration", "4s"]);
+        let identity = format!("test-operator-{n}");
+        for (flag, value) in [
+            ("--identity", identity.as_str()),
+            ("--lease-duration", "4s"),
+            ("--fleet-namespace", ns),
+        ] {
+            if !extra.contains(&flag) {
+                cmd.args([flag, value]);
+            }
         }
         for (k, v) in env {
             cmd.env(k, v);

@@ -1,0 +1,220 @@
+//! Bad input: specs the API server must reject (with a message a person understands), and valid specs the
+//! operator cannot act on (Degraded with a reason, no target changed, nothing panics).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{
+    fleet::{READY_IMAGE, condition, ensure_crd, image_of, phase, with_fleet},
+    operator::Operator,
+    with_namespace,
+};
+use fleetroll::api::{FleetRollout, OPT_IN_LABEL, Phase};
+use k8s_openapi::api::{apps::v1::Deployment, core::v1::Namespace};
+use kube::{
+    Api, Client,
+    api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+
+const DEADLINE: Duration = Duration::from_secs(120);
+
+fn valid_spec() -> Value {
+    json!({
+        "image": "registry.example.com/web:v2",
+        "targets": {"kind": "Deployment", "selector": {"matchLabels": {"app": "web"}}},
+    })
+}
+
+/// Sets `path` (dot-separated) in `v`.
+fn set(v: &mut Value, path: &str, value: Value) {
+    let mut node = v;
+    let parts: Vec<&str> = path.split('.').collect();
+    for p in &parts[..parts.len() - 1] {
+        node = node
+            .as_object_mut()
+            .unwrap()
+            .entry(p.to_string())
+            .or_insert_with(|| json!({}));
+    }
+    node.as_object_mut()
+        .unwrap()
+        .insert(parts[parts.len() - 1].to_string(), value);
+}
+
+#[tokio::test]
+async fn the_api_server_rejects_nonsense_with_a_clear_message() {
+    let client = common::client().await;
+    ensure_crd(&client).await;
+    with_namespace("schema", |client: Client, ns: String| async move {
+        let ar = ApiResource::erase::<FleetRollout>(&());
+        let api: Api<DynamicObject> = Api::namespaced_with(client, &ns, &ar);
+        let cases: Vec<(&str, Value, &str)> = vec![
+            ("image", json!(""), "image must be a non-empty image reference without spaces"),
+            ("image", json!("web v2"), "image must be a non-empty image reference without spaces"),
+            ("strategy.batchSize", json!(0), "batchSize must be a positive integer or a percentage from 1% to 100%"),
+            ("strategy.batchSize", json!("0%"), "batchSize must be a positive integer or a percentage from 1% to 100%"),
+            ("strategy.batchSize", json!("101%"), "batchSize must be a positive integer or a percentage from 1% to 100%"),
+            ("strategy.steps", json!([1, "200%"]), "every step must be a positive integer or a percentage"),
+            ("strategy.maxFailures", json!(-1), "maxFailures must be an integer of 0 or more, or a percentage"),
+            ("strategy.maxFailures", json!("150%"), "maxFailures must be an integer of 0 or more, or a percentage"),
+            ("strategy.pauseBetweenBatches", json!("5 minutes"), "pauseBetweenBatches must be a duration"),
+            ("strategy.approval", json!("Sometimes"), "Unsupported value: \"Sometimes\": supported values: \"None\", \"FirstBatch\", \"EveryBatch\""),
+            ("strategy.onFailure", json!("Explode"), "Unsupported value: \"Explode\": supported values: \"Pause\", \"Rollback\", \"Abort\""),
+            ("health.timeout", json!("10 minutes"), "timeout must be a duration such as 90s, 10m or 1h"),
+            ("health.soak", json!("-1s"), "soak must be a duration such as 0s, 30s or 5m"),
+            ("health.http", json!({"url": "ftp://web"}), "http.url must be an http:// or https:// URL"),
+            ("health.http", json!({"url": "http://web", "expectStatus": 99}), "should be greater than or equal to 100"),
+            ("targets.kind", json!("Pod"), "Unsupported value: \"Pod\": supported values: \"Deployment\", \"StatefulSet\", \"DaemonSet\""),
+            ("targets.selector", json!({}), "targets.selector must not be empty"),
+        ];
+        for (i, (path, value, expected)) in cases.iter().enumerate() {
+            let mut spec = valid_spec();
+            set(&mut spec, path, value.clone());
+            let obj: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "fleetroll.dev/v1alpha1",
+                "kind": "FleetRollout",
+                "metadata": {"name": format!("bad-{i}")},
+                "spec": spec,
+            }))
+            .unwrap();
+            match api.create(&PostParams::default(), &obj).await {
+                Ok(_) => panic!("{path} = {value} was accepted"),
+                Err(kube::Error::Api(s)) => {
+                    assert_eq!(s.code, 422, "{path} = {value}: {s:?}");
+                    assert!(s.message.contains(expected), "{path} = {value}: message {:?} lacks {expected:?}", s.message);
+                }
+                Err(e) => panic!("{path} = {value}: unexpected error {e}"),
+            }
+        }
+        // A missing image is a required field.
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": "no-image"},
+            "spec": {"targets": valid_spec()["targets"].clone()},
+        }))
+        .unwrap();
+        let err = api.create(&PostParams::default(), &obj).await.unwrap_err();
+        assert!(err.to_string().contains("spec.image: Required value"), "{err}");
+        // And the valid spec is accepted, with the documented defaults filled in.
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": "good"}, "spec": valid_spec(),
+        }))
+        .unwrap();
+        let created = api.create(&PostParams::default(), &obj).await.unwrap();
+        let strategy = &created.data["spec"]["strategy"];
+        assert_eq!(strategy["batchSize"], json!("25%"));
+        assert_eq!(strategy["onFailure"], json!("Pause"));
+        assert_eq!(created.data["spec"]["health"]["timeout"], json!("10m"));
+    })
+    .await;
+}
+
+async fn wait_degraded(fleet: &common::fleet::Fleet, name: &str, reason: &str) -> FleetRollout {
+    let fr = fleet
+        .wait_rollout(name, &format!("Degraded={reason}"), DEADLINE, |f| {
+            condition(f, "Degraded").is_some_and(|c| c.status == "True" && c.reason == reason)
+        })
+        .await;
+    assert_eq!(phase(&fr), Phase::Pending);
+    fr
+}
+
+#[tokio::test]
+async fn specs_the_operator_cannot_act_on_are_degraded_with_a_reason_and_touch_nothing() {
+    with_fleet("degraded", 1, |fleet| async move {
+        fleet.deployments(&fleet.ns, 2, READY_IMAGE).await;
+        // One target with two containers.
+        let api: Api<Deployment> = Api::namespaced(fleet.client.clone(), &fleet.ns);
+        let mut two = common::fleet::deployment("two", READY_IMAGE, &[("fleet", "pair")]);
+        let pod = two.spec.template.spec.as_mut().unwrap();
+        let mut sidecar = pod.containers[0].clone();
+        sidecar.name = "sidecar".into();
+        pod.containers.push(sidecar);
+        api.create(&PostParams::default(), &two).await.unwrap();
+
+        let mut op = Operator::start(&fleet.ns, &[], &[]);
+        let spec = |selector: Value| json!({"image": "registry.k8s.io/pause:3.9", "targets": {"kind": "Deployment", "selector": selector}});
+
+        fleet.rollout("nothing", spec(json!({"matchLabels": {"fleet": "nope"}}))).await;
+        let fr = wait_degraded(&fleet, "nothing", "NoTargets").await;
+        assert!(fr.status.unwrap().message.unwrap().contains("no Deployment matches selector"));
+
+        let mut wrong = spec(json!({"matchLabels": {"fleet": "web"}}));
+        wrong["container"] = json!("api");
+        fleet.rollout("wrong-container", wrong).await;
+        let fr = wait_degraded(&fleet, "wrong-container", "ContainerNotFound").await;
+        assert!(condition(&fr, "Degraded").unwrap().message.contains("has no container named \"api\" (it has: web)"));
+
+        fleet.rollout("ambiguous", spec(json!({"matchLabels": {"fleet": "pair"}}))).await;
+        wait_degraded(&fleet, "ambiguous", "ContainerAmbiguous").await;
+
+        // A tenant namespace that matches but has not opted in.
+        let namespaces: Api<Namespace> = Api::all(fleet.client.clone());
+        let tenant = fleet.tenants[0].clone();
+        namespaces
+            .patch(&tenant, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {OPT_IN_LABEL: null}}})))
+            .await
+            .unwrap();
+        fleet.deployments(&tenant, 1, READY_IMAGE).await;
+        let mut cross = spec(json!({"matchLabels": {"fleet": "web"}}));
+        cross["targets"]["namespaceSelector"] = json!({"matchLabels": {"fleetroll.dev/test-fleet": fleet.ns}});
+        fleet.rollout("not-opted-in", cross.clone()).await;
+        let fr = wait_degraded(&fleet, "not-opted-in", "NamespaceNotOptedIn").await;
+        assert!(condition(&fr, "Degraded").unwrap().message.contains(&tenant));
+
+        // Nothing changed anywhere, and the operator is still up.
+        for ns in [&fleet.ns, &tenant] {
+            let api: Api<Deployment> = Api::namespaced(fleet.client.clone(), ns);
+            for d in api.list(&Default::default()).await.unwrap() {
+                assert_eq!(image_of(&d), READY_IMAGE);
+                assert_eq!(d.metadata.generation, Some(1));
+            }
+        }
+        assert!(op.is_running());
+
+        // Fixing the spec is all it takes: the same rollout then proceeds.
+        fleet.patch_spec("wrong-container", json!({"container": "web"})).await;
+        fleet.wait_rollout("wrong-container", "the fixed rollout to succeed", DEADLINE, |f| phase(f) == Phase::Succeeded).await;
+        assert!(!std::fs::read_to_string(&op.log).unwrap().contains("panicked"));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn cross_namespace_rollouts_outside_the_fleet_namespace_are_refused() {
+    with_fleet("crossns", 1, |fleet| async move {
+        fleet.deployments(&fleet.tenants[0], 1, READY_IMAGE).await;
+        // This operator's fleet namespace is another one.
+        let _op = Operator::start(&fleet.ns, &["--fleet-namespace", "fleetroll-system"], &[]);
+        fleet
+            .rollout(
+                "cross",
+                json!({
+                    "image": "registry.k8s.io/pause:3.9",
+                    "targets": {
+                        "kind": "Deployment",
+                        "selector": {"matchLabels": {"fleet": "web"}},
+                        "namespaceSelector": {"matchLabels": {"fleetroll.dev/test-fleet": fleet.ns}},
+                    },
+                }),
+            )
+            .await;
+        let fr = wait_degraded(&fleet, "cross", "CrossNamespaceNotAllowed").await;
+        assert!(
+            condition(&fr, "Degraded")
+                .unwrap()
+                .message
+                .contains("fleetroll-system")
+        );
+        let api: Api<Deployment> = Api::namespaced(fleet.client.clone(), &fleet.tenants[0]);
+        assert_eq!(api.get("web-00").await.unwrap().metadata.generation, Some(1));
+        let events = fleet.events("cross").await;
+        assert!(
+            events.iter().any(|(r, _)| r == "CrossNamespaceNotAllowed"),
+            "{events:?}"
+        );
+    })
+    .await;
+}
