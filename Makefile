@@ -31,6 +31,7 @@ unit: ## unit tests (no cluster needed)
 
 integration: ## integration tests on a real control plane (starts one if none is up, stops it afterwards)
 	$(CARGO) build --locked --tests
+	rm -rf target/test-logs
 	NODES=$(NODES) $(TESTENV)/with-cluster.sh $(CARGO) test --locked --test '*'
 
 test: fmt-check lint unit integration ## everything CI runs

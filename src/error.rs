@@ -25,6 +25,9 @@ pub enum Error {
 
     #[error("invalid configuration: {0}")]
     Config(String),
+
+    #[error("reconcile did not finish within {0:?}")]
+    Timeout(std::time::Duration),
 }
 
 impl Error {
@@ -39,6 +42,7 @@ impl Error {
             Error::Listen { .. } => "listen",
             Error::LostLeadership => "lost_leadership",
             Error::Config(_) => "config",
+            Error::Timeout(_) => "timeout",
         }
     }
 }

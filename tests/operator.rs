@@ -573,3 +573,67 @@ async fn a_failing_http_check_fails_its_target() {
     .await;
     server.abort();
 }
+
+#[tokio::test]
+async fn statefulsets_and_daemonsets_roll_with_their_own_health_rules() {
+    with_fleet("kinds", 0, |fleet| async move {
+        let sts: Api<k8s_openapi::api::apps::v1::StatefulSet> = Api::namespaced(fleet.client.clone(), &fleet.ns);
+        let ds: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(fleet.client.clone(), &fleet.ns);
+        for i in 0..2 {
+            let name = format!("db-{i}");
+            let s = serde_json::from_value(json!({
+                "apiVersion": "apps/v1", "kind": "StatefulSet",
+                "metadata": {"name": name, "labels": {"fleet": "db"}},
+                "spec": {
+                    "replicas": 2, "serviceName": name, "selector": {"matchLabels": {"app": name}},
+                    "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "db", "image": READY_IMAGE}]}}
+                }
+            }))
+            .unwrap();
+            sts.create(&Default::default(), &s).await.unwrap();
+            let name = format!("agent-{i}");
+            let d = serde_json::from_value(json!({
+                "apiVersion": "apps/v1", "kind": "DaemonSet",
+                "metadata": {"name": name, "labels": {"fleet": "agent"}},
+                "spec": {
+                    "selector": {"matchLabels": {"app": name}},
+                    "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "agent", "image": READY_IMAGE}]}}
+                }
+            }))
+            .unwrap();
+            ds.create(&Default::default(), &d).await.unwrap();
+        }
+        let _op = Operator::start(&fleet.ns, &[], &[]);
+        for (name, kind, fleet_label) in [("dbs", "StatefulSet", "db"), ("agents", "DaemonSet", "agent")] {
+            fleet
+                .rollout(
+                    name,
+                    json!({
+                        "image": NEXT_IMAGE,
+                        "targets": {"kind": kind, "selector": {"matchLabels": {"fleet": fleet_label}}},
+                        "strategy": {"batchSize": 1},
+                    }),
+                )
+                .await;
+        }
+        for name in ["dbs", "agents"] {
+            let fr = fleet.wait_rollout(name, "the rollout to succeed", DEADLINE, |f| phase(f) == Phase::Succeeded).await;
+            assert_eq!(fr.status.unwrap().counts.healthy, 2);
+        }
+        // Succeeded means each workload's own rollout finished on the new image.
+        for s in sts.list(&ListParams::default()).await.unwrap() {
+            let st = s.status.clone().unwrap();
+            assert_eq!(s.spec.template.spec.as_ref().unwrap().containers[0].image.as_deref(), Some(NEXT_IMAGE));
+            assert_eq!((st.updated_replicas, st.ready_replicas), (Some(2), Some(2)));
+            assert_eq!(st.current_revision, st.update_revision);
+        }
+        for d in ds.list(&ListParams::default()).await.unwrap() {
+            let st = d.status.clone().unwrap();
+            assert_eq!(d.spec.template.spec.as_ref().unwrap().containers[0].image.as_deref(), Some(NEXT_IMAGE));
+            assert!(st.desired_number_scheduled >= 10, "one pod per kwok node");
+            assert_eq!(st.updated_number_scheduled, Some(st.desired_number_scheduled));
+            assert_eq!(st.number_available, Some(st.desired_number_scheduled));
+        }
+    })
+    .await;
+}

@@ -51,6 +51,8 @@ use self::{
 const MAX_STEPS: usize = 64;
 /// Re-check rollouts that wait on nothing in particular this often (reads only; writes happen on change).
 const RESYNC: Duration = Duration::from_secs(300);
+/// Longest a single reconcile may take.
+const RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a shutdown waits for reconciles in flight.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// Re-try a spec that cannot be acted on (targets or namespaces may appear).
@@ -119,7 +121,17 @@ async fn reconcile(obj: Arc<FleetRollout>, ctx: Arc<Context>) -> Result<Action> 
     let started = Instant::now();
     ctx.metrics.reconciles.inc();
     let span = info_span!("reconcile", rollout = %format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any()));
-    let result = run_steps(ctx.freshest(obj), &ctx, started).instrument(span).await;
+    // Every step survives being cut short, so a reconcile that hangs (a stuck connection, say) is cut short
+    // and retried rather than left to hold the rollout forever.
+    let result = match tokio::time::timeout(
+        RECONCILE_TIMEOUT,
+        run_steps(ctx.freshest(obj), &ctx, started).instrument(span),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(_) => Err(Error::Timeout(RECONCILE_TIMEOUT)),
+    };
     ctx.metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
@@ -518,12 +530,7 @@ pub async fn run(
         .watches_stream(statefulset_events, |s| rollout_of(&s))
         .watches_stream(daemonset_events, |d| rollout_of(&d))
         .watches_stream(namespace_events, |_| None);
-    let stores = Stores {
-        deployments,
-        statefulsets,
-        daemonsets,
-        namespaces,
-    };
+    let stores = Stores::new(deployments, statefulsets, daemonsets, namespaces);
     let ctx = Arc::new(Context {
         recorder: Recorder::new(
             client.clone(),

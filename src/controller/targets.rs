@@ -36,18 +36,49 @@ pub struct Stores {
     pub statefulsets: Store<StatefulSet>,
     pub daemonsets: Store<DaemonSet>,
     pub namespaces: Store<Namespace>,
+    ready: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Stores {
+    /// Wraps the stores; they count as ready once each has been filled by its first list.
+    pub fn new(
+        deployments: Store<Deployment>,
+        statefulsets: Store<StatefulSet>,
+        daemonsets: Store<DaemonSet>,
+        namespaces: Store<Namespace>,
+    ) -> Self {
+        let (tx, ready) = tokio::sync::watch::channel(false);
+        let (d, s, ds, n) = (
+            deployments.clone(),
+            statefulsets.clone(),
+            daemonsets.clone(),
+            namespaces.clone(),
+        );
+        // One waiter only: Store::wait_until_ready wakes just the last of several concurrent waiters, so
+        // reconciles wait on this watch channel instead.
+        tokio::spawn(async move {
+            let _ = futures::future::join4(
+                d.wait_until_ready(),
+                s.wait_until_ready(),
+                ds.wait_until_ready(),
+                n.wait_until_ready(),
+            )
+            .await;
+            let _ = tx.send(true);
+        });
+        Self {
+            deployments,
+            statefulsets,
+            daemonsets,
+            namespaces,
+            ready,
+        }
+    }
+
     /// Resolves once every cache has been filled by its first list.
     pub async fn wait_until_ready(&self) {
-        let _ = futures::future::join4(
-            self.deployments.wait_until_ready(),
-            self.statefulsets.wait_until_ready(),
-            self.daemonsets.wait_until_ready(),
-            self.namespaces.wait_until_ready(),
-        )
-        .await;
+        let mut ready = self.ready.clone();
+        let _ = ready.wait_for(|r| *r).await;
     }
 
     /// A target's facts from the cache.

@@ -40,7 +40,11 @@ impl Operator {
             .args(["--namespace", ns, "--lease-namespace", ns])
             .args(extra)
             .env("KUBECONFIG", &super::cluster().kubeconfig)
-            .env("RUST_LOG", "info,fleetroll=debug,kube=warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("FLEETROLL_TEST_LOG")
+                    .unwrap_or_else(|_| "info,fleetroll=debug,kube_runtime=debug".into()),
+            )
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
