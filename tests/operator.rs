@@ -374,24 +374,40 @@ async fn approvals_gate_batches_and_pause_holds_them() {
             2
         );
 
+        // A matching Deployment created after planning is reported, never added.
+        let api: Api<k8s_openapi::api::apps::v1::Deployment> =
+            Api::namespaced(fleet.client.clone(), &fleet.ns);
+        let late = common::fleet::deployment("web-late", READY_IMAGE, &[("fleet", "web")]);
+        api.create(&Default::default(), &late).await.unwrap();
+        // Available means the operator's own watch has long seen it too.
+        common::wait_for(&api, "web-late", "web-late to be available", DEADLINE, |d| {
+            d.status.as_ref().and_then(|s| s.available_replicas) == Some(1)
+        })
+        .await;
         fleet
             .patch_spec(
                 "gated",
                 json!({"approvals": [{"batch": 0, "planHash": hash}, {"batch": 1, "planHash": hash}]}),
             )
             .await;
-        fleet
+        let fr = fleet
             .wait_rollout("gated", "the rollout to succeed", DEADLINE, |f| {
                 phase(f) == Phase::Succeeded
             })
             .await;
-        assert!(
-            fleet
-                .all_deployments()
-                .await
-                .iter()
-                .all(|d| image_of(d) == NEXT_IMAGE)
+        let unplanned = fr.status.unwrap().unplanned.unwrap();
+        assert_eq!(
+            (unplanned.count, unplanned.sample),
+            (1, vec![format!("{}/web-late", fleet.ns)])
         );
+        assert_eq!(image_of(&api.get("web-late").await.unwrap()), READY_IMAGE);
+        let planned: Vec<_> = fleet
+            .all_deployments()
+            .await
+            .into_iter()
+            .filter(|d| d.name_any() != "web-late")
+            .collect();
+        assert!(planned.iter().all(|d| image_of(d) == NEXT_IMAGE));
     })
     .await;
 }
