@@ -236,6 +236,7 @@ up() {
   else
     [ ! -d "$W/pids" ] || down
     "$here/build.sh"
+    t0=$SECONDS
     mkdir -p "$W"/{pids,logs,ports}
     link_binaries
     local p
