@@ -131,6 +131,16 @@ pub fn needs_new_revision(spec: &FleetRolloutSpec, status: &FleetRolloutStatus) 
         .is_none_or(|r| r.inputs != RevisionInputs::of(spec))
 }
 
+/// When a finished rollout is due for deletion (`ttlSecondsAfterFinished`), if it is.
+pub fn expires_at(spec: &FleetRolloutSpec, status: &FleetRolloutStatus) -> Option<Timestamp> {
+    let ttl = spec.ttl_seconds_after_finished?;
+    let finished = status.finished_at.as_ref()?.0;
+    if !status.phase.is_terminal() {
+        return None;
+    }
+    finished.checked_add(SignedDuration::from_secs(ttl.max(0))).ok()
+}
+
 /// The idempotency key of batch `batch` of revision `revision`.
 pub fn batch_key(uid: &str, revision: u32, batch: u32) -> String {
     format!("{uid}/{revision}/{batch}")

@@ -653,3 +653,45 @@ async fn statefulsets_and_daemonsets_roll_with_their_own_health_rules() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_finished_rollout_is_deleted_after_its_ttl() {
+    with_fleet("ttl", 0, |fleet| async move {
+        fleet.deployments(&fleet.ns, 2, READY_IMAGE).await;
+        let _op = Operator::start(&fleet.ns, &[], &[]);
+        let created = fleet
+            .rollout(
+                "short-lived",
+                json!({
+                    "image": NEXT_IMAGE,
+                    "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
+                    "ttlSecondsAfterFinished": 2,
+                }),
+            )
+            .await;
+        fleet
+            .wait_rollout("short-lived", "the rollout to succeed", DEADLINE, |f| {
+                phase(f) == Phase::Succeeded
+            })
+            .await;
+        let uid = created.uid().unwrap();
+        let gone = tokio::time::timeout(
+            DEADLINE,
+            kube::runtime::wait::await_condition(
+                fleet.rollouts(),
+                "short-lived",
+                kube::runtime::conditions::is_deleted(&uid),
+            ),
+        )
+        .await;
+        assert!(gone.is_ok(), "the rollout was not deleted after its TTL");
+        assert!(
+            fleet
+                .all_deployments()
+                .await
+                .iter()
+                .all(|d| image_of(d) == NEXT_IMAGE)
+        );
+    })
+    .await;
+}

@@ -89,6 +89,12 @@ pub struct FleetRolloutSpec {
     #[serde(default)]
     pub rollback: bool,
 
+    /// Deletes the FleetRollout (and its plan objects) this many seconds after it finishes. Unset: kept until
+    /// deleted. Rollouts started over MCP get the server's task retention.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ttl_seconds_after_finished: Option<i64>,
+
     /// Approvals for gated batches, each bound to the plan it approves (status.plan.hash).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 1000))]

@@ -267,6 +267,7 @@ mod tests {
                 paused: false,
                 abort: false,
                 rollback: false,
+                ttl_seconds_after_finished: None,
                 approvals: vec![],
             },
         );

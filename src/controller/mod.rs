@@ -190,9 +190,20 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
 
         let outcome = match step {
             Step::Wait { after } => {
-                return Ok(Action::requeue(
-                    after.map_or(RESYNC, |d| d.min(RESYNC) + Duration::from_millis(10)),
-                ));
+                let mut wait = after.map_or(RESYNC, |d| d.min(RESYNC) + Duration::from_millis(10));
+                if let Some(expiry) = engine::expires_at(&fr.spec, &status) {
+                    if now >= expiry {
+                        info!("deleting: ttlSecondsAfterFinished has passed");
+                        match api(ctx, &fr).delete(&fr.name_any(), &Default::default()).await {
+                            Ok(_) => {}
+                            Err(e) if crate::error::is_not_found(&e) => {}
+                            Err(e) => return Err(Error::Kube(e)),
+                        }
+                        return Ok(Action::await_change());
+                    }
+                    wait = wait.min(Duration::try_from(expiry.duration_since(now)).unwrap_or(Duration::ZERO));
+                }
+                return Ok(Action::requeue(wait));
             }
             Step::Write(t) => {
                 let intent = is_intent(&status, &t.status);

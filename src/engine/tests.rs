@@ -27,6 +27,7 @@ fn spec(n_batch: i32) -> FleetRolloutSpec {
         paused: false,
         abort: false,
         rollback: false,
+        ttl_seconds_after_finished: None,
         approvals: Vec::new(),
     }
 }
@@ -675,5 +676,19 @@ fn a_blocked_spec_is_degraded_with_its_reason_and_written_once() {
     assert!(
         blocked(now, 1, &t.status, &why).is_none(),
         "unchanged: no second write"
+    );
+}
+
+#[test]
+fn a_finished_rollout_with_a_ttl_expires_after_it() {
+    let mut sim = Sim::new(spec(10), 10);
+    assert_eq!(expires_at(&sim.spec, &sim.status), None);
+    sim.spec.ttl_seconds_after_finished = Some(60);
+    assert_eq!(expires_at(&sim.spec, &sim.status), None, "not before it finishes");
+    sim.settle();
+    let finished = sim.status.finished_at.clone().unwrap().0;
+    assert_eq!(
+        expires_at(&sim.spec, &sim.status),
+        Some(finished + SignedDuration::from_secs(60))
     );
 }
