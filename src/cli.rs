@@ -33,8 +33,113 @@ enum LogFormat {
 enum Command {
     /// Print the FleetRollout CustomResourceDefinition as YAML.
     Crd,
-    /// Run the operator: the controller (when leader) and its HTTP listener (/healthz, /readyz, /metrics).
+    /// Run the operator: the controller (when leader) and its HTTP listener (/healthz, /readyz, /metrics, /mcp).
     Operator(OperatorArgs),
+    /// Run only the MCP server (and /healthz, /readyz, /metrics), without the controller.
+    Mcp(McpServeArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct McpServeArgs {
+    /// Address of the HTTP listener.
+    #[arg(long, env = "FLEETROLL_LISTEN", default_value = "0.0.0.0:8080")]
+    listen: SocketAddr,
+
+    /// The namespace whose FleetRollouts may span namespaces (used by preview_rollout).
+    #[arg(long, env = "FLEETROLL_FLEET_NAMESPACE", default_value = "fleetroll-system")]
+    fleet_namespace: String,
+
+    #[command(flatten)]
+    mcp: McpArgs,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum AuthMode {
+    /// Bearer tokens checked by TokenReview for the MCP audience; RBAC decides each operation.
+    Serviceaccount,
+    /// No authentication: for local demos only.
+    None,
+}
+
+#[derive(Debug, clap::Args)]
+struct McpArgs {
+    /// How MCP callers authenticate.
+    #[arg(long, env = "FLEETROLL_AUTH", value_enum, default_value_t = AuthMode::Serviceaccount)]
+    auth: AuthMode,
+
+    /// The MCP endpoint's canonical URL; tokens must be issued for it (audience). Default:
+    /// http://localhost:<port>/mcp.
+    #[arg(long, env = "FLEETROLL_MCP_AUDIENCE")]
+    mcp_audience: Option<String>,
+
+    /// Host header values accepted on /mcp (comma-separated or repeated); localhost, 127.0.0.1, ::1 and the
+    /// audience's host are always accepted.
+    #[arg(long = "mcp-allowed-host", env = "FLEETROLL_MCP_ALLOWED_HOSTS", value_delimiter = ',')]
+    mcp_allowed_hosts: Vec<String>,
+
+    /// Origin header values accepted on /mcp (browser clients); none set: Origin is not checked.
+    #[arg(long = "mcp-allowed-origin", env = "FLEETROLL_MCP_ALLOWED_ORIGINS", value_delimiter = ',')]
+    mcp_allowed_origins: Vec<String>,
+
+    /// OAuth authorization servers named in the Protected Resource Metadata (default: the API server).
+    #[arg(
+        long = "mcp-authorization-server",
+        env = "FLEETROLL_MCP_AUTHORIZATION_SERVERS",
+        value_delimiter = ','
+    )]
+    mcp_authorization_servers: Vec<String>,
+
+    /// Expose only the read-only tools (preview_rollout, get_rollout, list_rollouts).
+    #[arg(long, env = "FLEETROLL_READ_ONLY")]
+    read_only: bool,
+
+    /// How long a finished rollout started over MCP (and its task) is kept before the operator deletes it.
+    #[arg(long, env = "FLEETROLL_TASK_RETENTION", default_value = "24h", value_parser = parse_duration)]
+    task_retention: Duration,
+
+    /// Also serve the MCP conformance suite's fixture tools (tests only).
+    #[arg(long, hide = true)]
+    conformance_fixtures: bool,
+}
+
+impl McpArgs {
+    fn options(&self, listen: SocketAddr, fleet_namespace: &str) -> crate::mcp::Options {
+        let audience =
+            self.mcp_audience.clone().unwrap_or_else(|| format!("http://localhost:{}/mcp", listen.port()));
+        let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
+        if let Some(host) = host_of(&audience) {
+            hosts.push(host);
+        }
+        hosts.extend(self.mcp_allowed_hosts.iter().cloned());
+        hosts.dedup();
+        crate::mcp::Options {
+            auth: match self.auth {
+                AuthMode::None => crate::mcp::auth::Mode::None,
+                AuthMode::Serviceaccount => {
+                    crate::mcp::auth::Mode::ServiceAccount { audience: audience.clone() }
+                }
+            },
+            read_only: self.read_only,
+            fleet_namespace: fleet_namespace.to_string(),
+            retention: self.task_retention,
+            allowed_hosts: hosts,
+            allowed_origins: self.mcp_allowed_origins.clone(),
+            resource: audience,
+            authorization_servers: self.mcp_authorization_servers.clone(),
+            conformance_fixtures: self.conformance_fixtures,
+        }
+    }
+}
+
+/// The host (without port) of a URL.
+fn host_of(url: &str) -> Option<String> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split('/').next()?;
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next()?,
+        None => authority.split(':').next()?,
+    };
+    (!host.is_empty()).then(|| host.to_string())
 }
 
 #[derive(Debug, clap::Args)]
@@ -74,6 +179,9 @@ struct OperatorArgs {
     /// Targets per plan ConfigMap.
     #[arg(long, hide = true, default_value_t = crate::controller::plans::SHARD_TARGETS)]
     plan_shard_targets: usize,
+
+    #[command(flatten)]
+    mcp: McpArgs,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -84,23 +192,15 @@ fn init_tracing(level: &str, format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
     let registry = tracing_subscriber::registry().with(filter);
     let _ = match format {
-        LogFormat::Text => registry
-            .with(fmt::layer().with_writer(std::io::stderr))
-            .try_init(),
-        LogFormat::Json => registry
-            .with(fmt::layer().json().with_writer(std::io::stderr))
-            .try_init(),
+        LogFormat::Text => registry.with(fmt::layer().with_writer(std::io::stderr)).try_init(),
+        LogFormat::Json => registry.with(fmt::layer().json().with_writer(std::io::stderr)).try_init(),
     };
 }
 
 fn default_identity() -> String {
     let host = std::env::var("HOSTNAME")
         .ok()
-        .or_else(|| {
-            std::fs::read_to_string("/etc/hostname")
-                .ok()
-                .map(|h| h.trim().to_string())
-        })
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_string()))
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "fleetroll".into());
     format!("{host}-{}", std::process::id())
@@ -124,9 +224,8 @@ pub fn run() -> ExitCode {
             init_tracing(&cli.log_level, cli.log_format);
             let opts = operator::Options {
                 listen: args.listen,
-                lease_namespace: args
-                    .lease_namespace
-                    .unwrap_or_else(|| args.fleet_namespace.clone()),
+                mcp: args.mcp.options(args.listen, &args.fleet_namespace),
+                lease_namespace: args.lease_namespace.unwrap_or_else(|| args.fleet_namespace.clone()),
                 lease_name: args.lease_name,
                 lease_duration: args.lease_duration,
                 settings: Settings {
@@ -140,6 +239,11 @@ pub fn run() -> ExitCode {
                 },
             };
             block_on(operator::run(opts))
+        }
+        Command::Mcp(args) => {
+            init_tracing(&cli.log_level, cli.log_format);
+            let mcp = args.mcp.options(args.listen, &args.fleet_namespace);
+            block_on(operator::serve_mcp(args.listen, mcp))
         }
     }
 }

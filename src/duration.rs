@@ -33,9 +33,7 @@ pub fn parse(text: &str) -> Result<Duration, InvalidDuration> {
             return Err(invalid());
         };
         rest = &rest[len..];
-        let part = unit
-            .checked_mul(u32::try_from(value).map_err(|_| invalid())?)
-            .ok_or_else(invalid)?;
+        let part = unit.checked_mul(u32::try_from(value).map_err(|_| invalid())?).ok_or_else(invalid)?;
         total = total.checked_add(part).ok_or_else(invalid)?;
     }
     Ok(total)
@@ -81,17 +79,7 @@ mod tests {
 
     #[test]
     fn rejects_what_the_schema_rejects() {
-        for bad in [
-            "",
-            "5",
-            "s",
-            "5 minutes",
-            "1.5h",
-            "-1s",
-            "5d",
-            "1h30",
-            "99999999999999999999s",
-        ] {
+        for bad in ["", "5", "s", "5 minutes", "1.5h", "-1s", "5d", "1h30", "99999999999999999999s"] {
             assert!(parse(bad).is_err(), "{bad:?} should be rejected");
         }
     }

@@ -107,28 +107,17 @@ pub enum Step {
     Write(Transition),
     /// Change these targets to `image`, stamping `key` (the intent is already persisted), then persist
     /// `after`.
-    Apply {
-        key: String,
-        image: String,
-        targets: Vec<PlannedTarget>,
-        after: Transition,
-    },
+    Apply { key: String, image: String, targets: Vec<PlannedTarget>, after: Transition },
     /// Restore each target's previous image, stamping `key` (the intent is already persisted), then call
     /// [`restored`].
-    Restore {
-        key: String,
-        targets: Vec<PlannedTarget>,
-    },
+    Restore { key: String, targets: Vec<PlannedTarget> },
     /// Nothing to do until something changes, or until `after` has passed.
     Wait { after: Option<Duration> },
 }
 
 /// Whether the spec asks for a revision other than the stored one.
 pub fn needs_new_revision(spec: &FleetRolloutSpec, status: &FleetRolloutStatus) -> bool {
-    status
-        .revision
-        .as_ref()
-        .is_none_or(|r| r.inputs != RevisionInputs::of(spec))
+    status.revision.as_ref().is_none_or(|r| r.inputs != RevisionInputs::of(spec))
 }
 
 /// When a finished rollout is due for deletion (`ttlSecondsAfterFinished`), if it is.
@@ -199,16 +188,8 @@ pub fn start_revision(
     status: &FleetRolloutStatus,
     new: NewRevision<'_>,
 ) -> Transition {
-    let NewRevision {
-        inputs,
-        spec_hash,
-        plan,
-        plan_ref,
-    } = new;
-    let mut s = FleetRolloutStatus {
-        superseded: status.superseded.clone(),
-        ..Default::default()
-    };
+    let NewRevision { inputs, spec_hash, plan, plan_ref } = new;
+    let mut s = FleetRolloutStatus { superseded: status.superseded.clone(), ..Default::default() };
     let mut events = Vec::new();
     let number = match &status.revision {
         Some(old) => {
@@ -232,12 +213,7 @@ pub fn start_revision(
         }
         None => 1,
     };
-    s.revision = Some(Revision {
-        number,
-        spec_hash,
-        inputs,
-        started_at: time(now),
-    });
+    s.revision = Some(Revision { number, spec_hash, inputs, started_at: time(now) });
     s.counts.total = plan.total_targets();
     s.plan = Some(plan_ref);
     s.started_at = Some(time(now));
@@ -266,10 +242,9 @@ pub fn advance(f: &Facts<'_>) -> Step {
 
     if s.phase == Phase::RollingBack {
         return match &s.rollback {
-            Some(rb) if rb.state == RollbackState::Restoring => Step::Restore {
-                key: rb.idempotency_key.clone(),
-                targets: changed_targets(f),
-            },
+            Some(rb) if rb.state == RollbackState::Restoring => {
+                Step::Restore { key: rb.idempotency_key.clone(), targets: changed_targets(f) }
+            }
             _ => write_if_changed(f, s, Vec::new(), None),
         };
     }
@@ -291,18 +266,12 @@ pub fn advance(f: &Facts<'_>) -> Step {
             batch: None,
             type_: EventType::Normal,
             reason: reason::ABORT_REQUESTED,
-            message: format!(
-                "aborted on request after {} of {} targets",
-                s.counts.updated, s.counts.total
-            ),
+            message: format!("aborted on request after {} of {} targets", s.counts.updated, s.counts.total),
         };
         return write(f, s, vec![event]);
     }
 
-    let current = s
-        .current_batch
-        .and_then(|i| s.batches.iter().find(|b| b.index == i))
-        .cloned();
+    let current = s.current_batch.and_then(|i| s.batches.iter().find(|b| b.index == i)).cloned();
     match current {
         Some(b) if b.state == BatchState::Applying => {
             let targets = f.plan.batch(b.index).to_vec();
@@ -330,10 +299,7 @@ pub fn advance(f: &Facts<'_>) -> Step {
                 key: b.idempotency_key.clone(),
                 image: image(f),
                 targets,
-                after: Transition {
-                    status: after,
-                    events: vec![event],
-                },
+                after: Transition { status: after, events: vec![event] },
             }
         }
         Some(b) if b.state == BatchState::Verifying => verify(f, s, b),
@@ -372,10 +338,7 @@ pub fn restored(
             "restored the previous image of {restored} targets ({skipped} could not be restored)"
         ),
     };
-    Transition {
-        status: s,
-        events: vec![event],
-    }
+    Transition { status: s, events: vec![event] }
 }
 
 fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
@@ -429,11 +392,7 @@ fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
 
     let failed = count(failures.len()) - skipped;
     if failed == 0 && !soak.is_zero() {
-        let since = s
-            .batches
-            .iter()
-            .find(|x| x.index == b.index)
-            .and_then(|x| x.healthy_since.clone());
+        let since = s.batches.iter().find(|x| x.index == b.index).and_then(|x| x.healthy_since.clone());
         match since {
             None => {
                 if let Some(entry) = s.batches.iter_mut().find(|x| x.index == b.index) {
@@ -467,11 +426,7 @@ fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
     s.failures.extend(failures);
     trim_front(&mut s.failures, FAILURE_DETAILS);
     let mut events = Vec::new();
-    let entry_state = if over_budget(f, &s) {
-        BatchState::Failed
-    } else {
-        BatchState::Succeeded
-    };
+    let entry_state = if over_budget(f, &s) { BatchState::Failed } else { BatchState::Succeeded };
     if let Some(entry) = s.batches.iter_mut().find(|x| x.index == b.index) {
         entry.state = entry_state;
         entry.failed = failed;
@@ -549,10 +504,7 @@ fn verdict(
         },
     };
     if timed_out {
-        Verdict::Failed(
-            failure_reason,
-            format!("not healthy within the health timeout: {why}"),
-        )
+        Verdict::Failed(failure_reason, format!("not healthy within the health timeout: {why}"))
     } else {
         Verdict::Waiting(why)
     }
@@ -610,17 +562,10 @@ fn next_batch(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: Vec<Event>) 
     }
     let plan_hash = f.plan.hash.clone();
     if needs_approval(f.spec.strategy.approval, next) {
-        let approval = f
-            .spec
-            .approvals
-            .iter()
-            .find(|a| a.batch == next && a.plan_hash == plan_hash);
+        let approval = f.spec.approvals.iter().find(|a| a.batch == next && a.plan_hash == plan_hash);
         match approval {
             None => {
-                if s.pending_approval
-                    .as_ref()
-                    .is_none_or(|p| p.batch != next || p.plan_hash != plan_hash)
-                {
+                if s.pending_approval.as_ref().is_none_or(|p| p.batch != next || p.plan_hash != plan_hash) {
                     s.pending_approval = Some(PendingApproval {
                         batch: next,
                         plan_hash: plan_hash.clone(),
@@ -657,22 +602,14 @@ fn next_batch(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: Vec<Event>) 
                         "batch {}/{} approved{}",
                         next + 1,
                         total_batches(f),
-                        a.approved_by
-                            .as_deref()
-                            .map(|w| format!(" by {w}"))
-                            .unwrap_or_default()
+                        a.approved_by.as_deref().map(|w| format!(" by {w}")).unwrap_or_default()
                     ),
                 });
             }
         }
     }
     let pause = duration::parse(&f.spec.strategy.pause_between_batches).unwrap_or(Duration::ZERO);
-    let last_finished = s
-        .batches
-        .iter()
-        .filter_map(|b| b.finished_at.as_ref())
-        .map(|t| t.0)
-        .max();
+    let last_finished = s.batches.iter().filter_map(|b| b.finished_at.as_ref()).map(|t| t.0).max();
     if let Some(done) = last_finished
         && !pause.is_zero()
         && f.now < done + to_signed(pause)
@@ -815,10 +752,7 @@ fn needs_approval(mode: ApprovalMode, batch: u32) -> bool {
 }
 
 fn image(f: &Facts<'_>) -> String {
-    f.status
-        .revision
-        .as_ref()
-        .map_or_else(|| f.spec.image.clone(), |r| r.inputs.image.clone())
+    f.status.revision.as_ref().map_or_else(|| f.spec.image.clone(), |r| r.inputs.image.clone())
 }
 
 fn total_batches(f: &Facts<'_>) -> u32 {
@@ -838,11 +772,7 @@ fn write_if_changed(
     wait: Option<Duration>,
 ) -> Step {
     finish(&mut s, f.generation, f.now);
-    if s == *f.status {
-        Step::Wait { after: wait }
-    } else {
-        Step::Write(Transition { status: s, events })
-    }
+    if s == *f.status { Step::Wait { after: wait } } else { Step::Write(Transition { status: s, events }) }
 }
 
 /// Derives the summary fields and conditions from the rest of the status.
@@ -861,10 +791,7 @@ pub fn finish(s: &mut FleetRolloutStatus, generation: i64, now: Timestamp) {
 fn message(s: &FleetRolloutStatus, total_batches: u32) -> String {
     let batch = s.current_batch.map_or(0, |i| i + 1);
     let c = &s.counts;
-    let tally = format!(
-        "{}/{} updated, {} healthy, {} failed",
-        c.updated, c.total, c.healthy, c.failed
-    );
+    let tally = format!("{}/{} updated, {} healthy, {} failed", c.updated, c.total, c.healthy, c.failed);
     match s.phase {
         Phase::Pending => "waiting to be planned".into(),
         Phase::Progressing => match s.reason.as_deref() {
@@ -879,11 +806,9 @@ fn message(s: &FleetRolloutStatus, total_batches: u32) -> String {
         }
         Phase::Paused => format!("paused before batch {}/{total_batches}; {tally}", batch + 1),
         Phase::WaitingForApproval => match &s.pending_approval {
-            Some(p) => format!(
-                "batch {}/{total_batches} waits for approval of plan {}",
-                p.batch + 1,
-                p.plan_hash
-            ),
+            Some(p) => {
+                format!("batch {}/{total_batches} waits for approval of plan {}", p.batch + 1, p.plan_hash)
+            }
             None => "waiting for approval".into(),
         },
         Phase::RollingBack => format!("rolling back {} targets", c.updated),
@@ -951,11 +876,7 @@ fn set_conditions(s: &mut FleetRolloutStatus, generation: i64, now: Timestamp, b
         Desired {
             type_: conditions::COMPLETE,
             status: complete,
-            reason: if complete {
-                reason::SUCCEEDED
-            } else {
-                phase.as_str()
-            },
+            reason: if complete { reason::SUCCEEDED } else { phase.as_str() },
             message: if complete { message } else { String::new() },
         },
         generation,

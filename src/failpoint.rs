@@ -31,11 +31,7 @@ fn armed() -> Option<&'static Armed> {
         .get_or_init(|| {
             let spec = std::env::var("FLEETROLL_FAILPOINT").ok()?;
             let (name, at) = spec.split_once(':').unwrap_or((spec.as_str(), "1"));
-            Some(Armed {
-                name: name.to_string(),
-                at: at.parse().ok()?,
-                hits: AtomicU64::new(0),
-            })
+            Some(Armed { name: name.to_string(), at: at.parse().ok()?, hits: AtomicU64::new(0) })
         })
         .as_ref()
 }

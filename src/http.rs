@@ -35,13 +35,7 @@ async fn readyz(State(h): State<Health>) -> impl IntoResponse {
 }
 
 async fn metrics(State(h): State<Health>) -> impl IntoResponse {
-    (
-        [(
-            "content-type",
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        h.metrics.render(),
-    )
+    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], h.metrics.render())
 }
 
 #[cfg(test)]
@@ -52,25 +46,17 @@ mod tests {
 
     #[tokio::test]
     async fn readiness_follows_the_flag_and_metrics_render() {
-        let health = Health {
-            metrics: Arc::new(Metrics::default()),
-            ready: Arc::new(AtomicBool::new(false)),
-        };
+        let health =
+            Health { metrics: Arc::new(Metrics::default()), ready: Arc::new(AtomicBool::new(false)) };
         let app = router(health.clone());
         let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
-        assert_eq!(
-            app.clone().oneshot(get("/healthz")).await.unwrap().status(),
-            StatusCode::OK
-        );
+        assert_eq!(app.clone().oneshot(get("/healthz")).await.unwrap().status(), StatusCode::OK);
         assert_eq!(
             app.clone().oneshot(get("/readyz")).await.unwrap().status(),
             StatusCode::SERVICE_UNAVAILABLE
         );
         health.ready.store(true, Ordering::Relaxed);
-        assert_eq!(
-            app.clone().oneshot(get("/readyz")).await.unwrap().status(),
-            StatusCode::OK
-        );
+        assert_eq!(app.clone().oneshot(get("/readyz")).await.unwrap().status(), StatusCode::OK);
         health.metrics.status_writes.inc();
         let res = app.oneshot(get("/metrics")).await.unwrap();
         let body = axum::body::to_bytes(res.into_body(), 1 << 20).await.unwrap();

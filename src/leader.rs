@@ -41,11 +41,7 @@ pub fn decide(lease: Option<&LeaseSpec>, me: &str, now: Timestamp) -> Decision {
     }
     let duration =
         Duration::from_secs(u64::try_from(spec.lease_duration_seconds.unwrap_or(15)).unwrap_or(15));
-    let renewed = spec
-        .renew_time
-        .as_ref()
-        .map(|t| t.0)
-        .or(spec.acquire_time.as_ref().map(|t| t.0));
+    let renewed = spec.renew_time.as_ref().map(|t| t.0).or(spec.acquire_time.as_ref().map(|t| t.0));
     match renewed {
         Some(at) => {
             let expires = at + SignedDuration::try_from(duration).unwrap_or(SignedDuration::MAX);
@@ -78,11 +74,7 @@ pub struct Elector {
 impl Elector {
     pub fn new(client: Client, config: LeaseConfig) -> Self {
         let api = Api::namespaced(client, &config.namespace);
-        Self {
-            api,
-            config,
-            leading: watch::channel(false).0,
-        }
+        Self { api, config, leading: watch::channel(false).0 }
     }
 
     pub fn leading(&self) -> watch::Receiver<bool> {
@@ -133,20 +125,13 @@ impl Elector {
     async fn try_once(&self) -> Result<bool, kube::Error> {
         let now = Timestamp::now();
         let current = self.api.get_opt(&self.config.name).await?;
-        let decision = decide(
-            current.as_ref().and_then(|l| l.spec.as_ref()),
-            &self.config.identity,
-            now,
-        );
+        let decision = decide(current.as_ref().and_then(|l| l.spec.as_ref()), &self.config.identity, now);
         let seconds = i32::try_from(self.config.duration.as_secs().max(1)).unwrap_or(15);
         match (decision, current) {
             (Decision::Wait(_), _) => Ok(false),
             (_, None) => {
                 let lease = Lease {
-                    metadata: ObjectMeta {
-                        name: Some(self.config.name.clone()),
-                        ..Default::default()
-                    },
+                    metadata: ObjectMeta { name: Some(self.config.name.clone()), ..Default::default() },
                     spec: Some(LeaseSpec {
                         holder_identity: Some(self.config.identity.clone()),
                         lease_duration_seconds: Some(seconds),
@@ -172,11 +157,7 @@ impl Elector {
                 spec.lease_duration_seconds = Some(seconds);
                 spec.renew_time = Some(MicroTime(now));
                 // The resourceVersion we read makes this a compare-and-swap.
-                match self
-                    .api
-                    .replace(&self.config.name, &PostParams::default(), &lease)
-                    .await
-                {
+                match self.api.replace(&self.config.name, &PostParams::default(), &lease).await {
                     Ok(_) => Ok(true),
                     Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
                     Err(e) => Err(e),
@@ -196,11 +177,7 @@ impl Elector {
             && spec.holder_identity.as_deref() == Some(self.config.identity.as_str())
         {
             spec.holder_identity = None;
-            if let Err(e) = self
-                .api
-                .replace(&self.config.name, &PostParams::default(), &lease)
-                .await
-            {
+            if let Err(e) = self.api.replace(&self.config.name, &PostParams::default(), &lease).await {
                 warn!(error = %e, "could not release the lease");
             } else {
                 info!("released the lease");
@@ -242,10 +219,7 @@ mod tests {
     #[test]
     fn a_live_lease_of_another_is_respected_until_it_expires() {
         let lease = held_by("b", 100);
-        assert_eq!(
-            decide(Some(&lease), "a", at(105)),
-            Decision::Wait(Duration::from_secs(10))
-        );
+        assert_eq!(decide(Some(&lease), "a", at(105)), Decision::Wait(Duration::from_secs(10)));
         assert_eq!(decide(Some(&lease), "a", at(115)), Decision::Acquire);
     }
 }

@@ -13,6 +13,7 @@ pub mod error;
 pub mod failpoint;
 pub mod http;
 pub mod leader;
+pub mod mcp;
 pub mod metrics;
 pub mod operator;
 pub mod plan;

@@ -65,11 +65,7 @@ impl Default for Metrics {
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register("rollouts", "FleetRollouts by phase", m.rollouts.clone());
-            r.register(
-                "targets",
-                "Targets of all FleetRollouts by state",
-                m.targets.clone(),
-            );
+            r.register("targets", "Targets of all FleetRollouts by state", m.targets.clone());
             r.register(
                 "batch_duration_seconds",
                 "Time from a batch's start to its end",
@@ -86,26 +82,14 @@ impl Default for Metrics {
                 "Reconciles that failed, by error kind",
                 m.reconcile_errors.clone(),
             );
-            r.register(
-                "reconcile_duration_seconds",
-                "Time per reconcile",
-                m.reconcile_duration.clone(),
-            );
-            r.register(
-                "status_writes",
-                "FleetRollout status writes",
-                m.status_writes.clone(),
-            );
+            r.register("reconcile_duration_seconds", "Time per reconcile", m.reconcile_duration.clone());
+            r.register("status_writes", "FleetRollout status writes", m.status_writes.clone());
             r.register(
                 "target_patches",
                 "Target workload patches (image changes and restores)",
                 m.target_patches.clone(),
             );
-            r.register(
-                "leader",
-                "1 while this replica holds the leader lease",
-                m.leader.clone(),
-            );
+            r.register("leader", "1 while this replica holds the leader lease", m.leader.clone());
         }
         m
     }

@@ -11,7 +11,7 @@ use std::{
 
 use kube::{Api, Client, api::ListParams};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::{
     api::FleetRollout,
@@ -19,48 +19,78 @@ use crate::{
     error::{Error, Result},
     http,
     leader::{Elector, LeaseConfig},
+    mcp,
     metrics::Metrics,
 };
 
 #[derive(Clone, Debug)]
 pub struct Options {
     pub listen: SocketAddr,
+    pub mcp: mcp::Options,
     pub settings: Settings,
     pub lease_name: String,
     pub lease_namespace: String,
     pub lease_duration: Duration,
 }
 
-pub async fn run(opts: Options) -> Result<()> {
-    let client = Client::try_default().await.map_err(Error::Kube)?;
+/// Everything both `operator` and `mcp` run: a client, the HTTP listener with health, metrics and MCP, and
+/// a shutdown signal.
+struct Serving {
+    client: Client,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+async fn serve(listen: SocketAddr, mut mcp_opts: mcp::Options) -> Result<Serving> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| Error::Config(format!("no Kubernetes configuration: {e}")))?;
+    if mcp_opts.authorization_servers.is_empty() {
+        mcp_opts.authorization_servers =
+            vec![config.cluster_url.to_string().trim_end_matches('/').to_string()];
+    }
+    let client = Client::try_from(config).map_err(Error::Kube)?;
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
 
-    let listener = tokio::net::TcpListener::bind(opts.listen)
+    if matches!(mcp_opts.auth, mcp::auth::Mode::None) {
+        warn!(
+            "MCP AUTHENTICATION IS OFF (--auth none): anyone who can reach /mcp can start, approve and abort \
+             rollouts as this server. Use it for local demos only."
+        );
+    }
+    let listener = tokio::net::TcpListener::bind(listen)
         .await
-        .map_err(|source| Error::Listen {
-            addr: opts.listen.to_string(),
-            source,
-        })?;
-    let app = http::router(http::Health {
-        metrics: metrics.clone(),
-        ready: ready.clone(),
-    });
+        .map_err(|source| Error::Listen { addr: listen.to_string(), source })?;
+    let app = http::router(http::Health { metrics: metrics.clone(), ready: ready.clone() })
+        .merge(mcp::router(client.clone(), &mcp_opts));
     let stop = shutdown.clone();
     let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await
+        axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await
     });
-    info!(listen = %opts.listen, "serving /healthz, /readyz, /metrics");
+    info!(%listen, audience = %mcp_opts.resource, "serving /healthz, /readyz, /metrics, /mcp");
 
     Api::<FleetRollout>::all(client.clone())
         .list(&ListParams::default().limit(1))
         .await
         .map_err(Error::CrdMissing)?;
     ready.store(true, Ordering::Relaxed);
+    Ok(Serving { client, metrics, shutdown, server })
+}
+
+/// `fleetroll mcp`: the MCP server alone.
+pub async fn serve_mcp(listen: SocketAddr, mcp_opts: mcp::Options) -> Result<()> {
+    let s = serve(listen, mcp_opts).await?;
+    s.shutdown.cancelled().await;
+    let _ = s.server.await;
+    Ok(())
+}
+
+pub async fn run(opts: Options) -> Result<()> {
+    let Serving { client, metrics, shutdown, server } = serve(opts.listen, opts.mcp.clone()).await?;
 
     let elector = Arc::new(Elector::new(
         client.clone(),

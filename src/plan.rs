@@ -46,10 +46,7 @@ impl Plan {
     }
 
     pub fn contains(&self, namespace: &str, name: &str) -> bool {
-        self.batches
-            .iter()
-            .flatten()
-            .any(|t| t.namespace == namespace && t.name == name)
+        self.batches.iter().flatten().any(|t| t.namespace == namespace && t.name == name)
     }
 }
 
@@ -94,10 +91,7 @@ pub fn batch_sizes(
     steps: &[IntOrString],
     batch_size: &IntOrString,
 ) -> Result<Vec<u32>, PlanError> {
-    let steps: Vec<u32> = steps
-        .iter()
-        .map(|s| size_of(s, total))
-        .collect::<Result<_, _>>()?;
+    let steps: Vec<u32> = steps.iter().map(|s| size_of(s, total)).collect::<Result<_, _>>()?;
     let regular = size_of(batch_size, total)?;
     let mut sizes = Vec::new();
     let mut remaining = total;
@@ -122,20 +116,12 @@ pub fn build(
     candidates.dedup_by(|a, b| a.namespace == b.namespace && a.name == b.name);
     let sizes = batch_sizes(count(candidates.len()), &inputs.steps, &inputs.batch_size)?;
     let mut targets = candidates.into_iter().map(|c| {
-        let previous_image = previous
-            .get(&(c.namespace.clone(), c.name.clone()))
-            .cloned()
-            .unwrap_or(c.current_image);
-        PlannedTarget {
-            namespace: c.namespace,
-            name: c.name,
-            previous_image,
-        }
+        let previous_image =
+            previous.get(&(c.namespace.clone(), c.name.clone())).cloned().unwrap_or(c.current_image);
+        PlannedTarget { namespace: c.namespace, name: c.name, previous_image }
     });
-    let batches: Vec<Vec<PlannedTarget>> = sizes
-        .iter()
-        .map(|&n| targets.by_ref().take(n as usize).collect())
-        .collect();
+    let batches: Vec<Vec<PlannedTarget>> =
+        sizes.iter().map(|&n| targets.by_ref().take(n as usize).collect()).collect();
     let hash = plan_hash(spec_hash, &batches);
     Ok(Plan { hash, batches })
 }
@@ -143,9 +129,7 @@ pub fn build(
 /// sha256 over the canonical JSON of `value`, hex-encoded.
 pub fn sha256_hex(value: &impl Serialize) -> String {
     // serde_json::Value keeps object keys sorted, which makes the encoding canonical.
-    let canonical = serde_json::to_value(value)
-        .map(|v| v.to_string())
-        .unwrap_or_default();
+    let canonical = serde_json::to_value(value).map(|v| v.to_string()).unwrap_or_default();
     hex(&Sha256::digest(canonical.as_bytes()))
 }
 
@@ -206,10 +190,7 @@ mod tests {
 
     #[test]
     fn canary_steps_come_first_then_batch_size() {
-        assert_eq!(
-            batch_sizes(40, &[int(1), pct("10%")], &int(10)),
-            Ok(vec![1, 4, 10, 10, 10, 5])
-        );
+        assert_eq!(batch_sizes(40, &[int(1), pct("10%")], &int(10)), Ok(vec![1, 4, 10, 10, 10, 5]));
     }
 
     #[test]
@@ -238,29 +219,20 @@ mod tests {
     #[test]
     fn plan_is_ordered_by_namespace_then_name() {
         let plan = build(fleet(8), &inputs(int(3), vec![]), "h", &HashMap::new()).unwrap();
-        let order: Vec<String> = plan
-            .batches
-            .iter()
-            .flatten()
-            .map(|t| format!("{}/{}", t.namespace, t.name))
-            .collect();
+        let order: Vec<String> =
+            plan.batches.iter().flatten().map(|t| format!("{}/{}", t.namespace, t.name)).collect();
         let mut sorted = order.clone();
         sorted.sort();
         assert_eq!(order, sorted);
-        assert_eq!(
-            plan.batches.iter().map(Vec::len).collect::<Vec<_>>(),
-            vec![3, 3, 2]
-        );
+        assert_eq!(plan.batches.iter().map(Vec::len).collect::<Vec<_>>(), vec![3, 3, 2]);
     }
 
     #[test]
     fn previous_images_carry_over_from_a_superseded_revision() {
         let mut first = fleet(2);
         first[0].current_image = "web:v2".into(); // changed by the superseded revision
-        let previous = HashMap::from([(
-            ("tenant-0".to_string(), "web-000".to_string()),
-            "web:v1".to_string(),
-        )]);
+        let previous =
+            HashMap::from([(("tenant-0".to_string(), "web-000".to_string()), "web:v1".to_string())]);
         let plan = build(first, &inputs(int(10), vec![]), "h", &previous).unwrap();
         assert!(plan.batches[0].iter().all(|t| t.previous_image == "web:v1"));
     }

@@ -72,10 +72,7 @@ impl WorkloadFacts {
                 }),
             None => match self.containers.as_slice() {
                 [(n, i)] => Ok((n.as_str(), i.as_str())),
-                _ => Err(ContainerError::Ambiguous {
-                    target: self.key(),
-                    available: self.container_names(),
-                }),
+                _ => Err(ContainerError::Ambiguous { target: self.key(), available: self.container_names() }),
             },
         }
     }
@@ -85,11 +82,7 @@ impl WorkloadFacts {
     }
 
     fn container_names(&self) -> String {
-        self.containers
-            .iter()
-            .map(|(n, _)| n.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
+        self.containers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
     }
 
     pub fn readiness(&self) -> Readiness {
@@ -134,23 +127,14 @@ impl WorkloadFacts {
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum ContainerError {
     #[error("{target} has no container named {container:?} (it has: {available})")]
-    NotFound {
-        target: String,
-        container: String,
-        available: String,
-    },
+    NotFound { target: String, container: String, available: String },
     #[error("{target} has several containers ({available}): set spec.container to choose one")]
     Ambiguous { target: String, available: String },
 }
 
 fn containers(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<(String, String)> {
-    spec.map(|s| {
-        s.containers
-            .iter()
-            .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
-            .collect()
-    })
-    .unwrap_or_default()
+    spec.map(|s| s.containers.iter().map(|c| (c.name.clone(), c.image.clone().unwrap_or_default())).collect())
+        .unwrap_or_default()
 }
 
 fn common(meta: &impl ResourceExt) -> (String, String, BTreeMap<String, String>, Option<String>, i64) {
@@ -283,10 +267,7 @@ mod tests {
             name: "web".into(),
             labels: BTreeMap::new(),
             applied: None,
-            containers: vec![
-                ("web".into(), "web:v1".into()),
-                ("sidecar".into(), "proxy:v1".into()),
-            ],
+            containers: vec![("web".into(), "web:v1".into()), ("sidecar".into(), "proxy:v1".into())],
             generation,
             status,
         }
@@ -335,10 +316,7 @@ mod tests {
         s.deadline_exceeded = true;
         assert!(matches!(
             facts(s, 2).readiness(),
-            Readiness::Failed {
-                reason: "ProgressDeadlineExceeded",
-                ..
-            }
+            Readiness::Failed { reason: "ProgressDeadlineExceeded", .. }
         ));
     }
 
@@ -351,15 +329,9 @@ mod tests {
     fn the_container_is_named_or_the_only_one() {
         let f = facts(settled(1), 2);
         assert_eq!(f.container_image(Some("sidecar")), Ok(("sidecar", "proxy:v1")));
-        assert!(matches!(
-            f.container_image(None),
-            Err(ContainerError::Ambiguous { .. })
-        ));
+        assert!(matches!(f.container_image(None), Err(ContainerError::Ambiguous { .. })));
         let err = f.container_image(Some("nope")).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "ns/web has no container named \"nope\" (it has: web, sidecar)"
-        );
+        assert_eq!(err.to_string(), "ns/web has no container named \"nope\" (it has: web, sidecar)");
         let mut single = facts(settled(1), 2);
         single.containers.truncate(1);
         assert_eq!(single.container_image(None), Ok(("web", "web:v1")));
@@ -367,21 +339,10 @@ mod tests {
 
     #[test]
     fn the_patch_touches_only_the_image_and_our_annotations() {
-        let p = image_patch(
-            TargetKind::StatefulSet,
-            "ns",
-            "db",
-            "db",
-            "db:v2",
-            "uid/1/0",
-            "fleet/r",
-        );
+        let p = image_patch(TargetKind::StatefulSet, "ns", "db", "db", "db:v2", "uid/1/0", "fleet/r");
         assert_eq!(p["kind"], "StatefulSet");
         assert_eq!(p["metadata"]["annotations"][APPLIED_ANNOTATION], "uid/1/0");
-        assert_eq!(
-            p["spec"]["template"]["spec"]["containers"],
-            json!([{"name": "db", "image": "db:v2"}])
-        );
+        assert_eq!(p["spec"]["template"]["spec"]["containers"], json!([{"name": "db", "image": "db:v2"}]));
         assert_eq!(p["spec"].as_object().map(|o| o.len()), Some(1));
     }
 }

@@ -34,10 +34,7 @@ impl Rng {
 }
 
 fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 #[derive(Debug)]
@@ -89,18 +86,14 @@ async fn sigkill_at_random_points_never_changes_a_target_twice() {
                 _ => Kill::After(Duration::from_millis(100 + rng.below(700))),
             };
             let mut op = match &kill {
-                Kill::At(point, n) => Operator::start(
-                    &fleet.ns,
-                    &identity,
-                    &[("FLEETROLL_FAILPOINT", &format!("{point}:{n}"))],
-                ),
+                Kill::At(point, n) => {
+                    Operator::start(&fleet.ns, &identity, &[("FLEETROLL_FAILPOINT", &format!("{point}:{n}"))])
+                }
                 Kill::After(_) => Operator::start(&fleet.ns, &identity, &[]),
             };
             match &kill {
                 Kill::At(point, _) => {
-                    if !op
-                        .wait_for_line(&format!("FAILPOINT {point} reached"), Duration::from_secs(30))
-                        .await
+                    if !op.wait_for_line(&format!("FAILPOINT {point} reached"), Duration::from_secs(30)).await
                     {
                         // The rollout had no such point left to reach.
                         let fr = fleet.rollouts().get("crashy").await.unwrap();
@@ -124,10 +117,7 @@ async fn sigkill_at_random_points_never_changes_a_target_twice() {
             }
         }
         eprintln!("kills: {}", log.join(", "));
-        assert!(
-            done >= 20,
-            "only {done} kills happened before the rollout finished; kills: {log:?}"
-        );
+        assert!(done >= 20, "only {done} kills happened before the rollout finished; kills: {log:?}");
 
         // A last, undisturbed operator finishes the job.
         let _op = Operator::start(&fleet.ns, &identity, &[]);
@@ -141,25 +131,12 @@ async fn sigkill_at_random_points_never_changes_a_target_twice() {
             .await;
         let s = fr.status.clone().unwrap();
         watch.abort();
-        assert_eq!(
-            (
-                s.counts.total,
-                s.counts.updated,
-                s.counts.healthy,
-                s.counts.failed
-            ),
-            (60, 60, 60, 0)
-        );
+        assert_eq!((s.counts.total, s.counts.updated, s.counts.healthy, s.counts.failed), (60, 60, 60, 0));
         assert_eq!(s.current_batch, Some(29));
         let max_in_flight = seen.lock().unwrap().max_in_flight;
+        assert!(max_in_flight <= 2, "{max_in_flight} targets in flight with batches of 2");
         assert!(
-            max_in_flight <= 2,
-            "{max_in_flight} targets in flight with batches of 2"
-        );
-        assert!(
-            s.batches
-                .iter()
-                .all(|b| b.state == BatchState::Succeeded && b.finished_at.is_some()),
+            s.batches.iter().all(|b| b.state == BatchState::Succeeded && b.finished_at.is_some()),
             "{:?}",
             s.batches
         );
@@ -177,10 +154,7 @@ async fn sigkill_at_random_points_never_changes_a_target_twice() {
                     "{} was changed more than once (seed {seed})",
                     t.name
                 );
-                assert_eq!(
-                    d.annotations().get(APPLIED_ANNOTATION),
-                    Some(&format!("{uid}/1/{i}"))
-                );
+                assert_eq!(d.annotations().get(APPLIED_ANNOTATION), Some(&format!("{uid}/1/{i}")));
             }
         }
     })

@@ -26,15 +26,13 @@ async fn only_the_leader_acts_and_the_other_replica_takes_over_after_a_kill() {
             .collect();
         let mut a = Operator::start(&fleet.ns, &[], &[]);
         assert!(
-            a.wait_for_line("became the leader", Duration::from_secs(30))
-                .await,
+            a.wait_for_line("became the leader", Duration::from_secs(30)).await,
             "see {}",
             a.log.display()
         );
         let b = Operator::start(&fleet.ns, &[], &[]);
         assert!(
-            b.wait_for_line("waiting for leadership", Duration::from_secs(30))
-                .await,
+            b.wait_for_line("waiting for leadership", Duration::from_secs(30)).await,
             "see {}",
             b.log.display()
         );
@@ -52,21 +50,14 @@ async fn only_the_leader_acts_and_the_other_replica_takes_over_after_a_kill() {
             .await;
         fleet
             .wait_rollout("web", "batch 3 to start", Duration::from_secs(120), |f| {
-                f.status
-                    .as_ref()
-                    .and_then(|s| s.current_batch)
-                    .is_some_and(|b| b >= 2)
+                f.status.as_ref().and_then(|s| s.current_batch).is_some_and(|b| b >= 2)
             })
             .await;
 
         // The standby has not written anything.
         let standby = b.metrics().await;
         assert_eq!(metric(&standby, "fleetroll_leader"), Some(0.0));
-        assert_eq!(
-            metric(&standby, "fleetroll_status_writes_total"),
-            Some(0.0),
-            "the standby wrote status"
-        );
+        assert_eq!(metric(&standby, "fleetroll_status_writes_total"), Some(0.0), "the standby wrote status");
         assert_eq!(
             metric(&standby, "fleetroll_target_patches_total"),
             Some(0.0),
@@ -78,16 +69,12 @@ async fn only_the_leader_acts_and_the_other_replica_takes_over_after_a_kill() {
         let killed_at = std::time::Instant::now();
         // Lease of 4s: the standby takes over once it expires (plus its 0.8s retry period).
         assert!(
-            b.wait_for_line("became the leader", Duration::from_secs(30))
-                .await,
+            b.wait_for_line("became the leader", Duration::from_secs(30)).await,
             "see {}",
             b.log.display()
         );
         let takeover = killed_at.elapsed();
-        assert!(
-            takeover <= Duration::from_secs(4 + 2),
-            "takeover took {takeover:?}"
-        );
+        assert!(takeover <= Duration::from_secs(4 + 2), "takeover took {takeover:?}");
 
         fleet
             .wait_rollout("web", "the rollout to succeed", Duration::from_secs(180), |f| {
@@ -113,38 +100,20 @@ async fn only_the_leader_acts_and_the_other_replica_takes_over_after_a_kill() {
 async fn a_clean_shutdown_hands_the_lease_over_at_once() {
     with_fleet("handover", 0, |fleet| async move {
         let mut a = Operator::start(&fleet.ns, &["--lease-duration", "30s"], &[]);
-        assert!(
-            a.wait_for_line("became the leader", Duration::from_secs(30))
-                .await
-        );
+        assert!(a.wait_for_line("became the leader", Duration::from_secs(30)).await);
         let b = Operator::start(&fleet.ns, &["--lease-duration", "30s"], &[]);
-        assert!(
-            b.wait_for_line("waiting for leadership", Duration::from_secs(30))
-                .await
-        );
+        assert!(b.wait_for_line("waiting for leadership", Duration::from_secs(30)).await);
         // SIGTERM: the leader releases the lease, so the standby need not wait 30s for it to expire.
-        let term = std::process::Command::new("kill")
-            .args(["-TERM", &a.pid().to_string()])
-            .status()
-            .unwrap();
+        let term = std::process::Command::new("kill").args(["-TERM", &a.pid().to_string()]).status().unwrap();
         assert!(term.success());
         let started = std::time::Instant::now();
         assert!(
-            b.wait_for_line("became the leader", Duration::from_secs(20))
-                .await,
+            b.wait_for_line("became the leader", Duration::from_secs(20)).await,
             "see {}",
             b.log.display()
         );
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "handover took {:?}",
-            started.elapsed()
-        );
-        assert!(
-            a.wait_for_line("released the lease", Duration::from_secs(5))
-                .await
-                || !a.is_running()
-        );
+        assert!(started.elapsed() < Duration::from_secs(5), "handover took {:?}", started.elapsed());
+        assert!(a.wait_for_line("released the lease", Duration::from_secs(5)).await || !a.is_running());
     })
     .await;
 }

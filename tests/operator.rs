@@ -27,12 +27,7 @@ async fn forty_deployments_in_four_namespaces_roll_ten_at_a_time_each_changed_on
             .all_deployments()
             .await
             .iter()
-            .map(|d| {
-                (
-                    format!("{}/{}", d.namespace().unwrap(), d.name_any()),
-                    d.metadata.generation.unwrap(),
-                )
-            })
+            .map(|d| (format!("{}/{}", d.namespace().unwrap(), d.name_any()), d.metadata.generation.unwrap()))
             .collect();
         assert_eq!(before.len(), 40);
         let (seen, watch) = observe_fleet(&fleet, NEXT_IMAGE);
@@ -52,27 +47,17 @@ async fn forty_deployments_in_four_namespaces_roll_ten_at_a_time_each_changed_on
             )
             .await;
         let fr = fleet
-            .wait_rollout("tenants", "the rollout to succeed", DEADLINE, |f| {
-                phase(f) == Phase::Succeeded
-            })
+            .wait_rollout("tenants", "the rollout to succeed", DEADLINE, |f| phase(f) == Phase::Succeeded)
             .await;
         watch.abort();
 
         let status = fr.status.clone().unwrap();
         assert_eq!(
-            (
-                status.counts.total,
-                status.counts.updated,
-                status.counts.healthy,
-                status.counts.failed
-            ),
+            (status.counts.total, status.counts.updated, status.counts.healthy, status.counts.failed),
             (40, 40, 40, 0)
         );
         assert_eq!(status.batch.as_deref(), Some("4/4"));
-        assert_eq!(
-            condition(&fr, "Complete").map(|c| c.status.as_str()),
-            Some("True")
-        );
+        assert_eq!(condition(&fr, "Complete").map(|c| c.status.as_str()), Some("True"));
 
         // Every Deployment's generation rose by exactly one, and each carries its batch's key.
         let plan = status.plan.clone().unwrap();
@@ -86,57 +71,25 @@ async fn forty_deployments_in_four_namespaces_roll_ten_at_a_time_each_changed_on
         for d in fleet.all_deployments().await {
             let key = format!("{}/{}", d.namespace().unwrap(), d.name_any());
             assert_eq!(image_of(&d), NEXT_IMAGE, "{key}");
-            assert_eq!(
-                d.metadata.generation,
-                Some(before[&key] + 1),
-                "{key} was changed more than once"
-            );
-            let applied = d
-                .annotations()
-                .get(APPLIED_ANNOTATION)
-                .cloned()
-                .unwrap_or_default();
+            assert_eq!(d.metadata.generation, Some(before[&key] + 1), "{key} was changed more than once");
+            let applied = d.annotations().get(APPLIED_ANNOTATION).cloned().unwrap_or_default();
             assert_eq!(applied, format!("{uid}/1/{}", batch_of[&key]), "{key}");
         }
 
-        let reasons: Vec<String> = fleet
-            .events("tenants")
-            .await
-            .into_iter()
-            .map(|(r, _)| r)
-            .collect();
-        for r in [
-            "Planned",
-            "BatchStarted",
-            "BatchApplied",
-            "BatchSucceeded",
-            "Succeeded",
-        ] {
+        let reasons: Vec<String> = fleet.events("tenants").await.into_iter().map(|(r, _)| r).collect();
+        for r in ["Planned", "BatchStarted", "BatchApplied", "BatchSucceeded", "Succeeded"] {
             assert!(reasons.iter().any(|x| x == r), "no {r} event in {reasons:?}");
         }
 
         // Batches ran in order: no target of batch k changed before every target of batch k-1 rolled out.
         let o = seen.lock().unwrap();
         assert_eq!(o.changed.len(), 40);
-        assert!(
-            o.max_in_flight <= 10,
-            "{} targets were in flight at once",
-            o.max_in_flight
-        );
+        assert!(o.max_in_flight <= 10, "{} targets were in flight at once", o.max_in_flight);
         for k in 1..plan.batches.len() {
-            let members = |b: usize| {
-                batch_of
-                    .iter()
-                    .filter(move |(_, i)| **i == b)
-                    .map(|(t, _)| t.clone())
-            };
+            let members = |b: usize| batch_of.iter().filter(move |(_, i)| **i == b).map(|(t, _)| t.clone());
             let first_change = members(k).map(|t| o.changed[&t]).min().unwrap();
             let last_rolled = members(k - 1).map(|t| o.rolled[&t]).max().unwrap();
-            assert!(
-                first_change >= last_rolled,
-                "batch {k} started before batch {} was healthy",
-                k - 1
-            );
+            assert!(first_change >= last_rolled, "batch {k} started before batch {} was healthy", k - 1);
         }
     })
     .await;
@@ -168,47 +121,24 @@ async fn a_failing_batch_pauses_the_rollout_and_abort_ends_it() {
         let _op = Operator::start(&fleet.ns, &[], &[]);
         fleet.rollout("bad", failing_spec("Pause")).await;
         let fr = fleet
-            .wait_rollout("bad", "the rollout to pause on failures", DEADLINE, |f| {
-                phase(f) == Phase::Paused
-            })
+            .wait_rollout("bad", "the rollout to pause on failures", DEADLINE, |f| phase(f) == Phase::Paused)
             .await;
         let s = fr.status.clone().unwrap();
         assert_eq!(s.reason.as_deref(), Some("FailureBudgetExceeded"));
         assert_eq!((s.counts.updated, s.counts.failed), (2, 2));
-        assert!(
-            s.failures.iter().all(|f| f.reason == "Timeout" && f.batch == 0),
-            "{:?}",
-            s.failures
-        );
+        assert!(s.failures.iter().all(|f| f.reason == "Timeout" && f.batch == 0), "{:?}", s.failures);
         let degraded = condition(&fr, "Degraded").unwrap();
-        assert_eq!(
-            (degraded.status.as_str(), degraded.reason.as_str()),
-            ("True", "FailureBudgetExceeded")
-        );
+        assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", "FailureBudgetExceeded"));
         let gens = generations(&fleet).await;
-        assert_eq!(
-            gens.values()
-                .filter(|(g, i)| *g == 2 && i == UNREADY_IMAGE)
-                .count(),
-            2
-        );
-        assert_eq!(
-            gens.values().filter(|(g, i)| *g == 1 && i == READY_IMAGE).count(),
-            4,
-            "{gens:?}"
-        );
+        assert_eq!(gens.values().filter(|(g, i)| *g == 2 && i == UNREADY_IMAGE).count(), 2);
+        assert_eq!(gens.values().filter(|(g, i)| *g == 1 && i == READY_IMAGE).count(), 4, "{gens:?}");
         let events = fleet.events("bad").await;
         assert!(events.iter().any(|(r, _)| r == "BatchFailed"), "{events:?}");
-        assert!(
-            events.iter().any(|(r, _)| r == "FailureBudgetExceeded"),
-            "{events:?}"
-        );
+        assert!(events.iter().any(|(r, _)| r == "FailureBudgetExceeded"), "{events:?}");
 
         fleet.patch_spec("bad", json!({"abort": true})).await;
         let fr = fleet
-            .wait_rollout("bad", "the rollout to be aborted", DEADLINE, |f| {
-                phase(f) == Phase::Aborted
-            })
+            .wait_rollout("bad", "the rollout to be aborted", DEADLINE, |f| phase(f) == Phase::Aborted)
             .await;
         assert_eq!(fr.status.unwrap().reason.as_deref(), Some("AbortRequested"));
         assert_eq!(generations(&fleet).await, gens, "abort changed a target");
@@ -223,16 +153,11 @@ async fn the_rollback_policy_restores_each_changed_target_once() {
         let _op = Operator::start(&fleet.ns, &[], &[]);
         fleet.rollout("bad", failing_spec("Rollback")).await;
         let fr = fleet
-            .wait_rollout("bad", "the rollout to roll back", DEADLINE, |f| {
-                phase(f) == Phase::RolledBack
-            })
+            .wait_rollout("bad", "the rollout to roll back", DEADLINE, |f| phase(f) == Phase::RolledBack)
             .await;
         let s = fr.status.unwrap();
         let rb = s.rollback.unwrap();
-        assert_eq!(
-            (rb.reason.as_str(), rb.restored, rb.skipped),
-            ("FailureBudgetExceeded", 2, 0)
-        );
+        assert_eq!((rb.reason.as_str(), rb.restored, rb.skipped), ("FailureBudgetExceeded", 2, 0));
         // Changed twice (forward, then back), the rest never touched; everyone on the old image.
         let gens = generations(&fleet).await;
         assert_eq!(gens.values().filter(|(g, _)| *g == 3).count(), 2, "{gens:?}");
@@ -249,27 +174,12 @@ async fn the_abort_policy_fails_the_rollout_and_leaves_targets_as_they_are() {
         fleet.deployments(&fleet.ns, 6, READY_IMAGE).await;
         let _op = Operator::start(&fleet.ns, &[], &[]);
         fleet.rollout("bad", failing_spec("Abort")).await;
-        let fr = fleet
-            .wait_rollout("bad", "the rollout to fail", DEADLINE, |f| {
-                phase(f) == Phase::Failed
-            })
-            .await;
-        assert_eq!(
-            fr.status.as_ref().unwrap().reason.as_deref(),
-            Some("FailureBudgetExceeded")
-        );
-        assert_eq!(
-            condition(&fr, "Complete").map(|c| c.status.as_str()),
-            Some("False")
-        );
+        let fr =
+            fleet.wait_rollout("bad", "the rollout to fail", DEADLINE, |f| phase(f) == Phase::Failed).await;
+        assert_eq!(fr.status.as_ref().unwrap().reason.as_deref(), Some("FailureBudgetExceeded"));
+        assert_eq!(condition(&fr, "Complete").map(|c| c.status.as_str()), Some("False"));
         let gens = generations(&fleet).await;
-        assert_eq!(
-            gens.values()
-                .filter(|(g, i)| *g == 2 && i == UNREADY_IMAGE)
-                .count(),
-            2,
-            "{gens:?}"
-        );
+        assert_eq!(gens.values().filter(|(g, i)| *g == 2 && i == UNREADY_IMAGE).count(), 2, "{gens:?}");
         assert_eq!(gens.values().filter(|(g, _)| *g == 1).count(), 4, "{gens:?}");
     })
     .await;
@@ -299,50 +209,24 @@ async fn approvals_gate_batches_and_pause_holds_them() {
                         .is_some_and(|p| p.batch == batch)
             }
         };
-        let fr = fleet
-            .wait_rollout("gated", "approval of batch 1", DEADLINE, waiting(0))
-            .await;
+        let fr = fleet.wait_rollout("gated", "approval of batch 1", DEADLINE, waiting(0)).await;
         let hash = fr.status.as_ref().unwrap().plan.as_ref().unwrap().hash.clone();
-        assert_eq!(
-            fr.status
-                .as_ref()
-                .unwrap()
-                .pending_approval
-                .as_ref()
-                .unwrap()
-                .plan_hash,
-            hash
-        );
+        assert_eq!(fr.status.as_ref().unwrap().pending_approval.as_ref().unwrap().plan_hash, hash);
         assert_eq!(condition(&fr, "Paused").map(|c| c.status.as_str()), Some("True"));
         assert!(
-            fleet
-                .all_deployments()
-                .await
-                .iter()
-                .all(|d| image_of(d) == READY_IMAGE),
+            fleet.all_deployments().await.iter().all(|d| image_of(d) == READY_IMAGE),
             "nothing changes before approval"
         );
 
         // An approval of another plan does not count.
-        fleet
-            .patch_spec(
-                "gated",
-                json!({"approvals": [{"batch": 0, "planHash": "0000000000000000"}]}),
-            )
-            .await;
+        fleet.patch_spec("gated", json!({"approvals": [{"batch": 0, "planHash": "0000000000000000"}]})).await;
         fleet.patch_spec("gated", json!({"paused": true})).await;
         fleet
             .wait_rollout("gated", "the status to see the new generation", DEADLINE, |f| {
                 f.status.as_ref().and_then(|s| s.observed_generation) == f.metadata.generation
             })
             .await;
-        assert!(
-            fleet
-                .all_deployments()
-                .await
-                .iter()
-                .all(|d| image_of(d) == READY_IMAGE)
-        );
+        assert!(fleet.all_deployments().await.iter().all(|d| image_of(d) == READY_IMAGE));
 
         // The right approval while paused: pause wins.
         fleet
@@ -352,27 +236,15 @@ async fn approvals_gate_batches_and_pause_holds_them() {
             )
             .await;
         let fr = fleet
-            .wait_rollout("gated", "the rollout to be paused", DEADLINE, |f| {
-                phase(f) == Phase::Paused
-            })
+            .wait_rollout("gated", "the rollout to be paused", DEADLINE, |f| phase(f) == Phase::Paused)
             .await;
         assert_eq!(fr.status.unwrap().reason.as_deref(), Some("PausedBySpec"));
 
         fleet.patch_spec("gated", json!({"paused": false})).await;
-        let fr = fleet
-            .wait_rollout("gated", "approval of batch 2", DEADLINE, waiting(1))
-            .await;
+        let fr = fleet.wait_rollout("gated", "approval of batch 2", DEADLINE, waiting(1)).await;
         let s = fr.status.unwrap();
         assert_eq!(s.approvals[0].approved_by.as_deref(), Some("alice"));
-        assert_eq!(
-            fleet
-                .all_deployments()
-                .await
-                .iter()
-                .filter(|d| image_of(d) == NEXT_IMAGE)
-                .count(),
-            2
-        );
+        assert_eq!(fleet.all_deployments().await.iter().filter(|d| image_of(d) == NEXT_IMAGE).count(), 2);
 
         // A matching Deployment created after planning is reported, never added.
         let api: Api<k8s_openapi::api::apps::v1::Deployment> =
@@ -391,22 +263,13 @@ async fn approvals_gate_batches_and_pause_holds_them() {
             )
             .await;
         let fr = fleet
-            .wait_rollout("gated", "the rollout to succeed", DEADLINE, |f| {
-                phase(f) == Phase::Succeeded
-            })
+            .wait_rollout("gated", "the rollout to succeed", DEADLINE, |f| phase(f) == Phase::Succeeded)
             .await;
         let unplanned = fr.status.unwrap().unplanned.unwrap();
-        assert_eq!(
-            (unplanned.count, unplanned.sample),
-            (1, vec![format!("{}/web-late", fleet.ns)])
-        );
+        assert_eq!((unplanned.count, unplanned.sample), (1, vec![format!("{}/web-late", fleet.ns)]));
         assert_eq!(image_of(&api.get("web-late").await.unwrap()), READY_IMAGE);
-        let planned: Vec<_> = fleet
-            .all_deployments()
-            .await
-            .into_iter()
-            .filter(|d| d.name_any() != "web-late")
-            .collect();
+        let planned: Vec<_> =
+            fleet.all_deployments().await.into_iter().filter(|d| d.name_any() != "web-late").collect();
         assert!(planned.iter().all(|d| image_of(d) == NEXT_IMAGE));
     })
     .await;
@@ -429,20 +292,13 @@ async fn a_new_image_mid_rollout_supersedes_the_revision_and_rollback_restores_t
             )
             .await;
         let fr = fleet
-            .wait_rollout("web", "the first approval", DEADLINE, |f| {
-                phase(f) == Phase::WaitingForApproval
-            })
+            .wait_rollout("web", "the first approval", DEADLINE, |f| phase(f) == Phase::WaitingForApproval)
             .await;
         let hash = fr.status.unwrap().plan.unwrap().hash;
-        fleet
-            .patch_spec("web", json!({"approvals": [{"batch": 0, "planHash": hash}]}))
-            .await;
+        fleet.patch_spec("web", json!({"approvals": [{"batch": 0, "planHash": hash}]})).await;
         fleet
             .wait_rollout("web", "the second approval", DEADLINE, |f| {
-                f.status
-                    .as_ref()
-                    .and_then(|s| s.pending_approval.as_ref())
-                    .is_some_and(|p| p.batch == 1)
+                f.status.as_ref().and_then(|s| s.pending_approval.as_ref()).is_some_and(|p| p.batch == 1)
             })
             .await;
 
@@ -457,11 +313,7 @@ async fn a_new_image_mid_rollout_supersedes_the_revision_and_rollback_restores_t
             .await;
         let s = fr.status.unwrap();
         assert_eq!(
-            (
-                s.superseded[0].number,
-                s.superseded[0].updated,
-                s.superseded[0].image.as_str()
-            ),
+            (s.superseded[0].number, s.superseded[0].updated, s.superseded[0].image.as_str()),
             (1, 2, NEXT_IMAGE)
         );
         let hash2 = s.plan.unwrap().hash;
@@ -472,11 +324,7 @@ async fn a_new_image_mid_rollout_supersedes_the_revision_and_rollback_restores_t
                 json!({"approvals": [{"batch": 0, "planHash": hash2}, {"batch": 1, "planHash": hash2}]}),
             )
             .await;
-        fleet
-            .wait_rollout("web", "revision 2 to succeed", DEADLINE, |f| {
-                phase(f) == Phase::Succeeded
-            })
-            .await;
+        fleet.wait_rollout("web", "revision 2 to succeed", DEADLINE, |f| phase(f) == Phase::Succeeded).await;
         let gens = generations(&fleet).await;
         assert!(gens.values().all(|(_, i)| i == THIRD), "{gens:?}");
         // Two targets went v1 -> v2 -> v3, two went v1 -> v3.
@@ -486,9 +334,7 @@ async fn a_new_image_mid_rollout_supersedes_the_revision_and_rollback_restores_t
 
         // Rollback restores what each target had before this rollout first touched it.
         fleet.patch_spec("web", json!({"rollback": true})).await;
-        fleet
-            .wait_rollout("web", "the rollback", DEADLINE, |f| phase(f) == Phase::RolledBack)
-            .await;
+        fleet.wait_rollout("web", "the rollback", DEADLINE, |f| phase(f) == Phase::RolledBack).await;
         assert!(generations(&fleet).await.values().all(|(_, i)| i == READY_IMAGE));
     })
     .await;
@@ -498,11 +344,8 @@ async fn a_new_image_mid_rollout_supersedes_the_revision_and_rollback_restores_t
 async fn large_plans_are_stored_in_owned_immutable_configmaps() {
     with_fleet("shards", 0, |fleet| async move {
         fleet.deployments(&fleet.ns, 12, READY_IMAGE).await;
-        let _op = Operator::start(
-            &fleet.ns,
-            &["--plan-inline-max-bytes", "0", "--plan-shard-targets", "5"],
-            &[],
-        );
+        let _op =
+            Operator::start(&fleet.ns, &["--plan-inline-max-bytes", "0", "--plan-shard-targets", "5"], &[]);
         fleet
             .rollout(
                 "big",
@@ -514,9 +357,7 @@ async fn large_plans_are_stored_in_owned_immutable_configmaps() {
             )
             .await;
         let fr = fleet
-            .wait_rollout("big", "the rollout to succeed", DEADLINE, |f| {
-                phase(f) == Phase::Succeeded
-            })
+            .wait_rollout("big", "the rollout to succeed", DEADLINE, |f| phase(f) == Phase::Succeeded)
             .await;
         let plan = fr.status.as_ref().unwrap().plan.clone().unwrap();
         assert!(plan.batches.is_empty(), "the plan is not in status");
@@ -531,13 +372,7 @@ async fn large_plans_are_stored_in_owned_immutable_configmaps() {
                 ("FleetRollout", fr.uid().unwrap().as_str())
             );
         }
-        assert!(
-            fleet
-                .all_deployments()
-                .await
-                .iter()
-                .all(|d| image_of(d) == NEXT_IMAGE)
-        );
+        assert!(fleet.all_deployments().await.iter().all(|d| image_of(d) == NEXT_IMAGE));
         let listed = cms
             .list(&ListParams::default().labels(&format!("fleetroll.dev/plan={}", plan.hash)))
             .await
@@ -670,9 +505,7 @@ async fn a_finished_rollout_is_deleted_after_its_ttl() {
             )
             .await;
         fleet
-            .wait_rollout("short-lived", "the rollout to succeed", DEADLINE, |f| {
-                phase(f) == Phase::Succeeded
-            })
+            .wait_rollout("short-lived", "the rollout to succeed", DEADLINE, |f| phase(f) == Phase::Succeeded)
             .await;
         let uid = created.uid().unwrap();
         let gone = tokio::time::timeout(
@@ -685,13 +518,7 @@ async fn a_finished_rollout_is_deleted_after_its_ttl() {
         )
         .await;
         assert!(gone.is_ok(), "the rollout was not deleted after its TTL");
-        assert!(
-            fleet
-                .all_deployments()
-                .await
-                .iter()
-                .all(|d| image_of(d) == NEXT_IMAGE)
-        );
+        assert!(fleet.all_deployments().await.iter().all(|d| image_of(d) == NEXT_IMAGE));
     })
     .await;
 }

@@ -52,13 +52,7 @@ fn deployment(name: &str, image: &str, replicas: i32) -> Deployment {
 
 /// The (status, reason) of a Deployment condition.
 fn condition(d: &Deployment, type_: &str) -> Option<(String, Option<String>)> {
-    let c = d
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_.as_deref() == Some(type_))?;
+    let c = d.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_.as_deref() == Some(type_))?;
     Some((c.status.clone()?, c.reason.clone()))
 }
 
@@ -89,15 +83,8 @@ async fn nodes_are_ready() {
         .count();
     assert!(ready >= 1, "no Ready node in the cluster");
     if common::cluster().local {
-        let kwok = list
-            .items
-            .iter()
-            .filter(|n| n.labels().get("type").is_some_and(|t| t == "kwok"))
-            .count();
-        assert!(
-            kwok >= 10,
-            "the local control plane should have at least 10 kwok nodes, has {kwok}"
-        );
+        let kwok = list.items.iter().filter(|n| n.labels().get("type").is_some_and(|t| t == "kwok")).count();
+        assert!(kwok >= 10, "the local control plane should have at least 10 kwok nodes, has {kwok}");
     }
 }
 
@@ -105,9 +92,7 @@ async fn nodes_are_ready() {
 async fn deployment_becomes_available_then_rolls_to_a_new_image() {
     with_namespace("deploy", |client: Client, ns: String| async move {
         let api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-        api.create(&PostParams::default(), &deployment("web", READY_IMAGE, 3))
-            .await
-            .unwrap();
+        api.create(&PostParams::default(), &deployment("web", READY_IMAGE, 3)).await.unwrap();
         let d = wait_for(&api, "web", "Deployment web to become Available", DEADLINE, |d| {
             fully_rolled_out(d) && condition(d, "Available").is_some_and(|(s, _)| s == "True")
         })
@@ -131,36 +116,19 @@ async fn deployment_becomes_available_then_rolls_to_a_new_image() {
         let patch =
             json!({"spec": {"template": {"spec": {"containers": [{"name": "web", "image": NEXT_IMAGE}]}}}});
         let before = api.get("web").await.unwrap().metadata.generation.unwrap();
-        api.patch("web", &PatchParams::default(), &Patch::Strategic(&patch))
-            .await
-            .unwrap();
-        let d = wait_for(
-            &api,
-            "web",
-            "the rolling update of web to complete",
-            DEADLINE,
-            |d| d.metadata.generation > Some(before) && fully_rolled_out(d),
-        )
+        api.patch("web", &PatchParams::default(), &Patch::Strategic(&patch)).await.unwrap();
+        let d = wait_for(&api, "web", "the rolling update of web to complete", DEADLINE, |d| {
+            d.metadata.generation > Some(before) && fully_rolled_out(d)
+        })
         .await;
         let image = &d.spec.template.spec.unwrap().containers[0].image;
         assert_eq!(image.as_deref(), Some(NEXT_IMAGE));
         let rs: Api<ReplicaSet> = Api::namespaced(client, &ns);
-        let sets = rs
-            .list(&ListParams::default().labels("app=web"))
-            .await
-            .unwrap()
-            .items;
+        let sets = rs.list(&ListParams::default().labels("app=web")).await.unwrap().items;
         assert_eq!(sets.len(), 2, "one ReplicaSet per template");
-        let mut sizes: Vec<i32> = sets
-            .iter()
-            .map(|r| r.status.as_ref().map_or(-1, |s| s.replicas))
-            .collect();
+        let mut sizes: Vec<i32> = sets.iter().map(|r| r.status.as_ref().map_or(-1, |s| s.replicas)).collect();
         sizes.sort();
-        assert_eq!(
-            sizes,
-            vec![0, 3],
-            "the old ReplicaSet is scaled down, the new one is full"
-        );
+        assert_eq!(sizes, vec![0, 3], "the old ReplicaSet is scaled down, the new one is full");
     })
     .await;
 }
@@ -169,35 +137,20 @@ async fn deployment_becomes_available_then_rolls_to_a_new_image() {
 async fn deployment_whose_pods_never_become_ready_stays_unavailable() {
     with_namespace("unready", |client: Client, ns: String| async move {
         let api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-        api.create(&PostParams::default(), &deployment("bad", UNREADY_IMAGE, 2))
-            .await
-            .unwrap();
+        api.create(&PostParams::default(), &deployment("bad", UNREADY_IMAGE, 2)).await.unwrap();
         // The controller gives up on progress after progressDeadlineSeconds: a positive signal to wait on.
-        let d = wait_for(
-            &api,
-            "bad",
-            "Deployment bad to exceed its progress deadline",
-            DEADLINE,
-            |d| {
-                condition(d, "Progressing")
-                    .is_some_and(|(s, r)| s == "False" && r.as_deref() == Some("ProgressDeadlineExceeded"))
-            },
-        )
+        let d = wait_for(&api, "bad", "Deployment bad to exceed its progress deadline", DEADLINE, |d| {
+            condition(d, "Progressing")
+                .is_some_and(|(s, r)| s == "False" && r.as_deref() == Some("ProgressDeadlineExceeded"))
+        })
         .await;
-        assert_eq!(
-            condition(&d, "Available").map(|(s, _)| s),
-            Some("False".to_string())
-        );
+        assert_eq!(condition(&d, "Available").map(|(s, _)| s), Some("False".to_string()));
         let status = d.status.unwrap();
         assert_eq!(status.available_replicas.unwrap_or(0), 0);
         assert_eq!(status.ready_replicas.unwrap_or(0), 0);
         let pods: Api<Pod> = Api::namespaced(client, &ns);
         let list = pods.list(&ListParams::default().labels("app=bad")).await.unwrap();
-        assert_eq!(
-            list.items.len(),
-            2,
-            "the pods exist, they just never become Ready"
-        );
+        assert_eq!(list.items.len(), 2, "the pods exist, they just never become Ready");
         for p in &list.items {
             let ready = p
                 .status
@@ -212,13 +165,7 @@ async fn deployment_whose_pods_never_become_ready_stays_unavailable() {
 
 /// A throwaway custom resource for exercising CRDs, the status subresource and watches.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, JsonSchema)]
-#[kube(
-    group = "testenv.fleetroll.dev",
-    version = "v1",
-    kind = "Probe",
-    namespaced,
-    status = "ProbeStatus"
-)]
+#[kube(group = "testenv.fleetroll.dev", version = "v1", kind = "Probe", namespaced, status = "ProbeStatus")]
 pub struct ProbeSpec {
     message: String,
 }
@@ -233,13 +180,9 @@ async fn crd_status_is_written_by_server_side_apply_and_a_watch_sees_it() {
     let client = common::client().await;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crd_name = Probe::crd_name();
-    crds.patch(
-        crd_name,
-        &PatchParams::apply("fleetroll-tests").force(),
-        &Patch::Apply(Probe::crd()),
-    )
-    .await
-    .unwrap();
+    crds.patch(crd_name, &PatchParams::apply("fleetroll-tests").force(), &Patch::Apply(Probe::crd()))
+        .await
+        .unwrap();
     tokio::time::timeout(
         DEADLINE,
         kube::runtime::wait::await_condition(crds, crd_name, conditions::is_crd_established()),
@@ -251,29 +194,18 @@ async fn crd_status_is_written_by_server_side_apply_and_a_watch_sees_it() {
     with_namespace("crd", |client: Client, ns: String| async move {
         let api: Api<Probe> = Api::namespaced(client, &ns);
         // Watch first, so every later change must arrive through the watch.
-        let mut events = watcher(api.clone(), watcher::Config::default())
-            .applied_objects()
-            .boxed();
+        let mut events = watcher(api.clone(), watcher::Config::default()).applied_objects().boxed();
 
-        let probe = Probe::new(
-            "p",
-            ProbeSpec {
-                message: "hello".into(),
-            },
-        );
+        let probe = Probe::new("p", ProbeSpec { message: "hello".into() });
         let created = api.create(&PostParams::default(), &probe).await.unwrap();
         assert!(created.status.is_none());
 
         for seen in 1..=2 {
             let status =
                 json!({"apiVersion": "testenv.fleetroll.dev/v1", "kind": "Probe", "status": {"seen": seen}});
-            api.patch_status(
-                "p",
-                &PatchParams::apply("fleetroll-tests"),
-                &Patch::Apply(&status),
-            )
-            .await
-            .unwrap();
+            api.patch_status("p", &PatchParams::apply("fleetroll-tests"), &Patch::Apply(&status))
+                .await
+                .unwrap();
             let observed = tokio::time::timeout(DEADLINE, async {
                 while let Some(p) = events.try_next().await.unwrap() {
                     if p.status.as_ref().is_some_and(|s| s.seen == seen) {
@@ -291,17 +223,9 @@ async fn crd_status_is_written_by_server_side_apply_and_a_watch_sees_it() {
 
         // Server-side apply recorded our field manager as the owner of the status.
         let p = api.get("p").await.unwrap();
-        let managers: Vec<_> = p
-            .managed_fields()
-            .iter()
-            .filter(|m| m.subresource.as_deref() == Some("status"))
-            .collect();
-        assert!(
-            managers
-                .iter()
-                .any(|m| m.manager.as_deref() == Some("fleetroll-tests")),
-            "{managers:?}"
-        );
+        let managers: Vec<_> =
+            p.managed_fields().iter().filter(|m| m.subresource.as_deref() == Some("status")).collect();
+        assert!(managers.iter().any(|m| m.manager.as_deref() == Some("fleetroll-tests")), "{managers:?}");
 
         // Writing status through the main resource is ignored once the status subresource exists.
         let mut p = p;

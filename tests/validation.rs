@@ -33,15 +33,9 @@ fn set(v: &mut Value, path: &str, value: Value) {
     let mut node = v;
     let parts: Vec<&str> = path.split('.').collect();
     for p in &parts[..parts.len() - 1] {
-        node = node
-            .as_object_mut()
-            .unwrap()
-            .entry(p.to_string())
-            .or_insert_with(|| json!({}));
+        node = node.as_object_mut().unwrap().entry(p.to_string()).or_insert_with(|| json!({}));
     }
-    node.as_object_mut()
-        .unwrap()
-        .insert(parts[parts.len() - 1].to_string(), value);
+    node.as_object_mut().unwrap().insert(parts[parts.len() - 1].to_string(), value);
 }
 
 #[tokio::test]
@@ -202,19 +196,11 @@ async fn cross_namespace_rollouts_outside_the_fleet_namespace_are_refused() {
             )
             .await;
         let fr = wait_degraded(&fleet, "cross", "CrossNamespaceNotAllowed").await;
-        assert!(
-            condition(&fr, "Degraded")
-                .unwrap()
-                .message
-                .contains("fleetroll-system")
-        );
+        assert!(condition(&fr, "Degraded").unwrap().message.contains("fleetroll-system"));
         let api: Api<Deployment> = Api::namespaced(fleet.client.clone(), &fleet.tenants[0]);
         assert_eq!(api.get("web-00").await.unwrap().metadata.generation, Some(1));
         let events = fleet.events("cross").await;
-        assert!(
-            events.iter().any(|(r, _)| r == "CrossNamespaceNotAllowed"),
-            "{events:?}"
-        );
+        assert!(events.iter().any(|(r, _)| r == "CrossNamespaceNotAllowed"), "{events:?}");
     })
     .await;
 }

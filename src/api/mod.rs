@@ -25,11 +25,7 @@ pub const FIELD_MANAGER: &str = "fleetroll";
 pub fn crd() -> CustomResourceDefinition {
     let mut crd = FleetRollout::crd();
     for version in &mut crd.spec.versions {
-        if let Some(schema) = version
-            .schema
-            .as_mut()
-            .and_then(|s| s.open_api_v3_schema.as_mut())
-        {
+        if let Some(schema) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) {
             let mut value = serde_json::to_value(&*schema).unwrap_or(Value::Null);
             adjust_schema(&mut value);
             if let Ok(adjusted) = serde_json::from_value(value) {

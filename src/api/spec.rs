@@ -41,18 +41,8 @@ use super::status::FleetRolloutStatus;
     ),
     printcolumn(name = "Image", type_ = "string", json_path = ".spec.image"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
-    printcolumn(
-        name = "Failed",
-        type_ = "integer",
-        json_path = ".status.counts.failed",
-        priority = "1"
-    ),
-    printcolumn(
-        name = "Message",
-        type_ = "string",
-        json_path = ".status.message",
-        priority = "1"
-    )
+    printcolumn(name = "Failed", type_ = "integer", json_path = ".status.counts.failed", priority = "1"),
+    printcolumn(name = "Message", type_ = "string", json_path = ".status.message", priority = "1")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct FleetRolloutSpec {
@@ -246,11 +236,7 @@ pub struct Health {
 
 impl Default for Health {
     fn default() -> Self {
-        Self {
-            timeout: default_timeout(),
-            soak: zero_duration(),
-            http: None,
-        }
+        Self { timeout: default_timeout(), soak: zero_duration(), http: None }
     }
 }
 

@@ -132,10 +132,7 @@ impl Phase {
 
     /// Terminal phases change only when a new revision starts.
     pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            Phase::Succeeded | Phase::Failed | Phase::Aborted | Phase::RolledBack
-        )
+        matches!(self, Phase::Succeeded | Phase::Failed | Phase::Aborted | Phase::RolledBack)
     }
 
     pub fn as_str(self) -> &'static str {

@@ -56,17 +56,10 @@ pub fn allowed_namespaces(
             ),
         ));
     }
-    let selector = Selector::try_from(selector.clone()).map_err(|e| {
-        blocked(
-            reason::INVALID_SELECTOR,
-            format!("targets.namespaceSelector: {e}"),
-        )
-    })?;
-    let matching: Vec<&Namespace> = listed
-        .unwrap_or_default()
-        .iter()
-        .filter(|n| selector.matches(n.labels()))
-        .collect();
+    let selector = Selector::try_from(selector.clone())
+        .map_err(|e| blocked(reason::INVALID_SELECTOR, format!("targets.namespaceSelector: {e}")))?;
+    let matching: Vec<&Namespace> =
+        listed.unwrap_or_default().iter().filter(|n| selector.matches(n.labels())).collect();
     if matching.is_empty() {
         return Err(blocked(
             reason::NO_NAMESPACES,
@@ -127,15 +120,11 @@ pub fn candidates(
     }
     if out.is_empty() {
         let kind = workload::kind_name(fr.spec.targets.kind);
-        let selector = Selector::try_from(fr.spec.targets.selector.clone())
-            .map(|s| s.to_string())
-            .unwrap_or_default();
+        let selector =
+            Selector::try_from(fr.spec.targets.selector.clone()).map(|s| s.to_string()).unwrap_or_default();
         return Err(blocked(
             reason::NO_TARGETS,
-            format!(
-                "no {kind} matches selector {selector:?} in namespace(s) {}",
-                sample(namespaces)
-            ),
+            format!("no {kind} matches selector {selector:?} in namespace(s) {}", sample(namespaces)),
         ));
     }
     Ok(out)
@@ -151,19 +140,11 @@ pub async fn discover(
     let selector = match Selector::try_from(fr.spec.targets.selector.clone()) {
         Ok(s) => s,
         Err(e) => {
-            return Ok(Err(blocked(
-                reason::INVALID_SELECTOR,
-                format!("targets.selector: {e}"),
-            )));
+            return Ok(Err(blocked(reason::INVALID_SELECTOR, format!("targets.selector: {e}"))));
         }
     };
     let listed = match &fr.spec.targets.namespace_selector {
-        Some(_) => Some(
-            Api::<Namespace>::all(client.clone())
-                .list(&ListParams::default())
-                .await?
-                .items,
-        ),
+        Some(_) => Some(Api::<Namespace>::all(client.clone()).list(&ListParams::default()).await?.items),
         None => None,
     };
     let namespaces = match allowed_namespaces(fr, fleet_namespace, listed.as_deref()) {
@@ -215,10 +196,8 @@ pub fn unplanned(
         Some(_) => stores.namespaces.state().iter().map(|n| (**n).clone()).collect(),
         None => Vec::new(),
     };
-    let allowed: HashSet<String> = allowed_namespaces(fr, fleet_namespace, Some(&namespaces))
-        .ok()?
-        .into_iter()
-        .collect();
+    let allowed: HashSet<String> =
+        allowed_namespaces(fr, fleet_namespace, Some(&namespaces)).ok()?.into_iter().collect();
     let mut extra: Vec<String> = stores
         .all(fr.spec.targets.kind)
         .into_iter()
@@ -279,12 +258,7 @@ mod tests {
         Namespace {
             metadata: ObjectMeta {
                 name: Some(name.into()),
-                labels: Some(
-                    labels
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
-                ),
+                labels: Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
                 ..Default::default()
             },
             ..Default::default()
@@ -313,12 +287,9 @@ mod tests {
             namespace("t2", &[("tier", "yes")]),
             namespace("other", &[(OPT_IN_LABEL, OPT_IN_VALUE)]),
         ];
-        let err = allowed_namespaces(
-            &rollout("fleetroll-system", Some("tier")),
-            "fleetroll-system",
-            Some(&listed),
-        )
-        .unwrap_err();
+        let err =
+            allowed_namespaces(&rollout("fleetroll-system", Some("tier")), "fleetroll-system", Some(&listed))
+                .unwrap_err();
         assert_eq!(err.reason, reason::NAMESPACE_NOT_OPTED_IN);
         assert!(err.message.contains("t2"), "{}", err.message);
         let ok = allowed_namespaces(
@@ -346,9 +317,6 @@ mod tests {
         assert_eq!(err.reason, reason::CONTAINER_NOT_FOUND);
         fr.spec.container = None;
         assert_eq!(candidates(&fr, vec![f], &["ns".into()]).unwrap().len(), 1);
-        assert_eq!(
-            candidates(&fr, vec![], &["ns".into()]).unwrap_err().reason,
-            reason::NO_TARGETS
-        );
+        assert_eq!(candidates(&fr, vec![], &["ns".into()]).unwrap_err().reason, reason::NO_TARGETS);
     }
 }

@@ -132,9 +132,7 @@ async fn reconcile(obj: Arc<FleetRollout>, ctx: Arc<Context>) -> Result<Action> 
         Ok(r) => r,
         Err(_) => Err(Error::Timeout(RECONCILE_TIMEOUT)),
     };
-    ctx.metrics
-        .reconcile_duration
-        .observe(started.elapsed().as_secs_f64());
+    ctx.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
     update_gauges(&ctx);
     result
 }
@@ -207,10 +205,7 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
             }
             Step::Write(t) => {
                 let intent = is_intent(&status, &t.status);
-                if t.events
-                    .iter()
-                    .any(|e| e.reason == engine::reason::BATCH_SUCCEEDED)
-                {
+                if t.events.iter().any(|e| e.reason == engine::reason::BATCH_SUCCEEDED) {
                     batch_settled_at = Some(started);
                 }
                 observe_batches(ctx, &status, &t.status);
@@ -220,12 +215,7 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
                 }
                 written
             }
-            Step::Apply {
-                key,
-                image,
-                targets,
-                after,
-            } => {
+            Step::Apply { key, image, targets, after } => {
                 let rollout = format!("{}/{}", fr.namespace().unwrap_or_default(), fr.name_any());
                 let change = Change {
                     kind,
@@ -281,18 +271,12 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
 fn is_intent(before: &FleetRolloutStatus, after: &FleetRolloutStatus) -> bool {
     after.current_batch.is_some()
         && after.current_batch != before.current_batch
-        && after
-            .batches
-            .last()
-            .is_some_and(|b| b.state == BatchState::Applying)
+        && after.batches.last().is_some_and(|b| b.state == BatchState::Applying)
 }
 
 fn observe_batches(ctx: &Context, before: &FleetRolloutStatus, after: &FleetRolloutStatus) {
     for b in &after.batches {
-        let was_open = before
-            .batches
-            .iter()
-            .any(|x| x.index == b.index && x.finished_at.is_none());
+        let was_open = before.batches.iter().any(|x| x.index == b.index && x.finished_at.is_none());
         if let (true, Some(start), Some(end)) = (was_open, &b.started_at, &b.finished_at) {
             let secs = end.0.duration_since(start.0).as_secs_f64();
             ctx.metrics.batch_duration.observe(secs.max(0.0));
@@ -330,10 +314,7 @@ async fn plan_revision(
     let plan = match plan::build(candidates, &inputs, &spec_hash, &previous) {
         Ok(p) => p,
         Err(e) => {
-            let why = engine::Blocked {
-                reason: engine::reason::INVALID_SPEC,
-                message: e.to_string(),
-            };
+            let why = engine::Blocked { reason: engine::reason::INVALID_SPEC, message: e.to_string() };
             return Ok(engine::blocked(now, generation, status, &why));
         }
     };
@@ -343,12 +324,7 @@ async fn plan_revision(
         generation,
         &fr.spec,
         status,
-        NewRevision {
-            inputs,
-            spec_hash,
-            plan: &plan,
-            plan_ref,
-        },
+        NewRevision { inputs, spec_hash, plan: &plan, plan_ref },
     )))
 }
 
@@ -361,10 +337,7 @@ async fn http_checks(
     let Some(check) = &fr.spec.health.http else {
         return HashMap::new();
     };
-    let Some(batch) = status
-        .current_batch
-        .and_then(|i| status.batches.iter().find(|b| b.index == i))
-    else {
+    let Some(batch) = status.current_batch.and_then(|i| status.batches.iter().find(|b| b.index == i)) else {
         return HashMap::new();
     };
     if batch.state != BatchState::Verifying {
@@ -382,9 +355,7 @@ async fn http_checks(
         })
         .cloned()
         .collect();
-    ctx.prober
-        .check_all(&check.url, check.expect_status, &ready)
-        .await
+    ctx.prober.check_all(&check.url, check.expect_status, &ready).await
 }
 
 /// Persists a status with the resourceVersion we read: if anything changed since, the API server refuses
@@ -393,10 +364,7 @@ async fn write_status(ctx: &Context, fr: &FleetRollout, t: Transition) -> Result
     let mut next = fr.clone();
     next.status = Some(t.status);
     next.metadata.managed_fields = None;
-    let pp = PostParams {
-        field_manager: Some(crate::api::FIELD_MANAGER.into()),
-        ..Default::default()
-    };
+    let pp = PostParams { field_manager: Some(crate::api::FIELD_MANAGER.into()), ..Default::default() };
     let written = Arc::new(api(ctx, fr).replace_status(&fr.name_any(), &pp, &next).await?);
     ctx.metrics.status_writes.inc();
     ctx.remember(&written);
@@ -423,9 +391,7 @@ fn publish(ctx: &Context, fr: &FleetRollout, events: Vec<engine::Event>) {
                 },
                 reason: e.reason.to_string(),
                 note: Some(e.message),
-                action: e
-                    .batch
-                    .map_or_else(|| "Rollout".to_string(), |b| format!("Batch{}", b + 1)),
+                action: e.batch.map_or_else(|| "Rollout".to_string(), |b| format!("Batch{}", b + 1)),
                 secondary: None,
             };
             if let Err(err) = recorder.publish(&event, &reference).await {
@@ -447,32 +413,17 @@ fn update_gauges(ctx: &Context) {
         pending += i64::from(s.counts.total.saturating_sub(s.counts.updated));
     }
     for (phase, n) in phases {
-        ctx.metrics
-            .rollouts
-            .get_or_create(&PhaseLabel {
-                phase: phase.to_string(),
-            })
-            .set(n);
+        ctx.metrics.rollouts.get_or_create(&PhaseLabel { phase: phase.to_string() }).set(n);
     }
-    for (state, n) in [
-        ("updated", updated),
-        ("healthy", healthy),
-        ("failed", failed),
-        ("pending", pending),
-    ] {
-        ctx.metrics
-            .targets
-            .get_or_create(&StateLabel { state: state.into() })
-            .set(n);
+    for (state, n) in [("updated", updated), ("healthy", healthy), ("failed", failed), ("pending", pending)] {
+        ctx.metrics.targets.get_or_create(&StateLabel { state: state.into() }).set(n);
     }
 }
 
 fn error_policy(fr: Arc<FleetRollout>, err: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics
         .reconcile_errors
-        .get_or_create(&crate::metrics::ErrorLabel {
-            error: err.metric_label().into(),
-        })
+        .get_or_create(&crate::metrics::ErrorLabel { error: err.metric_label().into() })
         .inc();
     warn!(rollout = %fr.name_any(), error = %err, "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(2))
@@ -505,10 +456,7 @@ pub async fn run(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    rollouts
-        .list(&ListParams::default().limit(1))
-        .await
-        .map_err(Error::CrdMissing)?;
+    rollouts.list(&ListParams::default().limit(1)).await.map_err(Error::CrdMissing)?;
 
     let watch_cfg = watcher::Config::default().any_semantic();
     let (deployments, deployments_w) = reflector::store::<Deployment>();
@@ -545,10 +493,7 @@ pub async fn run(
     let ctx = Arc::new(Context {
         recorder: Recorder::new(
             client.clone(),
-            Reporter {
-                controller: "fleetroll".into(),
-                instance: Some(settings.identity.clone()),
-            },
+            Reporter { controller: "fleetroll".into(), instance: Some(settings.identity.clone()) },
         ),
         rollouts: controller.store(),
         client,

@@ -34,10 +34,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self {
-            inline_max_bytes: INLINE_MAX_BYTES,
-            shard_targets: SHARD_TARGETS,
-        }
+        Self { inline_max_bytes: INLINE_MAX_BYTES, shard_targets: SHARD_TARGETS }
     }
 }
 const DATA_KEY: &str = "plan.json";
@@ -52,12 +49,7 @@ pub struct LoadedPlan {
 
 impl LoadedPlan {
     fn new(plan: Plan) -> Arc<Self> {
-        let members = plan
-            .batches
-            .iter()
-            .flatten()
-            .map(|t| (t.namespace.clone(), t.name.clone()))
-            .collect();
+        let members = plan.batches.iter().flatten().map(|t| (t.namespace.clone(), t.name.clone())).collect();
         Arc::new(Self { plan, members })
     }
 }
@@ -79,10 +71,7 @@ struct ShardEntry {
 impl PlanStore {
     pub fn new(limits: Limits) -> Self {
         Self {
-            limits: Limits {
-                shard_targets: limits.shard_targets.max(1),
-                ..limits
-            },
+            limits: Limits { shard_targets: limits.shard_targets.max(1), ..limits },
             cache: Mutex::default(),
         }
     }
@@ -117,12 +106,7 @@ impl PlanStore {
             .batches
             .iter()
             .enumerate()
-            .flat_map(|(b, ts)| {
-                ts.iter().map(move |t| ShardEntry {
-                    batch: b as u32,
-                    target: t.clone(),
-                })
-            })
+            .flat_map(|(b, ts)| ts.iter().map(move |t| ShardEntry { batch: b as u32, target: t.clone() }))
             .collect();
         let mut names = Vec::new();
         for (i, chunk) in entries.chunks(self.limits.shard_targets).enumerate() {
@@ -134,10 +118,7 @@ impl PlanStore {
                     namespace: Some(ns.clone()),
                     owner_references: owner.clone().map(|o| vec![o]),
                     labels: Some(BTreeMap::from([
-                        (
-                            "app.kubernetes.io/managed-by".to_string(),
-                            "fleetroll".to_string(),
-                        ),
+                        ("app.kubernetes.io/managed-by".to_string(), "fleetroll".to_string()),
                         ("fleetroll.dev/plan".to_string(), plan.hash.clone()),
                     ])),
                     ..Default::default()
@@ -176,32 +157,18 @@ impl PlanStore {
         fr: &FleetRollout,
         plan_ref: &PlanRef,
     ) -> Result<Arc<LoadedPlan>> {
-        if let Some(p) = self
-            .cache
-            .lock()
-            .ok()
-            .and_then(|c| c.get(&plan_ref.hash).cloned())
-        {
+        if let Some(p) = self.cache.lock().ok().and_then(|c| c.get(&plan_ref.hash).cloned()) {
             return Ok(p);
         }
-        let unreadable = |reason: String| Error::PlanUnreadable {
-            rollout: fr.name_any(),
-            reason,
-        };
+        let unreadable = |reason: String| Error::PlanUnreadable { rollout: fr.name_any(), reason };
         let plan = match plan_ref.storage {
-            PlanStorage::Status => Plan {
-                hash: plan_ref.hash.clone(),
-                batches: plan_ref.batches.clone(),
-            },
+            PlanStorage::Status => Plan { hash: plan_ref.hash.clone(), batches: plan_ref.batches.clone() },
             PlanStorage::ConfigMaps => {
                 let api: Api<ConfigMap> =
                     Api::namespaced(client.clone(), &fr.namespace().unwrap_or_default());
                 let mut batches: Vec<Vec<PlannedTarget>> = vec![Vec::new(); plan_ref.total_batches as usize];
                 for name in &plan_ref.shards {
-                    let cm = api
-                        .get(name)
-                        .await
-                        .map_err(|e| unreadable(format!("ConfigMap {name}: {e}")))?;
+                    let cm = api.get(name).await.map_err(|e| unreadable(format!("ConfigMap {name}: {e}")))?;
                     let data = cm
                         .data
                         .as_ref()
@@ -219,10 +186,7 @@ impl PlanStore {
                         slot.push(e.target);
                     }
                 }
-                Plan {
-                    hash: plan_ref.hash.clone(),
-                    batches,
-                }
+                Plan { hash: plan_ref.hash.clone(), batches }
             }
         };
         if plan.total_targets() != plan_ref.total_targets {
@@ -248,9 +212,5 @@ impl PlanStore {
 }
 
 fn truncate_name(name: &str, max: usize) -> &str {
-    if name.len() <= max {
-        name
-    } else {
-        name[..max].trim_end_matches('-')
-    }
+    if name.len() <= max { name } else { name[..max].trim_end_matches('-') }
 }

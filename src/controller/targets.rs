@@ -48,12 +48,8 @@ impl Stores {
         namespaces: Store<Namespace>,
     ) -> Self {
         let (tx, ready) = tokio::sync::watch::channel(false);
-        let (d, s, ds, n) = (
-            deployments.clone(),
-            statefulsets.clone(),
-            daemonsets.clone(),
-            namespaces.clone(),
-        );
+        let (d, s, ds, n) =
+            (deployments.clone(), statefulsets.clone(), daemonsets.clone(), namespaces.clone());
         // One waiter only: Store::wait_until_ready wakes just the last of several concurrent waiters, so
         // reconciles wait on this watch channel instead.
         tokio::spawn(async move {
@@ -66,13 +62,7 @@ impl Stores {
             .await;
             let _ = tx.send(true);
         });
-        Self {
-            deployments,
-            statefulsets,
-            daemonsets,
-            namespaces,
-            ready,
-        }
+        Self { deployments, statefulsets, daemonsets, namespaces, ready }
     }
 
     /// Resolves once every cache has been filled by its first list.
@@ -102,24 +92,15 @@ impl Stores {
     /// Every cached workload of a kind.
     pub fn all(&self, kind: TargetKind) -> Vec<WorkloadFacts> {
         match kind {
-            TargetKind::Deployment => self
-                .deployments
-                .state()
-                .iter()
-                .map(|d| workload::deployment_facts(d))
-                .collect(),
-            TargetKind::StatefulSet => self
-                .statefulsets
-                .state()
-                .iter()
-                .map(|s| workload::statefulset_facts(s))
-                .collect(),
-            TargetKind::DaemonSet => self
-                .daemonsets
-                .state()
-                .iter()
-                .map(|d| workload::daemonset_facts(d))
-                .collect(),
+            TargetKind::Deployment => {
+                self.deployments.state().iter().map(|d| workload::deployment_facts(d)).collect()
+            }
+            TargetKind::StatefulSet => {
+                self.statefulsets.state().iter().map(|s| workload::statefulset_facts(s)).collect()
+            }
+            TargetKind::DaemonSet => {
+                self.daemonsets.state().iter().map(|d| workload::daemonset_facts(d)).collect()
+            }
         }
     }
 
@@ -133,10 +114,7 @@ impl Stores {
     ) -> Option<TargetState> {
         let facts = self.facts(kind, &t.namespace, &t.name)?;
         Some(TargetState {
-            image: facts
-                .container_image(container)
-                .map(|(_, i)| i.to_string())
-                .map_err(|e| e.to_string()),
+            image: facts.container_image(container).map(|(_, i)| i.to_string()).map_err(|e| e.to_string()),
             applied: facts.applied.clone(),
             readiness: facts.readiness(),
             http: http.get(&(t.namespace.clone(), t.name.clone())).cloned(),
@@ -174,11 +152,8 @@ pub async fn patch_all(
     image_of: impl Fn(&PlannedTarget) -> String,
 ) -> Result<Outcome> {
     // Owned items: a stream of borrowed ones trips the compiler's higher-ranked lifetime checks.
-    let work: Vec<(usize, PlannedTarget, String)> = targets
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (i, t.clone(), image_of(t)))
-        .collect();
+    let work: Vec<(usize, PlannedTarget, String)> =
+        targets.iter().enumerate().map(|(i, t)| (i, t.clone(), image_of(t))).collect();
     let results: Vec<Result<PatchResult>> = stream::iter(work)
         .map(|(i, t, image)| async move {
             if i > 0 {
@@ -316,15 +291,10 @@ impl Prober {
     ) -> HashMap<(String, String), Result<(), String>> {
         stream::iter(targets.to_vec())
             .map(|t| async move {
-                let url = url
-                    .replace("{name}", &t.name)
-                    .replace("{namespace}", &t.namespace);
+                let url = url.replace("{name}", &t.name).replace("{namespace}", &t.namespace);
                 let result = match self.http.get(&url).send().await {
                     Ok(r) if r.status().as_u16() == expect => Ok(()),
-                    Ok(r) => Err(format!(
-                        "GET {url} returned {}, expected {expect}",
-                        r.status().as_u16()
-                    )),
+                    Ok(r) => Err(format!("GET {url} returned {}, expected {expect}", r.status().as_u16())),
                     Err(e) => Err(format!("GET {url} failed: {e}")),
                 };
                 ((t.namespace.clone(), t.name.clone()), result)

@@ -19,10 +19,7 @@ fn spec(n_batch: i32) -> FleetRolloutSpec {
             selector: LabelSelector::default(),
             namespace_selector: None,
         },
-        strategy: Strategy {
-            batch_size: IntOrString::Int(n_batch),
-            ..Strategy::default()
-        },
+        strategy: Strategy { batch_size: IntOrString::Int(n_batch), ..Strategy::default() },
         health: Health::default(),
         paused: false,
         abort: false,
@@ -97,12 +94,7 @@ impl Sim {
             1,
             &spec,
             &FleetRolloutStatus::default(),
-            NewRevision {
-                inputs,
-                spec_hash: "spechash".into(),
-                plan: &plan,
-                plan_ref,
-            },
+            NewRevision { inputs, spec_hash: "spechash".into(), plan: &plan, plan_ref },
         );
         Sim {
             spec,
@@ -143,12 +135,7 @@ impl Sim {
                 self.status = t.status.clone();
                 self.writes += 1;
             }
-            Step::Apply {
-                key: k,
-                image,
-                targets,
-                after,
-            } => {
+            Step::Apply { key: k, image, targets, after } => {
                 for t in targets {
                     self.change(t, image, k);
                 }
@@ -168,12 +155,8 @@ impl Sim {
         }
         self.max_in_flight = self.max_in_flight.max(self.not_ready.len());
         if self.auto_ready {
-            let ready: Vec<String> = self
-                .not_ready
-                .iter()
-                .filter(|t| !self.broken.contains(t))
-                .cloned()
-                .collect();
+            let ready: Vec<String> =
+                self.not_ready.iter().filter(|t| !self.broken.contains(t)).cloned().collect();
             for t in ready {
                 self.not_ready.remove(&t);
                 if let Some(s) = self.world.get_mut(&t) {
@@ -228,13 +211,7 @@ fn forty_targets_ten_at_a_time_succeed_with_every_target_changed_once() {
     assert_eq!(sim.status.phase, Phase::Succeeded);
     assert_eq!(
         sim.status.counts,
-        crate::api::Counts {
-            total: 40,
-            updated: 40,
-            healthy: 40,
-            failed: 0,
-            skipped: 0
-        }
+        crate::api::Counts { total: 40, updated: 40, healthy: 40, failed: 0, skipped: 0 }
     );
     assert_eq!(sim.changes.len(), 40);
     assert!(sim.world.keys().all(|t| sim.changes_of(t) == 1));
@@ -262,14 +239,9 @@ fn batches_run_in_order_and_each_carries_its_own_key() {
 fn the_intent_is_written_before_any_target_changes() {
     let mut sim = Sim::new(spec(10), 20);
     let first = sim.step();
-    let Step::Write(t) = first else {
-        panic!("expected the intent write, got {first:?}")
-    };
+    let Step::Write(t) = first else { panic!("expected the intent write, got {first:?}") };
     let b = &t.status.batches[0];
-    assert_eq!(
-        (b.state, b.idempotency_key.as_str()),
-        (BatchState::Applying, "0d4c8f2e/1/0")
-    );
+    assert_eq!((b.state, b.idempotency_key.as_str()), (BatchState::Applying, "0d4c8f2e/1/0"));
     assert!(sim.changes.is_empty());
     assert!(matches!(sim.step(), Step::Apply { .. }));
 }
@@ -278,15 +250,7 @@ fn the_intent_is_written_before_any_target_changes() {
 fn a_replay_after_a_crash_mid_batch_changes_no_target_twice() {
     let mut sim = Sim::new(spec(10), 20);
     sim.step(); // intent
-    let Step::Apply {
-        key: k,
-        image,
-        targets,
-        ..
-    } = sim.advance()
-    else {
-        panic!("expected Apply")
-    };
+    let Step::Apply { key: k, image, targets, .. } = sim.advance() else { panic!("expected Apply") };
     // The process dies after changing 4 of the 10 targets: the status still says Applying.
     for t in &targets[..4] {
         sim.change(t, &image, &k);
@@ -304,9 +268,7 @@ fn a_stale_view_of_a_target_waits_instead_of_failing() {
     let mut sim = Sim::new(spec(5), 5);
     sim.auto_ready = false;
     sim.step(); // intent
-    let Step::Apply { after, .. } = sim.advance() else {
-        panic!("expected Apply")
-    };
+    let Step::Apply { after, .. } = sim.advance() else { panic!("expected Apply") };
     // The patch went out but the cache does not show it yet.
     sim.status = after.status;
     sim.pass(Duration::from_secs(5));
@@ -325,10 +287,7 @@ fn targets_that_never_become_ready_fail_at_the_timeout_and_pause_the_rollout() {
     sim.pass(Duration::from_secs(121));
     assert_eq!(sim.settle(), None);
     assert_eq!(sim.status.phase, Phase::Paused);
-    assert_eq!(
-        sim.status.reason.as_deref(),
-        Some(reason::FAILURE_BUDGET_EXCEEDED)
-    );
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::FAILURE_BUDGET_EXCEEDED));
     assert_eq!(sim.status.counts.failed, 1);
     assert_eq!(sim.status.failures[0].reason, reason::TIMEOUT);
     assert!(conditions::is_true(&sim.status.conditions, conditions::DEGRADED));
@@ -357,10 +316,7 @@ fn the_rollback_policy_restores_each_changed_target_once() {
     assert_eq!(sim.settle(), None);
     assert_eq!(sim.status.phase, Phase::RolledBack);
     let rb = sim.status.rollback.clone().unwrap();
-    assert_eq!(
-        (rb.reason.as_str(), rb.restored),
-        (reason::FAILURE_BUDGET_EXCEEDED, 10)
-    );
+    assert_eq!((rb.reason.as_str(), rb.restored), (reason::FAILURE_BUDGET_EXCEEDED, 10));
     // 10 forward changes, 10 restores, batch 3 never touched.
     let rollback_key = format!("{UID}/1/rollback");
     assert_eq!(sim.changes.iter().filter(|(_, k)| *k == rollback_key).count(), 10);
@@ -386,10 +342,7 @@ fn the_abort_policy_stops_as_failed_and_leaves_targets_alone() {
     sim.pass(Duration::from_secs(61));
     sim.settle();
     assert_eq!(sim.status.phase, Phase::Failed);
-    assert_eq!(
-        sim.status.reason.as_deref(),
-        Some(reason::FAILURE_BUDGET_EXCEEDED)
-    );
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::FAILURE_BUDGET_EXCEEDED));
     assert_eq!(sim.changes.len(), 5);
     assert!(!conditions::is_true(&sim.status.conditions, conditions::COMPLETE));
 }
@@ -416,10 +369,7 @@ fn a_requested_rollback_after_success_undoes_the_rollout() {
     sim.settle();
     assert_eq!(sim.status.phase, Phase::RolledBack);
     assert!(sim.world.values().all(|s| s.image == Ok("web:v1".into())));
-    assert_eq!(
-        sim.status.rollback.as_ref().map(|r| r.reason.as_str()),
-        Some(reason::ROLLBACK_REQUESTED)
-    );
+    assert_eq!(sim.status.rollback.as_ref().map(|r| r.reason.as_str()), Some(reason::ROLLBACK_REQUESTED));
 }
 
 #[test]
@@ -447,34 +397,16 @@ fn approvals_are_bound_to_the_plan_hash() {
     sim.settle();
     assert_eq!(sim.status.phase, Phase::WaitingForApproval);
     let pending = sim.status.pending_approval.clone().unwrap();
-    assert_eq!(
-        (pending.batch, pending.plan_hash.as_str()),
-        (0, sim.plan.hash.as_str())
-    );
+    assert_eq!((pending.batch, pending.plan_hash.as_str()), (0, sim.plan.hash.as_str()));
 
-    sim.spec.approvals = vec![Approval {
-        batch: 0,
-        plan_hash: "0000000000000000".into(),
-        approved_by: None,
-    }];
+    sim.spec.approvals = vec![Approval { batch: 0, plan_hash: "0000000000000000".into(), approved_by: None }];
     sim.settle();
-    assert_eq!(
-        sim.status.phase,
-        Phase::WaitingForApproval,
-        "an approval of another plan does not count"
-    );
+    assert_eq!(sim.status.phase, Phase::WaitingForApproval, "an approval of another plan does not count");
 
-    sim.spec.approvals = vec![Approval {
-        batch: 0,
-        plan_hash: pending.plan_hash.clone(),
-        approved_by: Some("alice".into()),
-    }];
+    sim.spec.approvals =
+        vec![Approval { batch: 0, plan_hash: pending.plan_hash.clone(), approved_by: Some("alice".into()) }];
     sim.settle();
-    assert_eq!(
-        sim.status.phase,
-        Phase::Succeeded,
-        "FirstBatch gates only the first batch"
-    );
+    assert_eq!(sim.status.phase, Phase::Succeeded, "FirstBatch gates only the first batch");
     assert_eq!(sim.status.approvals[0].approved_by.as_deref(), Some("alice"));
 }
 
@@ -488,11 +420,7 @@ fn every_batch_approval_gates_each_batch() {
         assert_eq!(sim.status.phase, Phase::WaitingForApproval);
         assert_eq!(sim.status.pending_approval.as_ref().map(|p| p.batch), Some(batch));
         assert_eq!(sim.changes.len(), 5 * batch as usize);
-        sim.spec.approvals.push(Approval {
-            batch,
-            plan_hash: sim.plan.hash.clone(),
-            approved_by: None,
-        });
+        sim.spec.approvals.push(Approval { batch, plan_hash: sim.plan.hash.clone(), approved_by: None });
     }
     sim.settle();
     assert_eq!(sim.status.phase, Phase::Succeeded);
@@ -506,19 +434,13 @@ fn soak_requires_the_batch_to_stay_healthy() {
     assert_eq!(sim.settle(), Some(Duration::from_secs(30)));
     assert!(sim.status.batches[0].healthy_since.is_some());
     // A target drops out mid-soak: the clock stops.
-    sim.world
-        .get_mut(&key(&sim.plan.batches[0][0]))
-        .unwrap()
-        .readiness = Readiness::NotReady("crash".into());
+    sim.world.get_mut(&key(&sim.plan.batches[0][0])).unwrap().readiness = Readiness::NotReady("crash".into());
     sim.auto_ready = false;
     sim.pass(Duration::from_secs(10));
     sim.settle();
     assert!(sim.status.batches[0].healthy_since.is_none());
     sim.auto_ready = true;
-    sim.world
-        .get_mut(&key(&sim.plan.batches[0][0]))
-        .unwrap()
-        .readiness = Readiness::Ready;
+    sim.world.get_mut(&key(&sim.plan.batches[0][0])).unwrap().readiness = Readiness::Ready;
     assert_eq!(sim.settle(), Some(Duration::from_secs(30)));
     sim.pass(Duration::from_secs(30));
     sim.settle();
@@ -533,10 +455,7 @@ fn pause_between_batches_is_a_timer_not_a_loop() {
     s.strategy.pause_between_batches = "1m".into();
     let mut sim = Sim::new(s, 10);
     assert_eq!(sim.settle(), Some(Duration::from_secs(60)));
-    assert_eq!(
-        sim.status.reason.as_deref(),
-        Some(reason::WAITING_BETWEEN_BATCHES)
-    );
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::WAITING_BETWEEN_BATCHES));
     assert_eq!(sim.changes.len(), 5);
     sim.pass(Duration::from_secs(60));
     assert_eq!(sim.settle(), None);
@@ -558,10 +477,7 @@ fn a_deleted_target_is_skipped_not_failed() {
 fn a_failing_http_check_fails_the_target_at_the_timeout() {
     let mut s = spec(5);
     s.health.timeout = "30s".into();
-    s.health.http = Some(HttpCheck {
-        url: "http://{name}/healthz".into(),
-        expect_status: 200,
-    });
+    s.health.http = Some(HttpCheck { url: "http://{name}/healthz".into(), expect_status: 200 });
     let mut sim = Sim::new(s, 5);
     for st in sim.world.values_mut() {
         st.http = Some(Err("503 Service Unavailable".into()));
@@ -594,9 +510,7 @@ fn status_stays_bounded_for_ten_thousand_targets() {
     if let Some(p) = sim.status.plan.as_mut() {
         p.batches.clear();
         p.storage = PlanStorage::ConfigMaps;
-        p.shards = (0..5)
-            .map(|i| format!("web-rollout-0123456789abcdef-{i}"))
-            .collect();
+        p.shards = (0..5).map(|i| format!("web-rollout-0123456789abcdef-{i}")).collect();
     }
     sim.broken = sim.plan.batches.iter().flatten().step_by(20).map(key).collect();
     let mut rounds = 0;
@@ -645,38 +559,24 @@ fn a_superseding_revision_records_the_old_one() {
         2,
         &new_spec,
         &sim.status,
-        NewRevision {
-            inputs,
-            spec_hash: "h2".into(),
-            plan: &plan,
-            plan_ref,
-        },
+        NewRevision { inputs, spec_hash: "h2".into(), plan: &plan, plan_ref },
     );
     assert_eq!(t.status.revision.as_ref().map(|r| r.number), Some(2));
     assert_eq!(t.status.superseded.len(), 1);
-    assert_eq!(
-        (t.status.superseded[0].number, t.status.superseded[0].updated),
-        (1, 5)
-    );
+    assert_eq!((t.status.superseded[0].number, t.status.superseded[0].updated), (1, 5));
     assert_eq!(t.status.counts.updated, 0);
     assert!(t.events.iter().any(|e| e.reason == reason::SUPERSEDED));
 }
 
 #[test]
 fn a_blocked_spec_is_degraded_with_its_reason_and_written_once() {
-    let why = Blocked {
-        reason: "NoTargets",
-        message: "no Deployment matches app=web".into(),
-    };
+    let why = Blocked { reason: "NoTargets", message: "no Deployment matches app=web".into() };
     let now = Timestamp::from_second(1_800_000_000).unwrap();
     let t = blocked(now, 1, &FleetRolloutStatus::default(), &why).unwrap();
     assert_eq!(t.status.phase, Phase::Pending);
     let d = conditions::get(&t.status.conditions, conditions::DEGRADED).unwrap();
     assert_eq!((d.status.as_str(), d.reason.as_str()), ("True", "NoTargets"));
-    assert!(
-        blocked(now, 1, &t.status, &why).is_none(),
-        "unchanged: no second write"
-    );
+    assert!(blocked(now, 1, &t.status, &why).is_none(), "unchanged: no second write");
 }
 
 #[test]
@@ -687,8 +587,5 @@ fn a_finished_rollout_with_a_ttl_expires_after_it() {
     assert_eq!(expires_at(&sim.spec, &sim.status), None, "not before it finishes");
     sim.settle();
     let finished = sim.status.finished_at.clone().unwrap().0;
-    assert_eq!(
-        expires_at(&sim.spec, &sim.status),
-        Some(finished + SignedDuration::from_secs(60))
-    );
+    assert_eq!(expires_at(&sim.spec, &sim.status), Some(finished + SignedDuration::from_secs(60)));
 }

@@ -40,13 +40,9 @@ pub async fn ensure_crd(client: &Client) {
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
         let crd = fleetroll::api::crd();
         let name = crd.metadata.name.clone().unwrap_or_default();
-        crds.patch(
-            &name,
-            &PatchParams::apply("fleetroll-tests").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .expect("apply the FleetRollout CRD");
+        crds.patch(&name, &PatchParams::apply("fleetroll-tests").force(), &Patch::Apply(&crd))
+            .await
+            .expect("apply the FleetRollout CRD");
         tokio::time::timeout(
             Duration::from_secs(60),
             await_condition(crds, &name, conditions::is_crd_established()),
@@ -84,11 +80,7 @@ where
         ]);
         tenant_names.push(create_namespace(&namespaces, &format!("{prefix}-t{i}"), labels).await);
     }
-    let fleet = Fleet {
-        client,
-        ns: ns.clone(),
-        tenants: tenant_names.clone(),
-    };
+    let fleet = Fleet { client, ns: ns.clone(), tenants: tenant_names.clone() };
     let outcome = tokio::spawn(body(fleet)).await;
     for name in std::iter::once(&ns).chain(tenant_names.iter()) {
         if let Err(e) = namespaces.delete(name, &DeleteParams::background()).await {
@@ -117,17 +109,12 @@ async fn create_namespace(
         },
         ..Default::default()
     };
-    api.create(&PostParams::default(), &ns)
-        .await
-        .expect("create namespace")
-        .name_any()
+    api.create(&PostParams::default(), &ns).await.expect("create namespace").name_any()
 }
 
 pub fn deployment(name: &str, image: &str, labels: &[(&str, &str)]) -> Deployment {
-    let mut all: BTreeMap<String, String> = labels
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let mut all: BTreeMap<String, String> =
+        labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     all.insert("app".into(), name.into());
     serde_json::from_value(json!({
         "apiVersion": "apps/v1",
@@ -152,22 +139,15 @@ impl Fleet {
         let mut names = Vec::new();
         for i in 0..n {
             let name = format!("web-{i:02}");
-            api.create(
-                &PostParams::default(),
-                &deployment(&name, image, &[("fleet", "web")]),
-            )
-            .await
-            .expect("create");
+            api.create(&PostParams::default(), &deployment(&name, image, &[("fleet", "web")]))
+                .await
+                .expect("create");
             names.push(name);
         }
         for name in &names {
-            wait_for(
-                &api,
-                name,
-                "the Deployment to be available",
-                Duration::from_secs(120),
-                |d| d.status.as_ref().and_then(|s| s.available_replicas) == Some(1),
-            )
+            wait_for(&api, name, "the Deployment to be available", Duration::from_secs(120), |d| {
+                d.status.as_ref().and_then(|s| s.available_replicas) == Some(1)
+            })
             .await;
         }
         names
@@ -193,20 +173,13 @@ impl Fleet {
             "spec": spec,
         }))
         .expect("a FleetRollout");
-        self.rollouts()
-            .create(&PostParams::default(), &fr)
-            .await
-            .expect("create the FleetRollout")
+        self.rollouts().create(&PostParams::default(), &fr).await.expect("create the FleetRollout")
     }
 
     /// Patches the spec the way a person or agent would (merge patch).
     pub async fn patch_spec(&self, name: &str, spec: Value) {
         self.rollouts()
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "spec": spec })),
-            )
+            .patch(name, &PatchParams::default(), &Patch::Merge(json!({ "spec": spec })))
             .await
             .expect("patch the FleetRollout");
     }
@@ -224,19 +197,10 @@ impl Fleet {
     /// Every Deployment of the fleet (the tenants', or the fleet namespace's when there are none).
     pub async fn all_deployments(&self) -> Vec<Deployment> {
         let mut out = Vec::new();
-        let namespaces = if self.tenants.is_empty() {
-            vec![self.ns.clone()]
-        } else {
-            self.tenants.clone()
-        };
+        let namespaces = if self.tenants.is_empty() { vec![self.ns.clone()] } else { self.tenants.clone() };
         for ns in namespaces {
             let api: Api<Deployment> = Api::namespaced(self.client.clone(), &ns);
-            out.extend(
-                api.list(&ListParams::default().labels("fleet=web"))
-                    .await
-                    .expect("list")
-                    .items,
-            );
+            out.extend(api.list(&ListParams::default().labels("fleet=web")).await.expect("list").items);
         }
         out
     }
@@ -271,9 +235,7 @@ pub fn condition<'a>(
     fr: &'a FleetRollout,
     type_: &str,
 ) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
-    fr.status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+    fr.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
 }
 
 pub fn fully_rolled_out(d: &Deployment) -> bool {
@@ -301,17 +263,12 @@ pub fn observe_fleet(
     image: &'static str,
 ) -> (Arc<Mutex<Observed>>, tokio::task::JoinHandle<()>) {
     let seen = Arc::new(Mutex::new(Observed::default()));
-    let namespaces = if fleet.tenants.is_empty() {
-        vec![fleet.ns.clone()]
-    } else {
-        fleet.tenants.clone()
-    };
+    let namespaces = if fleet.tenants.is_empty() { vec![fleet.ns.clone()] } else { fleet.tenants.clone() };
     let api: Api<Deployment> = Api::all(fleet.client.clone());
     let out = seen.clone();
     let task = tokio::spawn(async move {
-        let mut events = watcher(api, watcher::Config::default().labels("fleet=web"))
-            .applied_objects()
-            .boxed();
+        let mut events =
+            watcher(api, watcher::Config::default().labels("fleet=web")).applied_objects().boxed();
         while let Some(Ok(d)) = events.next().await {
             let ns = d.namespace().unwrap_or_default();
             if !namespaces.contains(&ns) {

@@ -28,10 +28,7 @@ pub struct TestCluster {
 
 pub fn cluster() -> TestCluster {
     if let Some(path) = std::env::var_os("FLEETROLL_TEST_KUBECONFIG") {
-        return TestCluster {
-            kubeconfig: PathBuf::from(path),
-            local: false,
-        };
+        return TestCluster { kubeconfig: PathBuf::from(path), local: false };
     }
     let kubeconfig = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/testenv/kubeconfig");
     assert!(
@@ -39,19 +36,14 @@ pub fn cluster() -> TestCluster {
         "no cluster to test against: run `make cluster` (or `make test`, which starts one), \
          or set FLEETROLL_TEST_KUBECONFIG to a kubeconfig of your own cluster"
     );
-    TestCluster {
-        kubeconfig,
-        local: true,
-    }
+    TestCluster { kubeconfig, local: true }
 }
 
 pub async fn client() -> Client {
     let path = cluster().kubeconfig;
     let kubeconfig =
         Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .unwrap();
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.unwrap();
     Client::try_from(config).unwrap()
 }
 
@@ -72,11 +64,7 @@ where
         },
         ..Default::default()
     };
-    let name = namespaces
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap()
-        .name_any();
+    let name = namespaces.create(&PostParams::default(), &ns).await.unwrap().name_any();
     let outcome = tokio::spawn(body(client, name.clone())).await;
     // Deletion finishes in the background (the namespace controller empties it); tests never reuse names.
     if let Err(e) = namespaces.delete(&name, &DeleteParams::background()).await {

@@ -20,10 +20,7 @@ pub struct Operator {
 static SERIAL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 
 impl Operator {
@@ -51,11 +48,9 @@ impl Operator {
             .stderr(Stdio::piped());
         // Defaults for what `extra` does not set itself.
         let identity = format!("test-operator-{n}");
-        for (flag, value) in [
-            ("--identity", identity.as_str()),
-            ("--lease-duration", "4s"),
-            ("--fleet-namespace", ns),
-        ] {
+        for (flag, value) in
+            [("--identity", identity.as_str()), ("--lease-duration", "4s"), ("--fleet-namespace", ns)]
+        {
             if !extra.contains(&flag) {
                 cmd.args([flag, value]);
             }
@@ -68,11 +63,7 @@ impl Operator {
         let (tx, rx) = mpsc::channel();
         let path = log.clone();
         std::thread::spawn(move || {
-            let mut file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .ok();
+            let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path).ok();
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(f) = file.as_mut() {
                     let _ = writeln!(f, "{line}");
@@ -82,12 +73,7 @@ impl Operator {
                 }
             }
         });
-        Operator {
-            child,
-            port,
-            log,
-            lines: Arc::new(Mutex::new(rx)),
-        }
+        Operator { child, port, log, lines: Arc::new(Mutex::new(rx)) }
     }
 
     /// Waits until the operator prints a line containing `needle`; false after `timeout`.
@@ -129,10 +115,7 @@ impl Operator {
         let url = format!("http://127.0.0.1:{}/metrics", self.port);
         tokio::task::spawn_blocking(move || {
             let mut stream = std::net::TcpStream::connect(
-                url.trim_start_matches("http://")
-                    .split('/')
-                    .next()
-                    .unwrap_or_default(),
+                url.trim_start_matches("http://").split('/').next().unwrap_or_default(),
             )
             .expect("connect to the operator's metrics");
             let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
@@ -154,6 +137,5 @@ impl Drop for Operator {
 
 /// A metric's value from the text exposition.
 pub fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }

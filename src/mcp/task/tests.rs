@@ -1,0 +1,172 @@
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::{LabelSelector, Time},
+    jiff::{SignedDuration, Timestamp},
+};
+use rmcp::model::TaskStatus;
+use serde_json::json;
+
+use super::*;
+use crate::api::{
+    FleetRolloutSpec, Health, PendingApproval, PlanRef, PlanStorage, Strategy, TargetKind, Targets,
+};
+
+const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+
+fn at(s: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + s).unwrap()
+}
+
+fn rollout(phase: Phase, reason: Option<&str>) -> FleetRollout {
+    let mut fr = FleetRollout::new(
+        "web",
+        FleetRolloutSpec {
+            image: "web:v2".into(),
+            container: None,
+            targets: Targets {
+                kind: TargetKind::Deployment,
+                selector: LabelSelector::default(),
+                namespace_selector: None,
+            },
+            strategy: Strategy::default(),
+            health: Health::default(),
+            paused: false,
+            abort: false,
+            rollback: false,
+            ttl_seconds_after_finished: Some(3600),
+            approvals: vec![],
+        },
+    );
+    fr.metadata.namespace = Some("team".into());
+    fr.metadata.creation_timestamp = Some(Time(at(0)));
+    fr.metadata.annotations = Some([(TASK_TOKEN_ANNOTATION.to_string(), TOKEN.to_string())].into());
+    fr.status = Some(FleetRolloutStatus {
+        phase,
+        reason: reason.map(String::from),
+        started_at: Some(Time(at(1))),
+        finished_at: phase.is_terminal().then(|| Time(at(60))),
+        plan: Some(PlanRef {
+            hash: "feedbeef00000000".into(),
+            total_targets: 4,
+            total_batches: 2,
+            storage: PlanStorage::Status,
+            batches: vec![],
+            shards: vec![],
+        }),
+        ..Default::default()
+    });
+    fr
+}
+
+fn id() -> TaskId {
+    TaskId { namespace: "team".into(), name: "web".into(), token: TOKEN.into() }
+}
+
+fn status_of(fr: &FleetRollout, elicitation: bool) -> (TaskStatus, serde_json::Value) {
+    let d = detailed(fr, &id(), elicitation, at(30));
+    (d.status(), serde_json::to_value(&d).unwrap())
+}
+
+#[test]
+fn task_ids_round_trip_and_reject_anything_else() {
+    assert_eq!(TaskId::parse(&id().to_string()), Some(id()));
+    for bad in [
+        "",
+        "team/web",
+        "team/web/short",
+        "team/web/0123456789abcdef0123456789abcdeX",
+        "/web/0123456789abcdef0123456789abcdef",
+        "team/web/0123456789abcdef0123456789abcdef/extra",
+        "tasks-conformance-nonexistent-12345",
+    ] {
+        assert_eq!(TaskId::parse(bad), None, "{bad:?}");
+    }
+    let fr = rollout(Phase::Progressing, None);
+    assert!(id().matches(&fr));
+    let wrong = TaskId { token: "f".repeat(32), ..id() };
+    assert!(!wrong.matches(&fr));
+    assert_ne!(new_token(), new_token());
+    assert!(TaskId::parse(&format!("a/b/{}", new_token())).is_some());
+}
+
+#[test]
+fn running_phases_are_working() {
+    for phase in [Phase::Pending, Phase::Progressing, Phase::Paused, Phase::RollingBack] {
+        let (status, wire) = status_of(&rollout(phase, None), true);
+        assert_eq!(status, TaskStatus::Working, "{phase}");
+        assert_eq!(wire["pollIntervalMs"], json!(POLL_WORKING_MS));
+        assert!(wire["statusMessage"].as_str().unwrap().contains(phase.as_str()));
+    }
+}
+
+#[test]
+fn success_completes_and_failures_complete_with_is_error() {
+    let (status, wire) = status_of(&rollout(Phase::Succeeded, Some("Succeeded")), false);
+    assert_eq!(status, TaskStatus::Completed);
+    assert_eq!(wire["result"]["isError"], json!(false));
+    assert_eq!(wire["result"]["resultType"], json!("complete"), "clients reject a result without it");
+    assert_eq!(wire["result"]["structuredContent"]["phase"], json!("Succeeded"));
+    for (phase, reason) in [
+        (Phase::Failed, "FailureBudgetExceeded"),
+        (Phase::RolledBack, "FailureBudgetExceeded"),
+        (Phase::Aborted, "FailureBudgetExceeded"),
+    ] {
+        let (status, wire) = status_of(&rollout(phase, Some(reason)), false);
+        assert_eq!(status, TaskStatus::Completed, "{phase}");
+        assert_eq!(wire["result"]["isError"], json!(true), "{phase}");
+    }
+}
+
+#[test]
+fn an_abort_on_request_is_a_cancelled_task() {
+    let (status, _) = status_of(&rollout(Phase::Aborted, Some("AbortRequested")), false);
+    assert_eq!(status, TaskStatus::Cancelled);
+}
+
+#[test]
+fn waiting_for_approval_asks_with_a_form_only_when_the_client_can_answer() {
+    let mut fr = rollout(Phase::WaitingForApproval, Some("WaitingForApproval"));
+    let s = fr.status.as_mut().unwrap();
+    s.revision = Some(crate::api::Revision {
+        number: 2,
+        spec_hash: "h".into(),
+        inputs: crate::api::RevisionInputs::of(&fr.spec),
+        started_at: Time(at(1)),
+    });
+    s.pending_approval =
+        Some(PendingApproval { batch: 1, plan_hash: "feedbeef00000000".into(), since: Time(at(20)) });
+    let (status, wire) = status_of(&fr, true);
+    assert_eq!(status, TaskStatus::InputRequired);
+    let key = approval_key(2, 1, "feedbeef00000000");
+    let request = &wire["inputRequests"][&key];
+    assert_eq!(request["method"], json!("elicitation/create"));
+    assert_eq!(request["params"]["mode"], json!("form"));
+    assert_eq!(request["params"]["requestedSchema"]["required"], json!(["approve"]));
+    assert_eq!(wire["pollIntervalMs"], json!(POLL_INPUT_MS));
+    assert_eq!(parse_approval_key(&key), Some((2, 1, "feedbeef00000000".into())));
+
+    let (status, wire) = status_of(&fr, false);
+    assert_eq!(status, TaskStatus::Working, "no elicitation capability: no input request");
+    assert!(wire["statusMessage"].as_str().unwrap().contains("approve_batch"));
+}
+
+#[test]
+fn ttl_covers_the_rollout_and_its_retention() {
+    let (_, wire) = status_of(&rollout(Phase::Progressing, None), false);
+    assert_eq!(wire["ttlMs"], json!(30_000 + 3_600_000), "running: elapsed so far plus retention");
+    let (_, wire) = status_of(&rollout(Phase::Succeeded, None), false);
+    assert_eq!(wire["ttlMs"], json!(60_000 + 3_600_000), "finished: its duration plus retention");
+    let mut kept = rollout(Phase::Succeeded, None);
+    kept.spec.ttl_seconds_after_finished = None;
+    let (_, wire) = status_of(&kept, false);
+    assert_eq!(wire["ttlMs"], json!(null), "no TTL: unlimited");
+}
+
+#[test]
+fn timestamps_are_iso_and_last_update_follows_the_status() {
+    let (_, wire) = status_of(&rollout(Phase::Succeeded, None), false);
+    assert_eq!(wire["createdAt"], json!("2027-01-15T08:00:00Z"));
+    let finished = at(60);
+    let expected = finished.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    assert_eq!(wire["lastUpdatedAt"], json!(expected));
+    assert!(at(0) + SignedDuration::from_secs(60) == finished);
+}

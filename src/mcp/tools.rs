@@ -1,0 +1,500 @@
+//! The MCP tools: typed arguments (their JSON schema is what agents see) and what each does to the
+//! FleetRollouts. Every write is made with the server's own credentials, after the caller's permission
+//! for exactly that operation was checked (see `auth`).
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use k8s_openapi::jiff::Timestamp;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams},
+};
+use rmcp::{
+    handler::server::common::schema_for_input,
+    model::{CallToolResult, ContentBlock, JsonObject, Tool, ToolAnnotations},
+};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use serde_json::{Value, json};
+
+use super::{
+    auth::Identity,
+    task::{
+        self, CREATED_BY_ANNOTATION, IDEMPOTENCY_KEY_ANNOTATION, REQUEST_HASH_ANNOTATION,
+        TASK_TOKEN_ANNOTATION, TaskId,
+    },
+};
+use crate::{
+    api::{Approval, FleetRollout, FleetRolloutSpec, Health, RevisionInputs, Strategy, Targets},
+    controller::discovery,
+    plan,
+};
+
+/// Field manager of the MCP server's writes (distinct from the operator's and from GitOps tools').
+pub const FIELD_MANAGER: &str = "fleetroll-mcp";
+
+/// Start a rollout: the FleetRollout spec, plus where to put it.
+#[derive(Deserialize, Serialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RolloutFleetArgs {
+    /// Namespace of the FleetRollout. Without targets.namespaceSelector, the targets are in it too.
+    pub namespace: String,
+    /// Name of the FleetRollout; generated when absent.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Makes the call safe to repeat: the same key with the same arguments returns the same rollout and
+    /// task and creates nothing; the same key with other arguments is an error.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+    /// The image to roll out, e.g. registry.example.com/web:v2.
+    pub image: String,
+    /// The container whose image changes; required when targets have several containers.
+    #[serde(default)]
+    pub container: Option<String>,
+    /// Which workloads: kind (Deployment, StatefulSet, DaemonSet), selector, optional namespaceSelector.
+    pub targets: Targets,
+    /// Batch sizes (batchSize, steps), failure budget (maxFailures), pacing, approvals, onFailure.
+    #[serde(default)]
+    pub strategy: Option<Strategy>,
+    /// Health timeout, soak time, optional HTTP check.
+    #[serde(default)]
+    pub health: Option<Health>,
+    /// Create the rollout paused.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+/// Preview a rollout: the same description as rollout_fleet, nothing is written.
+#[derive(Deserialize, Serialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PreviewArgs {
+    /// Namespace the FleetRollout would be created in.
+    pub namespace: String,
+    /// The image to roll out.
+    pub image: String,
+    /// The container whose image changes; required when targets have several containers.
+    #[serde(default)]
+    pub container: Option<String>,
+    /// Which workloads.
+    pub targets: Targets,
+    /// Batch sizes and the rest.
+    #[serde(default)]
+    pub strategy: Option<Strategy>,
+}
+
+/// One FleetRollout.
+#[derive(Deserialize, Serialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RolloutRef {
+    /// Namespace of the FleetRollout.
+    pub namespace: String,
+    /// Name of the FleetRollout.
+    pub name: String,
+}
+
+/// FleetRollouts of a namespace, or of all namespaces.
+#[derive(Deserialize, Serialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ListArgs {
+    /// Namespace to list; all namespaces when absent.
+    #[serde(default)]
+    pub namespace: Option<String>,
+}
+
+/// Approve a gated batch.
+#[derive(Deserialize, Serialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApproveArgs {
+    /// Namespace of the FleetRollout.
+    pub namespace: String,
+    /// Name of the FleetRollout.
+    pub name: String,
+    /// The batch (0-based) to approve; the one waiting when absent.
+    #[serde(default)]
+    pub batch: Option<u32>,
+    /// The plan being approved (status.plan.hash); the current plan when absent. An approval of another
+    /// plan is refused, so a plan that changed under you is never approved by mistake.
+    #[serde(default)]
+    pub plan_hash: Option<String>,
+}
+
+/// Whether a tool only reads.
+pub fn is_read_only(name: &str) -> bool {
+    matches!(name, "preview_rollout" | "get_rollout" | "list_rollouts")
+}
+
+fn tool<T: JsonSchema + 'static>(
+    name: &'static str,
+    description: &'static str,
+    annotations: ToolAnnotations,
+) -> Tool {
+    let schema = schema_for_input::<T>().unwrap_or_else(|_| Arc::new(JsonObject::new()));
+    Tool::new(name, description, schema).with_annotations(annotations)
+}
+
+fn hints(read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations {
+    ToolAnnotations::from_raw(None, Some(read_only), Some(destructive), Some(idempotent), Some(false))
+}
+
+/// The tools, in a stable order.
+pub fn all(read_only_server: bool) -> Vec<Tool> {
+    let tools = vec![
+        tool::<RolloutFleetArgs>(
+            "rollout_fleet",
+            "Start a batched, health-checked rollout of a container image across a fleet of workloads (a \
+             FleetRollout). With the MCP Tasks extension it returns a task to poll with tasks/get; otherwise it \
+             returns the rollout's name, to poll with get_rollout.",
+            hints(false, true, false),
+        ),
+        tool::<PreviewArgs>(
+            "preview_rollout",
+            "Show the exact plan a rollout would follow (its batches and their members, and the plan hash that \
+             approvals cite) without writing anything.",
+            hints(true, false, true),
+        ),
+        tool::<RolloutRef>(
+            "get_rollout",
+            "Where a rollout stands: phase, progress, batch, failures, pending approval.",
+            hints(true, false, true),
+        ),
+        tool::<ListArgs>(
+            "list_rollouts",
+            "List FleetRollouts with their phase and progress.",
+            hints(true, false, true),
+        ),
+        tool::<RolloutRef>(
+            "pause_rollout",
+            "Hold a rollout before its next batch (the batch in flight finishes).",
+            hints(false, false, true),
+        ),
+        tool::<RolloutRef>("resume_rollout", "Let a paused rollout go on.", hints(false, true, true)),
+        tool::<ApproveArgs>(
+            "approve_batch",
+            "Approve the batch a rollout waits for, bound to its plan hash; records who approved.",
+            hints(false, true, true),
+        ),
+        tool::<RolloutRef>(
+            "abort_rollout",
+            "Stop a rollout for good; targets already changed keep the new image.",
+            hints(false, false, true),
+        ),
+        tool::<RolloutRef>(
+            "rollback_rollout",
+            "Restore the previous image of every target the rollout changed, once, and stop.",
+            hints(false, true, true),
+        ),
+    ];
+    tools.into_iter().filter(|t| !read_only_server || is_read_only(&t.name)).collect()
+}
+
+/// Parses tool arguments; the error is meant for the caller (a model can correct itself from it).
+pub fn parse<T: DeserializeOwned>(args: &JsonObject) -> Result<T, String> {
+    serde_json::from_value(Value::Object(args.clone())).map_err(|e| format!("invalid arguments: {e}"))
+}
+
+/// A tool result the caller should read: text plus structured content.
+pub fn ok(text: impl Into<String>, structured: impl Serialize) -> CallToolResult {
+    let mut r = CallToolResult::success(vec![ContentBlock::text(text.into())]);
+    r.structured_content = serde_json::to_value(structured).ok();
+    r
+}
+
+/// A tool-level error: `isError: true` with a message the caller can act on.
+pub fn error(text: impl Into<String>) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(text.into())])
+}
+
+/// What the MCP tools need of the world.
+#[derive(Clone)]
+pub struct Ops {
+    pub client: Client,
+    pub fleet_namespace: String,
+    /// ttlSecondsAfterFinished of rollouts started over MCP (the task's retention).
+    pub retention_seconds: i64,
+}
+
+fn api(client: &Client, ns: &str) -> Api<FleetRollout> {
+    Api::namespaced(client.clone(), ns)
+}
+
+/// Turns an API error into words for the caller.
+fn explain(e: &kube::Error, what: &str) -> String {
+    match e {
+        kube::Error::Api(s) if s.code == 404 => format!("{what}: not found"),
+        kube::Error::Api(s) if s.code == 422 => format!("{what}: the API server rejected it: {}", s.message),
+        kube::Error::Api(s) if s.code == 403 => {
+            format!("{what}: the fleetroll server itself is not allowed: {}", s.message)
+        }
+        other => format!("{what}: {other}"),
+    }
+}
+
+impl RolloutFleetArgs {
+    pub fn spec(&self, retention_seconds: i64) -> FleetRolloutSpec {
+        FleetRolloutSpec {
+            image: self.image.clone(),
+            container: self.container.clone(),
+            targets: self.targets.clone(),
+            strategy: self.strategy.clone().unwrap_or_default(),
+            health: self.health.clone().unwrap_or_default(),
+            paused: self.paused,
+            abort: false,
+            rollback: false,
+            ttl_seconds_after_finished: Some(retention_seconds),
+            approvals: Vec::new(),
+        }
+    }
+
+    /// Identifies the request, so a replayed key can be told apart from a reused one.
+    fn request_hash(&self) -> String {
+        let mut args = self.clone();
+        args.idempotency_key = None;
+        let mut h = plan::sha256_hex(&args);
+        h.truncate(32);
+        h
+    }
+
+    /// The name a keyed request creates: derived from who asked and the key, so a replay finds it.
+    fn name_for(&self, who: &Identity) -> Option<String> {
+        if let Some(name) = &self.name {
+            return Some(name.clone());
+        }
+        let key = self.idempotency_key.as_ref()?;
+        let mut h = plan::sha256_hex(&(&who.username, key, &self.namespace));
+        h.truncate(12);
+        Some(format!("rollout-{h}"))
+    }
+}
+
+/// The outcome of a start: the rollout (new, or the one a replayed key names).
+pub enum Started {
+    Created(FleetRollout),
+    Replayed(FleetRollout),
+}
+
+impl Ops {
+    /// Creates the FleetRollout of a rollout_fleet call. Err is a message for the caller.
+    pub async fn start(&self, args: &RolloutFleetArgs, who: &Identity) -> Result<Started, String> {
+        let name = args.name_for(who);
+        let hash = args.request_hash();
+        let mut annotations = BTreeMap::from([
+            (TASK_TOKEN_ANNOTATION.to_string(), task::new_token()),
+            (CREATED_BY_ANNOTATION.to_string(), who.username.clone()),
+            (REQUEST_HASH_ANNOTATION.to_string(), hash.clone()),
+        ]);
+        if let Some(key) = &args.idempotency_key {
+            annotations.insert(IDEMPOTENCY_KEY_ANNOTATION.to_string(), key.clone());
+        }
+        let fr = FleetRollout {
+            metadata: ObjectMeta {
+                name: name.clone(),
+                generate_name: name.is_none().then(|| "rollout-".to_string()),
+                namespace: Some(args.namespace.clone()),
+                annotations: Some(annotations),
+                labels: Some(BTreeMap::from([(
+                    "app.kubernetes.io/created-by".to_string(),
+                    "fleetroll-mcp".to_string(),
+                )])),
+                ..Default::default()
+            },
+            spec: args.spec(self.retention_seconds),
+            status: None,
+        };
+        let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+        match api(&self.client, &args.namespace).create(&pp, &fr).await {
+            Ok(created) => Ok(Started::Created(created)),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                let name = name.unwrap_or_default();
+                let existing = api(&self.client, &args.namespace)
+                    .get(&name)
+                    .await
+                    .map_err(|e| explain(&e, &format!("FleetRollout {}/{name}", args.namespace)))?;
+                let a = existing.annotations();
+                let same_key = args.idempotency_key.is_some()
+                    && a.get(IDEMPOTENCY_KEY_ANNOTATION) == args.idempotency_key.as_ref();
+                let same_caller = a.get(CREATED_BY_ANNOTATION) == Some(&who.username);
+                match (same_key && same_caller, a.get(REQUEST_HASH_ANNOTATION) == Some(&hash)) {
+                    (true, true) => Ok(Started::Replayed(existing)),
+                    (true, false) => Err(format!(
+                        "idempotencyKey {:?} was already used with different arguments (FleetRollout {}/{name}); \
+                         use a new key for a new rollout",
+                        args.idempotency_key.as_deref().unwrap_or_default(),
+                        args.namespace
+                    )),
+                    _ => Err(format!("a FleetRollout named {}/{name} already exists", args.namespace)),
+                }
+            }
+            Err(e) => Err(explain(&e, "creating the FleetRollout")),
+        }
+    }
+
+    /// The plan a rollout would follow, computed exactly as the operator would.
+    pub async fn preview(&self, args: &PreviewArgs) -> Result<CallToolResult, String> {
+        let mut fr = FleetRollout::new(
+            "preview",
+            FleetRolloutSpec {
+                image: args.image.clone(),
+                container: args.container.clone(),
+                targets: args.targets.clone(),
+                strategy: args.strategy.clone().unwrap_or_default(),
+                health: Health::default(),
+                paused: false,
+                abort: false,
+                rollback: false,
+                ttl_seconds_after_finished: None,
+                approvals: Vec::new(),
+            },
+        );
+        fr.metadata.namespace = Some(args.namespace.clone());
+        let candidates = match discovery::discover(&self.client, &self.fleet_namespace, &fr).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(blocked)) => {
+                return Ok(error(format!(
+                    "this rollout could not start ({}): {}",
+                    blocked.reason, blocked.message
+                )));
+            }
+            Err(e) => return Err(format!("discovering the fleet: {e}")),
+        };
+        let inputs = RevisionInputs::of(&fr.spec);
+        let spec_hash = plan::sha256_hex(&inputs);
+        let plan =
+            plan::build(candidates, &inputs, &spec_hash, &Default::default()).map_err(|e| e.to_string())?;
+        let batches: Vec<Value> = plan
+            .batches
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                json!({
+                    "index": i,
+                    "size": b.len(),
+                    "targets": b.iter().map(|t| json!({"namespace": t.namespace, "name": t.name, "currentImage": t.previous_image})).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let text = format!(
+            "{} targets in {} batches (sizes {}), plan {}. Nothing was written.",
+            plan.total_targets(),
+            plan.total_batches(),
+            plan.batches.iter().map(|b| b.len().to_string()).collect::<Vec<_>>().join(", "),
+            plan.hash
+        );
+        Ok(ok(
+            text,
+            json!({"planHash": plan.hash, "image": args.image, "totalTargets": plan.total_targets(), "batches": batches}),
+        ))
+    }
+
+    pub async fn get(&self, r: &RolloutRef) -> Result<FleetRollout, String> {
+        api(&self.client, &r.namespace)
+            .get(&r.name)
+            .await
+            .map_err(|e| explain(&e, &format!("FleetRollout {}/{}", r.namespace, r.name)))
+    }
+
+    pub async fn list(&self, args: &ListArgs) -> Result<CallToolResult, String> {
+        let api: Api<FleetRollout> = match &args.namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
+        let list =
+            api.list(&ListParams::default()).await.map_err(|e| explain(&e, "listing FleetRollouts"))?;
+        let summaries: Vec<task::Summary> = list.items.iter().map(task::summary).collect();
+        let text = if summaries.is_empty() {
+            "no FleetRollouts".to_string()
+        } else {
+            summaries.iter().map(task::describe).collect::<Vec<_>>().join("\n")
+        };
+        Ok(ok(text, json!({"rollouts": summaries})))
+    }
+
+    /// Sets spec controls (paused, abort, rollback) with a merge patch.
+    pub async fn set(&self, r: &RolloutRef, spec: Value) -> Result<FleetRollout, String> {
+        let pp = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+        api(&self.client, &r.namespace)
+            .patch(&r.name, &pp, &Patch::Merge(json!({ "spec": spec })))
+            .await
+            .map_err(|e| explain(&e, &format!("FleetRollout {}/{}", r.namespace, r.name)))
+    }
+
+    /// Adds an approval of (batch, plan) by `who` to the spec. Read-modify-write with the
+    /// resourceVersion, so a concurrent change is never overwritten.
+    pub async fn approve(&self, args: &ApproveArgs, who: &Identity) -> Result<FleetRollout, String> {
+        let r = RolloutRef { namespace: args.namespace.clone(), name: args.name.clone() };
+        for _ in 0..5 {
+            let fr = self.get(&r).await?;
+            let status = fr.status.clone().unwrap_or_default();
+            let current =
+                status.plan.as_ref().map(|p| p.hash.clone()).ok_or("the rollout has no plan yet")?;
+            let plan_hash = args.plan_hash.clone().unwrap_or_else(|| current.clone());
+            if plan_hash != current {
+                return Err(format!(
+                    "plan {plan_hash} is not the rollout's plan any more (now {current}): review it and approve again"
+                ));
+            }
+            let batch = match (args.batch, &status.pending_approval) {
+                (Some(b), _) => b,
+                (None, Some(p)) => p.batch,
+                (None, None) => return Err("no batch is waiting for approval; name one with `batch`".into()),
+            };
+            let mut approvals: Vec<Approval> =
+                fr.spec.approvals.iter().filter(|a| a.batch != batch).cloned().collect();
+            approvals.push(Approval {
+                batch,
+                plan_hash: plan_hash.clone(),
+                approved_by: Some(who.username.clone()),
+            });
+            approvals.sort_by_key(|a| a.batch);
+            let patch = json!({"metadata": {"resourceVersion": fr.resource_version()}, "spec": {"approvals": approvals}});
+            let pp = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+            match api(&self.client, &r.namespace).patch(&r.name, &pp, &Patch::Merge(patch)).await {
+                Ok(updated) => return Ok(updated),
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => return Err(explain(&e, &format!("FleetRollout {}/{}", r.namespace, r.name))),
+            }
+        }
+        Err("the rollout kept changing while approving; try again".into())
+    }
+
+    /// The rollout a task id names, if the caller may see it (its creator).
+    pub async fn task_rollout(
+        &self,
+        id: &TaskId,
+        who: &Identity,
+    ) -> Result<Option<FleetRollout>, kube::Error> {
+        let fr = match api(&self.client, &id.namespace).get_opt(&id.name).await? {
+            Some(fr) => fr,
+            None => return Ok(None),
+        };
+        let owner = fr.annotations().get(CREATED_BY_ANNOTATION).cloned();
+        Ok((id.matches(&fr)
+            && owner.as_deref() == Some(who.username.as_str())
+            && fr.metadata.deletion_timestamp.is_none())
+        .then_some(fr))
+    }
+}
+
+/// A summary result of one rollout.
+pub fn summary_result(fr: &FleetRollout) -> CallToolResult {
+    let s = task::summary(fr);
+    ok(task::describe(&s), &s)
+}
+
+/// The synchronous answer to rollout_fleet for clients without the Tasks extension.
+pub fn started_result(fr: &FleetRollout, replayed: bool) -> CallToolResult {
+    let s = task::summary(fr);
+    let verb = if replayed { "Already started" } else { "Started" };
+    ok(
+        format!(
+            "{verb} FleetRollout {}/{} rolling {}. It runs on its own; poll get_rollout with namespace {:?} and name {:?} to see \
+             where it stands.",
+            s.namespace, s.name, s.image, s.namespace, s.name
+        ),
+        &s,
+    )
+}
+
+/// "Now", for task timestamps.
+pub fn now() -> Timestamp {
+    Timestamp::now()
+}
