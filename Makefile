@@ -4,7 +4,7 @@ NODES ?= 10
 CARGO ?= cargo
 TESTENV := tests/testenv
 
-.PHONY: all build generate fmt fmt-check lint unit integration test testenv cluster cluster-down clean help
+.PHONY: all build generate fmt fmt-check lint unit integration test testenv mcp-tools cluster cluster-down clean help
 
 all: build
 
@@ -29,12 +29,15 @@ lint: ## clippy, warnings are errors
 unit: ## unit tests (no cluster needed)
 	$(CARGO) test --locked --lib --bins
 
-integration: ## integration tests on a real control plane (starts one if none is up, stops it afterwards)
+integration: mcp-tools ## integration tests on a real control plane (starts one if none is up, stops it afterwards)
 	$(CARGO) build --locked --tests
 	rm -rf target/test-logs
 	NODES=$(NODES) $(TESTENV)/with-cluster.sh $(CARGO) test --locked --test '*'
 
 test: fmt-check lint unit integration ## everything CI runs
+
+mcp-tools: ## install the real MCP clients the tests drive (Python mcp SDK, conformance suite on Node 22)
+	@tests/mcp/install.sh >/dev/null
 
 testenv: ## build the control-plane binaries into the cache (once)
 	$(TESTENV)/build.sh

@@ -13,7 +13,7 @@ use std::{
 };
 
 use axum::{
-    body::{Body, Bytes, to_bytes},
+    body::{Body, to_bytes},
     extract::{Request, State},
     http::{HeaderValue, StatusCode, header},
     middleware::Next,
@@ -231,47 +231,61 @@ impl Authenticator {
 /// The middleware: authenticate, find what the request needs, authorize it, and hand the identity and
 /// the grant to the MCP handler.
 pub async fn guard(State(auth): State<Authenticator>, request: Request, next: Next) -> Response {
-    let audience = match &auth.mode {
-        Mode::None => {
-            let (mut parts, body) = request.into_parts();
-            parts.extensions.insert(Identity::anonymous());
-            parts.extensions.insert(Granted::All);
-            return next.run(Request::from_parts(parts, body)).await;
-        }
-        Mode::ServiceAccount { audience } => audience.clone(),
-    };
-    // Only POSTs carry operations; everything else (405s and the like) is the MCP service's to answer,
-    // after authentication.
-    let token = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .map(String::from);
-    let Some(token) = token else { return unauthorized(&auth, None) };
-    let identity = match auth.authenticate(&token, &audience).await {
-        Ok(Some(identity)) => identity,
-        Ok(None) => {
-            return unauthorized(&auth, Some("the token is invalid, expired, or not for this audience"));
-        }
-        Err(e) => {
-            warn!(error = %e, "TokenReview failed");
-            return unavailable("cannot review the token right now");
+    // Authenticate first: an anonymous caller learns nothing, not even whether its body parses.
+    let identity = match &auth.mode {
+        Mode::None => None,
+        Mode::ServiceAccount { audience } => {
+            let token = request
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(String::from);
+            let Some(token) = token else { return unauthorized(&auth, None) };
+            match auth.authenticate(&token, audience).await {
+                Ok(Some(identity)) => Some(identity),
+                Ok(None) => {
+                    return unauthorized(
+                        &auth,
+                        Some("the token is invalid, expired, or not for this audience"),
+                    );
+                }
+                Err(e) => {
+                    warn!(error = %e, "TokenReview failed");
+                    return unavailable("cannot review the token right now");
+                }
+            }
         }
     };
-
     let (mut parts, body) = request.into_parts();
+    // Only POSTs carry operations; other methods are the MCP service's to answer (405).
+    if parts.method != axum::http::Method::POST {
+        parts.extensions.insert(identity.clone().unwrap_or_else(Identity::anonymous));
+        parts.extensions.insert(if identity.is_some() { Granted::Only(None) } else { Granted::All });
+        return next.run(Request::from_parts(parts, body)).await;
+    }
     let limit = super::MAX_BODY_BYTES;
-    let bytes: Bytes = match to_bytes(body, limit).await {
-        Ok(b) => b,
-        Err(_) => {
-            return (StatusCode::PAYLOAD_TOO_LARGE, format!("request body larger than {limit} bytes"))
-                .into_response();
+    let Ok(bytes) = to_bytes(body, limit).await else {
+        return rpc_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &Value::Null,
+            -32600,
+            &format!("request body larger than {limit} bytes"),
+        );
+    };
+    let message: Value = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(e) => {
+            return rpc_error(StatusCode::BAD_REQUEST, &Value::Null, -32700, &format!("Parse error: {e}"));
         }
     };
-    let message: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let Some(identity) = identity else {
+        parts.extensions.insert(Identity::anonymous());
+        parts.extensions.insert(Granted::All);
+        return next.run(Request::from_parts(parts, Body::from(bytes))).await;
+    };
     let method = message.get("method").and_then(Value::as_str).unwrap_or("");
     let access = required_access(method, message.get("params").unwrap_or(&Value::Null));
     if let Some(access) = &access {
@@ -288,6 +302,12 @@ pub async fn guard(State(auth): State<Authenticator>, request: Request, next: Ne
     parts.extensions.insert(identity);
     parts.extensions.insert(Granted::Only(access));
     next.run(Request::from_parts(parts, Body::from(bytes))).await
+}
+
+/// A JSON-RPC error response with an HTTP status.
+fn rpc_error(status: StatusCode, id: &Value, code: i64, message: &str) -> Response {
+    let body = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
+    (status, axum::Json(body)).into_response()
 }
 
 fn challenge(auth: &Authenticator, error: Option<&str>) -> HeaderValue {
@@ -313,8 +333,7 @@ fn forbidden(auth: &Authenticator, who: &Identity, access: &Access, id: Option<&
         _ => "fleetrollouts in all namespaces".to_string(),
     };
     let message = format!("forbidden: {} may not {} {scope}", who.username, access.verb);
-    let body = json!({"jsonrpc": "2.0", "id": id.cloned().unwrap_or(Value::Null), "error": {"code": -32600, "message": message}});
-    let mut response = (StatusCode::FORBIDDEN, axum::Json(body)).into_response();
+    let mut response = rpc_error(StatusCode::FORBIDDEN, id.unwrap_or(&Value::Null), -32600, &message);
     let value = format!("Bearer error=\"insufficient_scope\", resource_metadata=\"{}\"", auth.metadata_url);
     if let Ok(v) = HeaderValue::from_str(&value) {
         response.headers_mut().insert(header::WWW_AUTHENTICATE, v);

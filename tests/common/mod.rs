@@ -107,4 +107,5 @@ where
 }
 
 pub mod fleet;
+pub mod mcp;
 pub mod operator;

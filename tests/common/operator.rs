@@ -25,17 +25,30 @@ pub fn free_port() -> u16 {
 
 impl Operator {
     /// Starts `fleetroll operator` scoped to namespace `ns` (its FleetRollouts, its lease, and as the fleet
-    /// namespace), with `extra` arguments and environment.
+    /// namespace), with `extra` arguments and environment. Its MCP endpoint is unauthenticated unless
+    /// `extra` says otherwise.
     pub fn start(ns: &str, extra: &[&str], env: &[(&str, &str)]) -> Operator {
+        Self::spawn("operator", ns, extra, env)
+    }
+
+    /// Starts `fleetroll mcp` (the MCP server alone) with `ns` as its fleet namespace.
+    pub fn start_mcp(ns: &str, extra: &[&str], env: &[(&str, &str)]) -> Operator {
+        Self::spawn("mcp", ns, extra, env)
+    }
+
+    fn spawn(subcommand: &str, ns: &str, extra: &[&str], env: &[(&str, &str)]) -> Operator {
         let port = free_port();
         let n = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-logs");
         std::fs::create_dir_all(&dir).expect("log dir");
-        let log = dir.join(format!("{ns}-operator-{n}.log"));
+        let log = dir.join(format!("{ns}-{subcommand}-{n}.log"));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleetroll"));
-        cmd.args(["operator", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--namespace", ns, "--lease-namespace", ns])
-            .args(extra)
+        cmd.args([subcommand, "--listen", &format!("127.0.0.1:{port}")]);
+        if subcommand == "operator" {
+            cmd.args(["--namespace", ns, "--lease-namespace", ns]);
+        }
+        // `{port}` in an argument stands for the port this process listens on (e.g. in an MCP audience).
+        cmd.args(extra.iter().map(|a| a.replace("{port}", &port.to_string())))
             .env("KUBECONFIG", &super::cluster().kubeconfig)
             .env(
                 "RUST_LOG",
@@ -48,9 +61,11 @@ impl Operator {
             .stderr(Stdio::piped());
         // Defaults for what `extra` does not set itself.
         let identity = format!("test-operator-{n}");
-        for (flag, value) in
-            [("--identity", identity.as_str()), ("--lease-duration", "4s"), ("--fleet-namespace", ns)]
-        {
+        let mut defaults = vec![("--fleet-namespace", ns), ("--auth", "none")];
+        if subcommand == "operator" {
+            defaults.extend([("--identity", identity.as_str()), ("--lease-duration", "4s")]);
+        }
+        for (flag, value) in defaults {
             if !extra.contains(&flag) {
                 cmd.args([flag, value]);
             }
@@ -94,6 +109,11 @@ impl Operator {
         })
         .await
         .unwrap_or(false)
+    }
+
+    /// The MCP endpoint.
+    pub fn mcp_url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
     }
 
     /// SIGKILL: no clean-up of any kind, as in a node failure.

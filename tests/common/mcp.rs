@@ -1,0 +1,72 @@
+//! Real MCP clients against the server under test: the Python `mcp` SDK (through `tests/mcp/drive.py`)
+//! and the official conformance suite, both installed by `tests/mcp/install.sh` (`make mcp-tools`).
+
+use std::{path::PathBuf, process::Stdio, time::Duration};
+
+use serde_json::Value;
+
+fn cache() -> PathBuf {
+    std::env::var_os("FLEETROLL_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/fleetroll"))
+}
+
+fn tool(env: &str, default: PathBuf) -> PathBuf {
+    let path = std::env::var_os(env).map(PathBuf::from).unwrap_or(default);
+    assert!(path.exists(), "{} not found: run `make mcp-tools` (tests/mcp/install.sh) first", path.display());
+    path
+}
+
+pub fn python() -> PathBuf {
+    tool("FLEETROLL_PYTHON", cache().join("py-venv/bin/python"))
+}
+
+pub fn conformance() -> PathBuf {
+    tool("FLEETROLL_CONFORMANCE", cache().join("bin/conformance"))
+}
+
+fn mcp_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp")
+}
+
+/// Runs one `drive.py` command and returns the JSON object it printed.
+pub async fn drive(args: &[&str]) -> Value {
+    let mut cmd = tokio::process::Command::new(python());
+    cmd.arg(mcp_dir().join("drive.py"))
+        .args(args)
+        .current_dir(mcp_dir())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(240), cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("drive.py {args:?} did not finish in 240s"))
+        .expect("run drive.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "drive.py {args:?} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("drive.py {args:?} printed no JSON ({e}): {stdout}"))
+}
+
+/// Runs the conformance suite's scenarios against `url`; returns (all passed, report).
+pub async fn conformance_suite(url: &str, out: &std::path::Path) -> (bool, String) {
+    let mut cmd = tokio::process::Command::new("bash");
+    cmd.arg(mcp_dir().join("conformance.sh"))
+        .args([url, &out.display().to_string()])
+        .env("CONFORMANCE", conformance())
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(Duration::from_secs(600), cmd.output())
+        .await
+        .expect("the conformance suite did not finish in 600s")
+        .expect("run the conformance suite");
+    let report =
+        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    (output.status.success(), report)
+}
