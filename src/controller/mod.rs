@@ -186,6 +186,9 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
             unplanned: &unplanned,
         });
 
+        let rollout = format!("{}/{}", fr.namespace().unwrap_or_default(), fr.name_any());
+        let base_change =
+            Change { kind, container: container.as_deref(), key: "", rollout: &rollout, between: "" };
         let outcome = match step {
             Step::Wait { after } => {
                 let mut wait = after.map_or(RESYNC, |d| d.min(RESYNC) + Duration::from_millis(10));
@@ -216,14 +219,7 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
                 written
             }
             Step::Apply { key, image, targets, after } => {
-                let rollout = format!("{}/{}", fr.namespace().unwrap_or_default(), fr.name_any());
-                let change = Change {
-                    kind,
-                    container: container.as_deref(),
-                    key: &key,
-                    rollout: &rollout,
-                    between: failpoint::BETWEEN_PATCHES,
-                };
+                let change = Change { key: &key, between: failpoint::BETWEEN_PATCHES, ..base_change };
                 let out =
                     targets::patch_all(&ctx.client, &ctx.stores, &ctx.metrics, &change, &targets, |_| {
                         image.clone()
@@ -237,14 +233,7 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
                 write_status(ctx, &fr, after).await
             }
             Step::Restore { key, targets } => {
-                let rollout = format!("{}/{}", fr.namespace().unwrap_or_default(), fr.name_any());
-                let change = Change {
-                    kind,
-                    container: container.as_deref(),
-                    key: &key,
-                    rollout: &rollout,
-                    between: failpoint::BETWEEN_RESTORES,
-                };
+                let change = Change { key: &key, between: failpoint::BETWEEN_RESTORES, ..base_change };
                 let out =
                     targets::patch_all(&ctx.client, &ctx.stores, &ctx.metrics, &change, &targets, |t| {
                         t.previous_image.clone()
