@@ -14,8 +14,11 @@ help: ## list the targets
 build: ## build the fleetroll binary
 	$(CARGO) build --locked
 
-generate: ## regenerate the CRD under crds/ from the Rust types
+generate: ## regenerate the CRD (crds/, the chart) from the Rust types, and manifests/install.yaml from the chart
 	$(CARGO) run --locked --quiet -- crd > crds/fleetroll.dev_fleetrollouts.yaml
+	$(CARGO) run --locked --quiet -- crd --helm > charts/fleetroll/templates/crds.yaml
+	$(TESTENV)/build.sh
+	tests/manifests/render.sh > manifests/install.yaml
 
 fmt: ## format the code
 	$(CARGO) fmt

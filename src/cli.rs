@@ -32,7 +32,11 @@ enum LogFormat {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Print the FleetRollout CustomResourceDefinition as YAML.
-    Crd,
+    Crd {
+        /// Print it as the Helm chart's template (installed when crds.install is set, kept on uninstall).
+        #[arg(long)]
+        helm: bool,
+    },
     /// Run the operator: the controller (when leader) and its HTTP listener (/healthz, /readyz, /metrics, /mcp).
     Operator(OperatorArgs),
     /// Run only the MCP server (and /healthz, /readyz, /metrics), without the controller.
@@ -210,16 +214,18 @@ fn default_identity() -> String {
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Crd => match crate::api::crd_yaml() {
-            Ok(yaml) => {
-                print!("{yaml}");
-                ExitCode::SUCCESS
+        Command::Crd { helm } => {
+            match if helm { crate::api::crd_helm_template() } else { crate::api::crd_yaml() } {
+                Ok(yaml) => {
+                    print!("{yaml}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: cannot render the CRD: {e}");
+                    ExitCode::FAILURE
+                }
             }
-            Err(e) => {
-                eprintln!("error: cannot render the CRD: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        }
         Command::Operator(args) => {
             init_tracing(&cli.log_level, cli.log_format);
             let opts = operator::Options {

@@ -6,6 +6,7 @@
 pub mod api;
 pub mod cli;
 pub mod conditions;
+pub mod control;
 pub mod controller;
 pub mod duration;
 pub mod engine;
@@ -17,4 +18,5 @@ pub mod mcp;
 pub mod metrics;
 pub mod operator;
 pub mod plan;
+pub mod plugin;
 pub mod workload;

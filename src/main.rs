@@ -1,3 +1,9 @@
 fn main() -> std::process::ExitCode {
-    fleetroll::cli::run()
+    // Installed (or linked) as `kubectl-fleetroll`, the binary is the kubectl plugin.
+    let invoked_as = std::env::args_os().next().map(std::path::PathBuf::from);
+    let plugin = invoked_as
+        .as_ref()
+        .and_then(|p| p.file_name())
+        .is_some_and(|name| name.to_string_lossy().starts_with("kubectl-fleetroll"));
+    if plugin { fleetroll::plugin::run() } else { fleetroll::cli::run() }
 }

@@ -184,6 +184,23 @@ pub async fn discover(
     Ok(candidates(fr, found, &namespaces))
 }
 
+/// The plan a rollout would get if it were planned now: discovery, then planning, exactly as the
+/// operator does it. The outer error is an API failure; the inner one says why it could not be planned.
+pub async fn preview(
+    client: &Client,
+    fleet_namespace: &str,
+    fr: &FleetRollout,
+) -> Result<Result<crate::plan::Plan, Blocked>> {
+    let candidates = match discover(client, fleet_namespace, fr).await? {
+        Ok(c) => c,
+        Err(b) => return Ok(Err(b)),
+    };
+    let inputs = crate::api::RevisionInputs::of(&fr.spec);
+    let spec_hash = crate::plan::sha256_hex(&inputs);
+    Ok(crate::plan::build(candidates, &inputs, &spec_hash, &Default::default())
+        .map_err(|e| Blocked { reason: crate::engine::reason::INVALID_SPEC, message: e.to_string() }))
+}
+
 /// Matching workloads in the cache that the plan does not contain (reported, never added).
 pub fn unplanned(
     fr: &FleetRollout,

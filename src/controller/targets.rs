@@ -246,7 +246,12 @@ async fn patch_one(
     }
 }
 
-async fn live_facts(client: &Client, kind: TargetKind, t: &PlannedTarget) -> Result<Option<WorkloadFacts>> {
+/// A target's facts read from the API server.
+pub async fn live_facts(
+    client: &Client,
+    kind: TargetKind,
+    t: &PlannedTarget,
+) -> Result<Option<WorkloadFacts>> {
     let facts = match kind {
         TargetKind::Deployment => Api::<Deployment>::namespaced(client.clone(), &t.namespace)
             .get_opt(&t.name)

@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, sync::Arc};
 use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, Client, ResourceExt,
-    api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams},
+    api::{ListParams, ObjectMeta, PostParams},
 };
 use rmcp::{
     handler::server::common::schema_for_input,
@@ -25,7 +25,8 @@ use super::{
     },
 };
 use crate::{
-    api::{Approval, FleetRollout, FleetRolloutSpec, Health, RevisionInputs, Strategy, Targets},
+    api::{FleetRollout, FleetRolloutSpec, Health, Strategy, Targets},
+    control::{self, explain},
     controller::discovery,
     plan,
 };
@@ -217,18 +218,6 @@ fn api(client: &Client, ns: &str) -> Api<FleetRollout> {
     Api::namespaced(client.clone(), ns)
 }
 
-/// Turns an API error into words for the caller.
-fn explain(e: &kube::Error, what: &str) -> String {
-    match e {
-        kube::Error::Api(s) if s.code == 404 => format!("{what}: not found"),
-        kube::Error::Api(s) if s.code == 422 => format!("{what}: the API server rejected it: {}", s.message),
-        kube::Error::Api(s) if s.code == 403 => {
-            format!("{what}: the fleetroll server itself is not allowed: {}", s.message)
-        }
-        other => format!("{what}: {other}"),
-    }
-}
-
 impl RolloutFleetArgs {
     pub fn spec(&self, retention_seconds: i64) -> FleetRolloutSpec {
         FleetRolloutSpec {
@@ -346,8 +335,8 @@ impl Ops {
             },
         );
         fr.metadata.namespace = Some(args.namespace.clone());
-        let candidates = match discovery::discover(&self.client, &self.fleet_namespace, &fr).await {
-            Ok(Ok(c)) => c,
+        let plan = match discovery::preview(&self.client, &self.fleet_namespace, &fr).await {
+            Ok(Ok(plan)) => plan,
             Ok(Err(blocked)) => {
                 return Ok(error(format!(
                     "this rollout could not start ({}): {}",
@@ -356,10 +345,6 @@ impl Ops {
             }
             Err(e) => return Err(format!("discovering the fleet: {e}")),
         };
-        let inputs = RevisionInputs::of(&fr.spec);
-        let spec_hash = plan::sha256_hex(&inputs);
-        let plan =
-            plan::build(candidates, &inputs, &spec_hash, &Default::default()).map_err(|e| e.to_string())?;
         let batches: Vec<Value> = plan
             .batches
             .iter()
@@ -386,10 +371,7 @@ impl Ops {
     }
 
     pub async fn get(&self, r: &RolloutRef) -> Result<FleetRollout, String> {
-        api(&self.client, &r.namespace)
-            .get(&r.name)
-            .await
-            .map_err(|e| explain(&e, &format!("FleetRollout {}/{}", r.namespace, r.name)))
+        control::get(&self.client, &r.namespace, &r.name).await
     }
 
     pub async fn list(&self, args: &ListArgs) -> Result<CallToolResult, String> {
@@ -408,52 +390,23 @@ impl Ops {
         Ok(ok(text, json!({"rollouts": summaries})))
     }
 
-    /// Sets spec controls (paused, abort, rollback) with a merge patch.
+    /// Sets spec controls (paused, abort, rollback).
     pub async fn set(&self, r: &RolloutRef, spec: Value) -> Result<FleetRollout, String> {
-        let pp = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-        api(&self.client, &r.namespace)
-            .patch(&r.name, &pp, &Patch::Merge(json!({ "spec": spec })))
-            .await
-            .map_err(|e| explain(&e, &format!("FleetRollout {}/{}", r.namespace, r.name)))
+        control::set(&self.client, &r.namespace, &r.name, spec, FIELD_MANAGER).await
     }
 
-    /// Adds an approval of (batch, plan) by `who` to the spec. Read-modify-write with the
-    /// resourceVersion, so a concurrent change is never overwritten.
+    /// Approves (batch, plan) as `who`: see [`crate::control::approve`].
     pub async fn approve(&self, args: &ApproveArgs, who: &Identity) -> Result<FleetRollout, String> {
-        let r = RolloutRef { namespace: args.namespace.clone(), name: args.name.clone() };
-        for _ in 0..5 {
-            let fr = self.get(&r).await?;
-            let status = fr.status.clone().unwrap_or_default();
-            let current =
-                status.plan.as_ref().map(|p| p.hash.clone()).ok_or("the rollout has no plan yet")?;
-            let plan_hash = args.plan_hash.clone().unwrap_or_else(|| current.clone());
-            if plan_hash != current {
-                return Err(format!(
-                    "plan {plan_hash} is not the rollout's plan any more (now {current}): review it and approve again"
-                ));
-            }
-            let batch = match (args.batch, &status.pending_approval) {
-                (Some(b), _) => b,
-                (None, Some(p)) => p.batch,
-                (None, None) => return Err("no batch is waiting for approval; name one with `batch`".into()),
-            };
-            let mut approvals: Vec<Approval> =
-                fr.spec.approvals.iter().filter(|a| a.batch != batch).cloned().collect();
-            approvals.push(Approval {
-                batch,
-                plan_hash: plan_hash.clone(),
-                approved_by: Some(who.username.clone()),
-            });
-            approvals.sort_by_key(|a| a.batch);
-            let patch = json!({"metadata": {"resourceVersion": fr.resource_version()}, "spec": {"approvals": approvals}});
-            let pp = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-            match api(&self.client, &r.namespace).patch(&r.name, &pp, &Patch::Merge(patch)).await {
-                Ok(updated) => return Ok(updated),
-                Err(kube::Error::Api(s)) if s.code == 409 => continue,
-                Err(e) => return Err(explain(&e, &format!("FleetRollout {}/{}", r.namespace, r.name))),
-            }
-        }
-        Err("the rollout kept changing while approving; try again".into())
+        control::approve(
+            &self.client,
+            &args.namespace,
+            &args.name,
+            args.batch,
+            args.plan_hash.as_deref(),
+            &who.username,
+            FIELD_MANAGER,
+        )
+        .await
     }
 
     /// The rollout a task id names, if the caller may see it (its creator).

@@ -1,0 +1,41 @@
+{{/* Chart name. */}}
+{{- define "fleetroll.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: release-chart, or the release name when it already contains the chart name. */}}
+{{- define "fleetroll.fullname" -}}
+{{- if contains .Chart.Name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "fleetroll.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "fleetroll.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "fleetroll.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "fleetroll.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "fleetroll.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "fleetroll.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "fleetroll.fleetNamespace" -}}
+{{- default .Release.Namespace .Values.fleetNamespace }}
+{{- end }}
+
+{{- define "fleetroll.audience" -}}
+{{- default (printf "http://%s.%s.svc:%d/mcp" (include "fleetroll.fullname" .) .Release.Namespace (int .Values.service.port)) .Values.mcp.audience }}
+{{- end }}

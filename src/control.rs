@@ -1,0 +1,92 @@
+//! The controls people and agents hold on a rollout (pause, resume, abort, rollback, approvals), shared by
+//! the MCP server and the kubectl plugin. Each is a spec write, so GitOps can hold it too.
+
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams},
+};
+use serde_json::{Value, json};
+
+use crate::api::{Approval, FleetRollout};
+
+/// Turns an API error into words for a person or an agent.
+pub fn explain(e: &kube::Error, what: &str) -> String {
+    match e {
+        kube::Error::Api(s) if s.code == 404 => format!("{what}: not found"),
+        kube::Error::Api(s) if s.code == 422 => format!("{what}: the API server rejected it: {}", s.message),
+        kube::Error::Api(s) if s.code == 403 => format!("{what}: not allowed: {}", s.message),
+        other => format!("{what}: {other}"),
+    }
+}
+
+fn what(ns: &str, name: &str) -> String {
+    format!("FleetRollout {ns}/{name}")
+}
+
+pub async fn get(client: &Client, ns: &str, name: &str) -> Result<FleetRollout, String> {
+    Api::<FleetRollout>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .map_err(|e| explain(&e, &what(ns, name)))
+}
+
+/// Sets spec controls (`paused`, `abort`, `rollback`) with a merge patch under `manager`.
+pub async fn set(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    spec: Value,
+    manager: &str,
+) -> Result<FleetRollout, String> {
+    let pp = PatchParams { field_manager: Some(manager.into()), ..Default::default() };
+    Api::<FleetRollout>::namespaced(client.clone(), ns)
+        .patch(name, &pp, &Patch::Merge(json!({ "spec": spec })))
+        .await
+        .map_err(|e| explain(&e, &what(ns, name)))
+}
+
+/// Approves `batch` (default: the one waiting) of `plan_hash` (default: the current plan) as `who`.
+/// Refuses a plan that is not the rollout's current one, so a plan that changed under the approver is never
+/// approved by mistake. Read-modify-write with the resourceVersion: a concurrent change is never lost.
+pub async fn approve(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    batch: Option<u32>,
+    plan_hash: Option<&str>,
+    who: &str,
+    manager: &str,
+) -> Result<FleetRollout, String> {
+    let api = Api::<FleetRollout>::namespaced(client.clone(), ns);
+    for _ in 0..5 {
+        let fr = get(client, ns, name).await?;
+        let status = fr.status.clone().unwrap_or_default();
+        let current = status.plan.as_ref().map(|p| p.hash.clone()).ok_or("the rollout has no plan yet")?;
+        let plan_hash = plan_hash.map_or_else(|| current.clone(), String::from);
+        if plan_hash != current {
+            return Err(format!(
+                "plan {plan_hash} is not the rollout's plan any more (now {current}): review it and approve again"
+            ));
+        }
+        let batch = match (batch, &status.pending_approval) {
+            (Some(b), _) => b,
+            (None, Some(p)) => p.batch,
+            (None, None) => {
+                return Err("no batch is waiting for approval; name one with the batch argument".into());
+            }
+        };
+        let mut approvals: Vec<Approval> =
+            fr.spec.approvals.iter().filter(|a| a.batch != batch).cloned().collect();
+        approvals.push(Approval { batch, plan_hash: plan_hash.clone(), approved_by: Some(who.to_string()) });
+        approvals.sort_by_key(|a| a.batch);
+        let patch =
+            json!({"metadata": {"resourceVersion": fr.resource_version()}, "spec": {"approvals": approvals}});
+        let pp = PatchParams { field_manager: Some(manager.into()), ..Default::default() };
+        match api.patch(name, &pp, &Patch::Merge(patch)).await {
+            Ok(updated) => return Ok(updated),
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => return Err(explain(&e, &what(ns, name))),
+        }
+    }
+    Err("the rollout kept changing while approving; try again".into())
+}
