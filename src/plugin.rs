@@ -469,7 +469,10 @@ fn render_with(fr: &FleetRollout, health: Option<(u32, u32)>) -> String {
     for index in first_shown..total {
         let checkpoint = s.batches.iter().find(|b| b.index == index);
         let size = checkpoint.map(|b| b.size).or_else(|| sizes.get(index as usize).copied()).unwrap_or(0);
+        let ended = s.phase.is_terminal() || s.phase == Phase::RollingBack;
         let (done, state) = match checkpoint.map(|b| b.state) {
+            // A batch still in flight when the rollout was stopped.
+            Some(BatchState::Applying | BatchState::Verifying) if ended => (0, "Stopped"),
             Some(BatchState::Succeeded) => (size, "Succeeded"),
             Some(BatchState::Failed) => (size, "Failed"),
             Some(BatchState::Verifying) => {
@@ -481,7 +484,7 @@ fn render_with(fr: &FleetRollout, health: Option<(u32, u32)>) -> String {
         let failed = checkpoint.map_or(0, |b| b.failed);
         let failed = if failed > 0 { format!("  {failed} failed") } else { String::new() };
         let healthy = match checkpoint.map(|b| b.state) {
-            Some(BatchState::Verifying) => format!(" ({done}/{size} healthy)"),
+            Some(BatchState::Verifying) if !ended => format!(" ({done}/{size} healthy)"),
             _ => String::new(),
         };
         out.push_str(&format!(

@@ -106,6 +106,7 @@ where
     }
 }
 
+pub mod cli;
 pub mod fleet;
 pub mod mcp;
 pub mod operator;

@@ -1,0 +1,128 @@
+//! `kubectl fleetroll`, run through the real kubectl (which finds the plugin on PATH as
+//! `kubectl-fleetroll`): the live status view, the plan, the controls, output formats and exit codes.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{
+    cli::kubectl,
+    fleet::{NEXT_IMAGE, READY_IMAGE, UNREADY_IMAGE, phase, with_fleet},
+    operator::Operator,
+};
+use fleetroll::api::Phase;
+use serde_json::{Value, json};
+
+const DEADLINE: Duration = Duration::from_secs(180);
+
+#[tokio::test]
+async fn status_follows_a_rollout_to_its_end_and_exits_with_its_outcome() {
+    with_fleet("plugin-status", 0, |fleet| async move {
+        let ns = fleet.ns.clone();
+        fleet.deployments(&ns, 4, READY_IMAGE).await;
+        let _op = Operator::start(&ns, &[], &[]);
+        fleet
+            .rollout(
+                "web",
+                json!({"image": NEXT_IMAGE, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
+                       "strategy": {"batchSize": 2, "approval": "FirstBatch"}}),
+            )
+            .await;
+        fleet.wait_rollout("web", "the approval gate", DEADLINE, |f| phase(f) == Phase::WaitingForApproval).await;
+
+        // Follow it while it waits, approve from another shell once the view shows the gate, and see it end.
+        let mut follower = common::cli::spawn_kubectl(&["fleetroll", "status", "web", "-n", &ns, "--timeout", "3m"]);
+        let shown = follower.read_until("kubectl fleetroll approve web", Duration::from_secs(60)).await;
+        assert!(shown.contains("WaitingForApproval"), "it showed the gate:\n{shown}");
+        kubectl(&["fleetroll", "approve", "web", "-n", &ns]).await.ok();
+        let followed = follower.finish(Duration::from_secs(120)).await.ok();
+        assert!(followed.stdout.contains("Succeeded"), "and the end:\n{}", followed.stdout);
+        let last = followed.stdout.rsplit("---").next().unwrap();
+        assert_eq!(last.matches("[########################]").count(), 2, "two full batch bars:\n{last}");
+
+        let once = kubectl(&["fleetroll", "status", "web", "-n", &ns, "--no-follow"]).await.ok();
+        assert!(once.stdout.starts_with(&format!("FleetRollout {ns}/web")), "{}", once.stdout);
+        let json = kubectl(&["fleetroll", "status", "web", "-n", &ns, "-o", "json"]).await.ok();
+        let object: Value = serde_json::from_str(&json.stdout).unwrap();
+        assert_eq!((object["kind"].as_str(), object["status"]["phase"].as_str()), (Some("FleetRollout"), Some("Succeeded")));
+        let yaml = kubectl(&["fleetroll", "status", "web", "-n", &ns, "-o", "yaml"]).await.ok();
+        assert!(yaml.stdout.contains("phase: Succeeded"), "{}", yaml.stdout);
+        let plan = kubectl(&["fleetroll", "plan", "web", "-n", &ns, "-o", "json"]).await.ok();
+        let plan: Value = serde_json::from_str(&plan.stdout).unwrap();
+        assert_eq!((plan["totalTargets"].as_u64(), plan["preview"].as_bool()), (Some(4), Some(false)));
+
+        // A rollout that rolled back: status exits 1.
+        fleet
+            .rollout(
+                "bad",
+                json!({"image": UNREADY_IMAGE, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
+                       "strategy": {"batchSize": 2, "onFailure": "Rollback"}, "health": {"timeout": "3s"}}),
+            )
+            .await;
+        let failed = kubectl(&["fleetroll", "status", "bad", "-n", &ns, "--timeout", "2m"]).await;
+        assert_eq!(failed.code, 1, "{}\n{}", failed.stdout, failed.stderr);
+        assert!(failed.stdout.contains("RolledBack"), "{}", failed.stdout);
+        assert!(failed.stdout.contains("failed:"), "the failures are named:\n{}", failed.stdout);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn controls_plan_previews_and_kubectl_conventions() {
+    with_fleet("plugin-controls", 0, |fleet| async move {
+        let ns = fleet.ns.clone();
+        fleet.deployments(&ns, 3, READY_IMAGE).await;
+        let _op = Operator::start(&ns, &[], &[]);
+
+        // A preview of a manifest writes nothing.
+        let manifest = std::env::temp_dir().join(format!("{ns}-preview.yaml"));
+        std::fs::write(
+            &manifest,
+            "apiVersion: fleetroll.dev/v1alpha1\nkind: FleetRollout\nmetadata: {name: next}\nspec:\n  image: registry.k8s.io/pause:3.9\n  \
+             targets: {kind: Deployment, selector: {matchLabels: {fleet: web}}}\n  strategy: {batchSize: 2}\n",
+        )
+        .unwrap();
+        let preview = kubectl(&["fleetroll", "plan", "-f", &manifest.display().to_string(), "-n", &ns]).await.ok();
+        assert!(preview.stdout.contains("would roll 3 targets in 2 batches"), "{}", preview.stdout);
+        assert!(preview.stdout.contains("Nothing was written."));
+        assert!(fleet.rollouts().list(&Default::default()).await.unwrap().items.is_empty());
+
+        fleet
+            .rollout(
+                "web",
+                json!({"image": NEXT_IMAGE, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
+                       "strategy": {"batchSize": 1, "approval": "EveryBatch"}}),
+            )
+            .await;
+        fleet.wait_rollout("web", "the approval gate", DEADLINE, |f| phase(f) == Phase::WaitingForApproval).await;
+        let paused = kubectl(&["fleetroll", "pause", "web", "-n", &ns]).await.ok();
+        assert_eq!(paused.stdout.trim(), "fleetrollout.fleetroll.dev/web paused");
+        assert!(fleet.rollouts().get("web").await.unwrap().spec.paused);
+        kubectl(&["fleetroll", "resume", "web", "-n", &ns]).await.ok();
+        assert!(!fleet.rollouts().get("web").await.unwrap().spec.paused);
+        let approved = kubectl(&["fleetroll", "approve", "web", "-n", &ns, "--batch", "1"]).await.ok();
+        assert!(approved.stdout.contains("approved batch 1 of plan"), "{}", approved.stdout);
+        let stale = kubectl(&["fleetroll", "approve", "web", "-n", &ns, "--plan-hash", "0000000000000000"]).await;
+        assert_eq!(stale.code, 1);
+        assert!(stale.stderr.contains("is not the rollout's plan"), "{}", stale.stderr);
+        let aborted = kubectl(&["fleetroll", "abort", "web", "-n", &ns, "-o", "json"]).await.ok();
+        assert_eq!(serde_json::from_str::<Value>(&aborted.stdout).unwrap()["spec"]["abort"], true);
+        fleet.wait_rollout("web", "the abort", DEADLINE, |f| phase(f) == Phase::Aborted).await;
+        kubectl(&["fleetroll", "rollback", "web", "-n", &ns]).await.ok();
+        fleet.wait_rollout("web", "the rollback", DEADLINE, |f| phase(f) == Phase::RolledBack).await;
+
+        // kubectl's conventions: --context, exit 1 on errors, 2 on usage errors.
+        let context = kubectl(&["config", "current-context"]).await.ok().stdout.trim().to_string();
+        let rolled_back = kubectl(&["fleetroll", "status", "web", "-n", &ns, "--no-follow", "--context", &context]).await;
+        assert_eq!(rolled_back.code, 1, "a rollout that did not succeed exits 1: {}", rolled_back.stderr);
+        let wrong_context = kubectl(&["fleetroll", "status", "web", "-n", &ns, "--context", "no-such-context"]).await;
+        assert_eq!(wrong_context.code, 1, "{}", wrong_context.stderr);
+        let missing = kubectl(&["fleetroll", "status", "nope", "-n", &ns, "--no-follow"]).await;
+        assert_eq!(missing.code, 1);
+        assert!(missing.stderr.contains("not found"), "{}", missing.stderr);
+        let usage = kubectl(&["fleetroll", "frobnicate"]).await;
+        assert_eq!(usage.code, 2, "{}", usage.stderr);
+    })
+    .await;
+}
