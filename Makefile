@@ -4,9 +4,20 @@ NODES ?= 10
 CARGO ?= cargo
 TESTENV := tests/testenv
 
-.PHONY: all build generate fmt fmt-check lint unit integration test testenv mcp-tools cluster cluster-down clean help
+.PHONY: demo demo-operator demo-down all build generate fmt fmt-check lint unit integration test testenv mcp-tools cluster cluster-down clean help
 
 all: build
+
+.DEFAULT_GOAL := help
+
+demo: ## the whole product on a local cluster: fleet, operator, a rollout started over MCP, watched live
+	@tests/demo.sh
+
+demo-operator: ## (re)start the demo's operator, e.g. after killing it
+	@tests/demo.sh operator
+
+demo-down: ## stop the demo's operator and the local cluster
+	@tests/demo.sh down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
