@@ -281,12 +281,16 @@ pub async fn guard(State(auth): State<Authenticator>, request: Request, next: Ne
             return rpc_error(StatusCode::BAD_REQUEST, &Value::Null, -32700, &format!("Parse error: {e}"));
         }
     };
+    let method = message.get("method").and_then(Value::as_str).unwrap_or("");
+    if let Some(problem) = super::invalid_params(method, message.get("params")) {
+        let id = message.get("id").unwrap_or(&Value::Null);
+        return rpc_error(StatusCode::BAD_REQUEST, id, -32602, &problem);
+    }
     let Some(identity) = identity else {
         parts.extensions.insert(Identity::anonymous());
         parts.extensions.insert(Granted::All);
         return next.run(Request::from_parts(parts, Body::from(bytes))).await;
     };
-    let method = message.get("method").and_then(Value::as_str).unwrap_or("");
     let access = required_access(method, message.get("params").unwrap_or(&Value::Null));
     if let Some(access) = &access {
         match auth.authorize(&identity, access).await {

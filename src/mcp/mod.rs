@@ -355,6 +355,23 @@ pub fn router(client: Client, opts: &Options) -> Router {
         .merge(wellknown)
 }
 
+/// Why the params of a known method have the wrong shape, if they do. rmcp reads such a request as an
+/// unknown method (404); the protocol wants invalid params (400, -32602), so the guard answers it first.
+pub(crate) fn invalid_params(method: &str, params: Option<&Value>) -> Option<String> {
+    fn check<T: serde::de::DeserializeOwned>(params: Option<&Value>) -> Option<String> {
+        let params = params.cloned().unwrap_or(Value::Null);
+        serde_json::from_value::<T>(params).err().map(|e| format!("Invalid params: {e}"))
+    }
+    match method {
+        "tools/call" => check::<CallToolRequestParams>(params),
+        "tasks/get" => check::<GetTaskParams>(params),
+        "tasks/update" => check::<UpdateTaskParams>(params),
+        "tasks/cancel" => check::<CancelTaskParams>(params),
+        "tools/list" => params.and_then(|p| check::<PaginatedRequestParams>(Some(p))),
+        _ => None,
+    }
+}
+
 /// `scheme://host[:port]` of a URL.
 fn origin(url: &str) -> String {
     match url.find("://") {
@@ -369,6 +386,21 @@ fn origin(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn params_of_the_wrong_shape_are_invalid_params() {
+        let bad = json!({"name": 42, "arguments": "x"});
+        assert!(super::invalid_params("tools/call", Some(&bad)).is_some());
+        assert!(super::invalid_params("tasks/get", Some(&json!({"taskId": 7}))).is_some());
+        assert!(super::invalid_params("tools/call", None).is_some());
+        let good = json!({"name": "list_rollouts", "arguments": {}});
+        assert_eq!(super::invalid_params("tools/call", Some(&good)), None);
+        assert_eq!(super::invalid_params("tasks/get", Some(&json!({"taskId": "ns/r/u"}))), None);
+        assert_eq!(super::invalid_params("tools/list", None), None);
+        assert_eq!(super::invalid_params("x/unknown", Some(&bad)), None);
+    }
+
     #[test]
     fn the_origin_of_a_url() {
         assert_eq!(super::origin("http://127.0.0.1:8080/mcp"), "http://127.0.0.1:8080");
