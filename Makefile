@@ -4,7 +4,7 @@ NODES ?= 10
 CARGO ?= cargo
 TESTENV := tests/testenv
 
-.PHONY: demo demo-operator demo-down all build generate fmt fmt-check lint unit integration test testenv mcp-tools cluster cluster-down clean help
+.PHONY: demo demo-operator demo-down all build generate fmt fmt-check lint unit integration test bench chaos testenv mcp-tools cluster cluster-down clean help
 
 all: build
 
@@ -49,6 +49,14 @@ integration: mcp-tools ## integration tests on a real control plane (starts one 
 	NODES=$(NODES) $(TESTENV)/with-cluster.sh $(CARGO) test --locked --test '*'
 
 test: fmt-check lint unit integration ## everything CI runs
+
+bench: mcp-tools ## benchmarks against the floor, side by side; writes bench/results/ (about 25 min)
+	$(CARGO) build --locked --release --tests
+	NODES=$(NODES) $(TESTENV)/with-cluster.sh $(CARGO) test --locked --release --test bench -- --full
+
+chaos: mcp-tools ## fault injection with invariants checked; writes bench/results/chaos.md (about 30 min)
+	$(CARGO) build --locked --release --tests
+	NODES=$(NODES) $(TESTENV)/with-cluster.sh $(CARGO) test --locked --release --test chaos -- --full
 
 mcp-tools: ## install the real MCP clients the tests drive (Python mcp SDK, conformance suite on Node 22)
 	@tests/mcp/install.sh >/dev/null

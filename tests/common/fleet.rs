@@ -267,9 +267,13 @@ pub fn observe_fleet(
     let api: Api<Deployment> = Api::all(fleet.client.clone());
     let out = seen.clone();
     let task = tokio::spawn(async move {
-        let mut events =
-            watcher(api, watcher::Config::default().labels("fleet=web")).applied_objects().boxed();
-        while let Some(Ok(d)) = events.next().await {
+        // A watch error must not end the observation: back off and keep watching.
+        let mut events = watcher(api, watcher::Config::default().labels("fleet=web"))
+            .default_backoff()
+            .applied_objects()
+            .filter_map(|event| async move { event.ok() })
+            .boxed();
+        while let Some(d) = events.next().await {
             let ns = d.namespace().unwrap_or_default();
             if !namespaces.contains(&ns) {
                 continue;

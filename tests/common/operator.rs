@@ -130,6 +130,19 @@ impl Operator {
         self.child.id()
     }
 
+    /// Waits until the HTTP listener answers /readyz with 200 (the CRD is reachable).
+    pub async fn ready(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let url = format!("http://127.0.0.1:{}/readyz", self.port);
+        while std::time::Instant::now() < deadline {
+            if reqwest::get(&url).await.is_ok_and(|r| r.status().is_success()) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{url} did not become ready; see {}", self.log.display());
+    }
+
     /// The operator's own metrics.
     pub async fn metrics(&self) -> String {
         let url = format!("http://127.0.0.1:{}/metrics", self.port);

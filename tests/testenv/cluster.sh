@@ -275,9 +275,30 @@ down() {
   log "cluster stopped and $W removed"
 }
 
+# Stops one component by PID and starts it again with the same ports and data (for fault injection).
+restart() {
+  local c=$1 pid
+  is_up || die "no cluster is up"
+  pid=$(cat "$W/pids/$c.pid" 2>/dev/null) || die "no such component: $c"
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+  local deadline=$((SECONDS + 10))
+  while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  case "$c" in
+    etcd) start_etcd ;;
+    kube-apiserver) start_apiserver ;;
+    kube-controller-manager) start_controller_manager ;;
+    kube-scheduler) start_scheduler ;;
+    kwok) start_kwok ;;
+    *) die "no such component: $c" ;;
+  esac
+  log "$c restarted"
+}
+
 case "${1:-}" in
   up) up "${2:-10}" ;;
   down) down ;;
   status) is_up ;;
-  *) die "usage: $0 up [NODES] | down | status" ;;
+  restart) restart "${2:?component}" ;;
+  *) die "usage: $0 up [NODES] | down | status | restart COMPONENT" ;;
 esac

@@ -1,0 +1,609 @@
+//! `make bench`: fleetroll measured against the floor, on the local control plane with kwok nodes.
+//!
+//!   cargo test --release --test bench -- --full    the full run (make bench); writes bench/results/
+//!   cargo test --test bench                        a reduced smoke run, part of `make test`
+//!
+//! Every figure that has a goal is a ratio or a latency measured side by side in the same run, because these
+//! machines are noisy. Goals are reported, not asserted: the run fails only when an invariant breaks (a
+//! rollout that does not complete, a target changed twice).
+#![allow(clippy::unwrap_used)]
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+mod support;
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use common::operator::Operator;
+use fleetroll::api::{FleetRollout, Phase};
+use futures::{StreamExt, stream};
+use kube::{Api, Client, api::PostParams};
+use serde_json::json;
+use support::{Observer, Row, row};
+
+struct Sizes {
+    name: &'static str,
+    overhead_targets: usize,
+    overhead_batch: usize,
+    overhead_runs: usize,
+    overhead_replicas: i32,
+    transition_targets: usize,
+    scale_targets: usize,
+    scale_batch: &'static str,
+    concurrent_rollouts: usize,
+    concurrent_targets: usize,
+    mcp_clients: usize,
+    mcp_requests: usize,
+    mcp_starts: usize,
+}
+
+const FULL: Sizes = Sizes {
+    name: "full",
+    overhead_targets: 1000,
+    overhead_batch: 100,
+    overhead_runs: 2,
+    overhead_replicas: 1,
+    transition_targets: 100,
+    scale_targets: 10_000,
+    scale_batch: "10%",
+    concurrent_rollouts: 100,
+    concurrent_targets: 100,
+    mcp_clients: 64,
+    mcp_requests: 20_000,
+    mcp_starts: 200,
+};
+
+const SMOKE: Sizes = Sizes {
+    name: "smoke",
+    overhead_targets: 20,
+    overhead_batch: 5,
+    overhead_runs: 1,
+    overhead_replicas: 1,
+    transition_targets: 10,
+    scale_targets: 50,
+    scale_batch: "25%",
+    concurrent_rollouts: 5,
+    concurrent_targets: 10,
+    mcp_clients: 8,
+    mcp_requests: 400,
+    mcp_starts: 10,
+};
+
+const LONG: Duration = Duration::from_secs(3600);
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--full");
+    let sizes = if full { FULL } else { SMOKE };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    runtime.block_on(run(sizes));
+}
+
+/// Results shared by the scenarios (a timeline for the plot, the rows for the table).
+struct Report {
+    rows: Vec<Row>,
+    timeline: Vec<(String, Vec<(f64, f64)>)>,
+}
+
+async fn run(sizes: Sizes) {
+    let client = common::client().await;
+    common::fleet::ensure_crd(&client).await;
+    let started = Instant::now();
+    eprintln!("bench ({}): starting", sizes.name);
+    let mut report = Report { rows: Vec::new(), timeline: Vec::new() };
+    let mut namespaces = Vec::new();
+
+    overhead(&client, &sizes, &mut report, &mut namespaces).await;
+    transitions(&client, &sizes, &mut report, &mut namespaces).await;
+    scale(&client, &sizes, &mut report, &mut namespaces).await;
+    mcp(&client, &sizes, &mut report, &mut namespaces).await;
+    support::cleanup(&client, &namespaces).await;
+
+    let table = support::table(&report.rows);
+    println!("\n{table}");
+    let out = if sizes.name == "full" {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("bench/results")
+    } else {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-smoke")
+    };
+    std::fs::create_dir_all(&out).unwrap();
+    let plotted = plot(&report.timeline, &out.join("timeline.png"));
+    let facts: String =
+        support::machine_facts().iter().map(|(k, v)| format!("| {k} | {v} |\n")).collect::<Vec<_>>().concat();
+    let doc = format!(
+        "# fleetroll benchmark ({} run)\n\nProduced by `make bench` (`cargo test --release --test bench -- --full`) in {:.0} s on \
+         the local control plane (kwok nodes). Ratios are measured side by side in the same run.\n\n{table}\n{}\n\n## Machine\n\n\
+         | | |\n|---|---|\n{facts}",
+        sizes.name,
+        started.elapsed().as_secs_f64(),
+        if plotted {
+            "![batch timeline](timeline.png)\n\nBatch timeline: each bar is one batch, from its first target changed to its last target rolled out, for fleetroll and for the bare client on the same fleet."
+        } else {
+            ""
+        },
+    );
+    std::fs::write(out.join("latest.md"), doc).unwrap();
+    eprintln!(
+        "bench ({}): done in {:.0}s; results in {}",
+        sizes.name,
+        started.elapsed().as_secs_f64(),
+        out.display()
+    );
+}
+
+fn rollout(name: &str, image: &str, selector: serde_json::Value, batch: serde_json::Value) -> FleetRollout {
+    serde_json::from_value(json!({
+        "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": name},
+        "spec": {"image": image, "targets": {"kind": "Deployment", "selector": {"matchLabels": selector}},
+                 "strategy": {"batchSize": batch}, "health": {"timeout": "30m"}}
+    }))
+    .unwrap()
+}
+
+async fn wait_succeeded(api: &Api<FleetRollout>, name: &str) -> FleetRollout {
+    common::wait_for(api, name, "the rollout to succeed", LONG, |f| {
+        let phase = f.status.as_ref().map(|s| s.phase);
+        assert!(
+            !matches!(phase, Some(Phase::Failed | Phase::Aborted | Phase::RolledBack | Phase::Paused)),
+            "{name}: {phase:?}"
+        );
+        phase == Some(Phase::Succeeded)
+    })
+    .await
+}
+
+/// Per batch: (first target changed, last target rolled out), seconds after `t0`.
+fn batch_spans(obs: &Observer, batches: &[Vec<String>], image: &str, t0: Instant) -> Vec<(f64, f64)> {
+    let s = obs.state.lock().unwrap();
+    batches
+        .iter()
+        .map(|b| {
+            let start = b.iter().filter_map(|k| s.get(k)?.changed_at.get(image)).min().copied().unwrap_or(t0);
+            let end = b.iter().filter_map(|k| s.get(k)?.rolled_at.get(image)).max().copied().unwrap_or(t0);
+            (start.duration_since(t0).as_secs_f64(), end.duration_since(t0).as_secs_f64())
+        })
+        .collect()
+}
+
+/// From one batch's last target rolled out to the next batch's first target changed, seconds.
+fn transitions_of(spans: &[(f64, f64)]) -> Vec<f64> {
+    spans.windows(2).map(|w| (w[1].0 - w[0].1).max(0.0)).collect()
+}
+
+async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: &mut Vec<String>) {
+    let (n, b) = (sizes.overhead_targets, sizes.overhead_batch);
+    eprintln!("overhead: {n} Deployments, batch {b}");
+    let ns = support::namespace(client, "bench-overhead", &[]).await;
+    namespaces.push(ns.clone());
+    let obs = Observer::start(client, vec![ns.clone()]);
+    support::fleet(client, &ns, n, sizes.overhead_replicas, n).await;
+    let mut keys: Vec<String> = (0..n).map(|i| format!("{ns}/t-{i:05}")).collect();
+    keys.sort();
+    obs.wait("the fleet to be available", LONG, |s| s.len() == n && s.values().all(|v| v.rolled_out)).await;
+    let batches: Vec<Vec<String>> = keys.chunks(b).map(<[String]>::to_vec).collect();
+    let op = Operator::start(&ns, &["--lease-duration", "15s"], &[]);
+    let api: Api<FleetRollout> = Api::namespaced(client.clone(), &ns);
+
+    let (mut fleetroll_times, mut bare_times, mut transitions) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut writes_per_target, mut status_writes_per_batch, mut idle_writes) = (0.0, 0.0, 0.0);
+    for r in 0..sizes.overhead_runs {
+        // fleetroll.
+        let image = format!("example.invalid/bench:fleetroll-{r}");
+        let before = support::apiserver_requests(client).await;
+        let t0 = Instant::now();
+        api.create(
+            &PostParams::default(),
+            &rollout(&format!("run-{r}"), &image, json!({"fleet": "bench"}), json!(b)),
+        )
+        .await
+        .unwrap();
+        wait_succeeded(&api, &format!("run-{r}")).await;
+        fleetroll_times.push(t0.elapsed().as_secs_f64());
+        let after = support::apiserver_requests(client).await;
+        obs.wait("every target on the new image", LONG, |s| support::all_on(s, &keys, &image)).await;
+        let spans = batch_spans(&obs, &batches, &image, t0);
+        transitions.extend(transitions_of(&spans));
+        // Server-side apply is counted under the verb APPLY (PUTs are the Deployment controller's own).
+        let target_writes = support::delta(&before, &after, "APPLY", "deployments", "")
+            + support::delta(&before, &after, "PATCH", "deployments", "");
+        writes_per_target = target_writes / n as f64;
+        status_writes_per_batch =
+            support::delta(&before, &after, "PUT", "fleetrollouts", "status") / batches.len() as f64;
+        if r == 0 {
+            report.timeline.push(("fleetroll".into(), spans));
+        }
+        // Idle: the rollout is done and nothing changes. The sleep is the measurement window itself.
+        let idle_before = support::apiserver_requests(client).await;
+        tokio::time::sleep(Duration::from_secs(if sizes.name == "full" { 15 } else { 3 })).await;
+        let idle_after = support::apiserver_requests(client).await;
+        idle_writes = support::delta(&idle_before, &idle_after, "PUT", "fleetrollouts", "status")
+            + support::delta(&idle_before, &idle_after, "APPLY", "deployments", "")
+            + support::delta(&idle_before, &idle_after, "PATCH", "deployments", "")
+            + support::delta(&idle_before, &idle_after, "PATCH", "fleetrollouts", "");
+
+        // The floor: the same patches, batch by batch, waiting for readiness the same way, no checkpoints.
+        let image = format!("example.invalid/bench:bare-{r}");
+        let t0 = Instant::now();
+        for batch in &batches {
+            support::patch_images(client, batch, &image, 16).await;
+            obs.wait("the batch to roll out", LONG, |s| support::all_on(s, batch, &image)).await;
+        }
+        bare_times.push(t0.elapsed().as_secs_f64());
+        if r == 0 {
+            report.timeline.push(("bare client".into(), batch_spans(&obs, &batches, &image, t0)));
+        }
+    }
+    // Exactly once: each run changed each target once (generation +1 per run, 2 runs per round).
+    let expected = 1 + 2 * sizes.overhead_runs as i64;
+    let state = obs.state.lock().unwrap().clone();
+    let changed_twice = state.values().filter(|v| v.generation != expected).count();
+    assert_eq!(changed_twice, 0, "targets whose generation is not {expected}");
+    let max_in_flight = obs
+        .max_in_flight
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(i, _)| i.contains("fleetroll"))
+        .map(|(_, n)| *n)
+        .max()
+        .unwrap_or(0);
+    assert!(max_in_flight <= b, "{max_in_flight} targets in flight with batches of {b}");
+    drop(op);
+
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (f, bare) = (median(&mut fleetroll_times), median(&mut bare_times));
+    let ratio = f / bare;
+    report.rows.push(row(
+        format!(
+            "overhead vs the floor: fleetroll / bare client ({n} Deployments, batch {b}, median of {})",
+            sizes.overhead_runs
+        ),
+        format!("{ratio:.3} ({f:.1} s vs {bare:.1} s)"),
+        "≤ 1.10",
+        Some(ratio <= 1.10),
+    ));
+    transitions.sort_by(f64::total_cmp);
+    report.rows.push(row(
+        format!("batch transition, {} transitions of {b}-target batches: p50 / p99", transitions.len()),
+        format!(
+            "{:.1} ms / {:.1} ms",
+            support::percentile(&transitions, 50.0) * 1e3,
+            support::percentile(&transitions, 99.0) * 1e3
+        ),
+        "p99 ≤ 100 ms",
+        Some(support::percentile(&transitions, 99.0) <= 0.1),
+    ));
+    report.rows.push(row(
+        "API cost: Deployment writes per target",
+        format!("{writes_per_target:.2}"),
+        "1",
+        Some((writes_per_target - 1.0).abs() < 0.01),
+    ));
+    report.rows.push(row(
+        "API cost: status writes per batch",
+        format!("{status_writes_per_batch:.2}"),
+        "≤ 3",
+        Some(status_writes_per_batch <= 3.0),
+    ));
+    report.rows.push(row(
+        "API cost: writes while idle",
+        format!("{idle_writes}"),
+        "0",
+        Some(idle_writes == 0.0),
+    ));
+    report.rows.push(row(
+        "max targets in flight (watched)",
+        format!("{max_in_flight}"),
+        format!("≤ {b}"),
+        Some(max_in_flight <= b),
+    ));
+}
+
+async fn transitions(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: &mut Vec<String>) {
+    let n = sizes.transition_targets;
+    eprintln!("transitions: {n} Deployments with 0 replicas, batch 1");
+    let ns = support::namespace(client, "bench-transition", &[]).await;
+    namespaces.push(ns.clone());
+    let obs = Observer::start(client, vec![ns.clone()]);
+    support::fleet(client, &ns, n, 0, n).await;
+    obs.wait("the fleet to be observed", LONG, |s| s.len() == n && s.values().all(|v| v.rolled_out)).await;
+    let mut keys: Vec<String> = (0..n).map(|i| format!("{ns}/t-{i:05}")).collect();
+    keys.sort();
+    let _op = Operator::start(&ns, &[], &[]);
+    let api: Api<FleetRollout> = Api::namespaced(client.clone(), &ns);
+    let image = "example.invalid/bench:transitions";
+    let t0 = Instant::now();
+    api.create(&PostParams::default(), &rollout("steps", image, json!({"fleet": "bench"}), json!(1)))
+        .await
+        .unwrap();
+    wait_succeeded(&api, "steps").await;
+    obs.wait("every target on the new image", LONG, |s| support::all_on(s, &keys, image)).await;
+    let batches: Vec<Vec<String>> = keys.iter().map(|k| vec![k.clone()]).collect();
+    let mut t = transitions_of(&batch_spans(&obs, &batches, image, t0));
+    t.sort_by(f64::total_cmp);
+    report.rows.push(row(
+        format!("batch transition, {} transitions of 1-target batches (0 replicas): p50 / p99", t.len()),
+        format!(
+            "{:.1} ms / {:.1} ms",
+            support::percentile(&t, 50.0) * 1e3,
+            support::percentile(&t, 99.0) * 1e3
+        ),
+        "p99 ≤ 100 ms",
+        Some(support::percentile(&t, 99.0) <= 0.1),
+    ));
+}
+
+async fn scale(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: &mut Vec<String>) {
+    let n = sizes.scale_targets;
+    assert_eq!(n, sizes.concurrent_rollouts * sizes.concurrent_targets, "the groups cover the fleet");
+    eprintln!("scale: {n} Deployments (0 replicas: the operator's cost, not kwok's pod churn)");
+    let ns = support::namespace(client, "bench-scale", &[]).await;
+    namespaces.push(ns.clone());
+    support::fleet(client, &ns, n, 0, sizes.concurrent_targets).await;
+    let obs = Observer::start(client, vec![ns.clone()]);
+    obs.wait("the fleet to be observed", LONG, |s| s.len() == n && s.values().all(|v| v.rolled_out)).await;
+    let api: Api<FleetRollout> = Api::namespaced(client.clone(), &ns);
+
+    // One rollout of the whole fleet, with a fresh operator so its memory is this scenario's alone.
+    let op = Operator::start(&ns, &[], &[]);
+    let t0 = Instant::now();
+    api.create(
+        &PostParams::default(),
+        &rollout("all", "example.invalid/bench:scale", json!({"fleet": "bench"}), json!(sizes.scale_batch)),
+    )
+    .await
+    .unwrap();
+    let fr = wait_succeeded(&api, "all").await;
+    let took = t0.elapsed().as_secs_f64();
+    let status_bytes = serde_json::to_vec(&fr.status).unwrap().len();
+    let (rss, cpu) = support::process_usage(op.pid());
+    drop(op);
+    let mib = rss as f64 / (1024.0 * 1024.0);
+    report.rows.push(row(
+        format!("scale: one rollout of {n} Deployments (batch {})", sizes.scale_batch),
+        format!("{took:.1} s, operator peak RSS {mib:.1} MiB, {cpu:.1} CPU s"),
+        "RSS ≤ 100 MiB",
+        Some(mib <= 100.0),
+    ));
+    report.rows.push(row(
+        format!("scale: status size at {n} targets"),
+        format!("{:.1} KiB", status_bytes as f64 / 1024.0),
+        "≤ 64 KiB",
+        Some(status_bytes <= 64 * 1024),
+    ));
+
+    // Many rollouts at once, each over its own group.
+    let (r, t) = (sizes.concurrent_rollouts, sizes.concurrent_targets);
+    let op = Operator::start(&ns, &[], &[]);
+    let t0 = Instant::now();
+    stream::iter(0..r)
+        .map(|g| {
+            let api = api.clone();
+            async move {
+                let fr = rollout(
+                    &format!("group-{g}"),
+                    "example.invalid/bench:groups",
+                    json!({"group": format!("g{g}")}),
+                    json!("25%"),
+                );
+                api.create(&PostParams::default(), &fr).await.unwrap();
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    for g in 0..r {
+        wait_succeeded(&api, &format!("group-{g}")).await;
+    }
+    let took = t0.elapsed().as_secs_f64();
+    let (rss, cpu) = support::process_usage(op.pid());
+    let mib = rss as f64 / (1024.0 * 1024.0);
+    report.rows.push(row(
+        format!("scale: {r} concurrent rollouts of {t} targets"),
+        format!("all {r} succeeded in {took:.1} s, operator peak RSS {mib:.1} MiB, {cpu:.1} CPU s"),
+        "all complete",
+        Some(true),
+    ));
+    let state = obs.state.lock().unwrap().clone();
+    let twice = state.values().filter(|v| v.generation != 3).count();
+    assert_eq!(twice, 0, "scale: targets not changed exactly once per rollout");
+}
+
+async fn mcp(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: &mut Vec<String>) {
+    eprintln!("mcp: {} clients, {} tasks/get", sizes.mcp_clients, sizes.mcp_requests);
+    let ns = support::namespace(client, "bench-mcp", &[]).await;
+    namespaces.push(ns.clone());
+    let op = Operator::start(&ns, &[], &[]);
+    op.ready().await;
+    let url = op.mcp_url();
+    let http = reqwest::Client::builder().pool_max_idle_per_host(256).build().unwrap();
+    let post = move |method: &'static str, name: String, params: serde_json::Value| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let mut params = params;
+            params["_meta"] = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}});
+            let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+            let r = http
+                .post(&url)
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .header("mcp-protocol-version", "2026-07-28")
+                .header("mcp-method", method)
+                .header("mcp-name", name)
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            let value: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+            assert!(value.get("result").is_some(), "{method}: {value}");
+            value["result"].clone()
+        }
+    };
+
+    // rollout_fleet until the task handle returns (paused, over no targets: only the MCP path is timed).
+    let mut starts = Vec::new();
+    let mut task_id = String::new();
+    for i in 0..sizes.mcp_starts {
+        let args = json!({"name": "rollout_fleet", "arguments": {"namespace": ns, "name": format!("r-{i}"), "image": "example.invalid/x:1",
+            "paused": true, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"none": "none"}}}}});
+        let t0 = Instant::now();
+        let result = post("tools/call", "rollout_fleet".into(), args).await;
+        starts.push(t0.elapsed().as_secs_f64());
+        task_id = result["taskId"].as_str().unwrap().to_string();
+    }
+    starts.sort_by(f64::total_cmp);
+    report.rows.push(row(
+        format!("MCP rollout_fleet until the task handle returns ({} calls): p50 / p99", starts.len()),
+        format!(
+            "{:.1} ms / {:.1} ms",
+            support::percentile(&starts, 50.0) * 1e3,
+            support::percentile(&starts, 99.0) * 1e3
+        ),
+        "",
+        None,
+    ));
+
+    // tasks/get against a raw GET of the same FleetRollout, same concurrency, side by side.
+    let name = task_id.split('/').nth(1).unwrap().to_string();
+    let per_client = sizes.mcp_requests / sizes.mcp_clients;
+    let get_task = {
+        let (post, task_id) = (post.clone(), task_id.clone());
+        move |_| {
+            let f = post("tasks/get", task_id.clone(), json!({"taskId": task_id}));
+            async move {
+                let r = f.await;
+                assert_eq!(r["resultType"], "complete");
+            }
+        }
+    };
+    let (tasks_latency, tasks_wall) = load(sizes.mcp_clients, per_client, get_task).await;
+    let api: Api<FleetRollout> = Api::namespaced(client.clone(), &ns);
+    let (raw_latency, raw_wall) = load(sizes.mcp_clients, per_client, move |_| {
+        let (api, name) = (api.clone(), name.clone());
+        async move {
+            api.get(&name).await.unwrap();
+        }
+    })
+    .await;
+    let total = (per_client * sizes.mcp_clients) as f64;
+    let (p50, p99) = (support::percentile(&tasks_latency, 50.0), support::percentile(&tasks_latency, 99.0));
+    let (r50, r99) = (support::percentile(&raw_latency, 50.0), support::percentile(&raw_latency, 99.0));
+    report.rows.push(row(
+        format!("MCP tasks/get, {} concurrent clients: p50 / p99, throughput", sizes.mcp_clients),
+        format!("{:.1} ms / {:.1} ms, {:.0} req/s", p50 * 1e3, p99 * 1e3, total / tasks_wall),
+        "p99 ≤ 20 ms",
+        Some(p99 <= 0.020),
+    ));
+    report.rows.push(row(
+        "raw GET of the same FleetRollout from the API server, same concurrency",
+        format!("{:.1} ms / {:.1} ms, {:.0} req/s", r50 * 1e3, r99 * 1e3, total / raw_wall),
+        "",
+        None,
+    ));
+    report.rows.push(row(
+        "tasks/get p99 / raw GET p99",
+        format!("{:.2}", p99 / r99),
+        "≤ 1.5",
+        Some(p99 / r99 <= 1.5),
+    ));
+}
+
+/// Runs `per_client` calls on each of `clients` concurrent loops; sorted latencies (s) and wall time (s).
+async fn load<F, Fut>(clients: usize, per_client: usize, call: F) -> (Vec<f64>, f64)
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let t0 = Instant::now();
+    let handles: Vec<_> = (0..clients)
+        .map(|c| {
+            let call = call.clone();
+            tokio::spawn(async move {
+                let mut samples = Vec::with_capacity(per_client);
+                for i in 0..per_client {
+                    let t = Instant::now();
+                    call(c * per_client + i).await;
+                    samples.push(t.elapsed().as_secs_f64());
+                }
+                samples
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(h.await.unwrap());
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    all.sort_by(f64::total_cmp);
+    (all, wall)
+}
+
+/// The batch timeline as a PNG; false when it could not be drawn.
+fn plot(series: &[(String, Vec<(f64, f64)>)], path: &std::path::Path) -> bool {
+    use plotters::prelude::*;
+    let font = ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/dejavu/DejaVuSans.ttf"]
+        .iter()
+        .find_map(|p| std::fs::read(p).ok());
+    let Some(font) = font else { return false };
+    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
+    if plotters::style::register_font("sans-serif", FontStyle::Normal, font).is_err() {
+        return false;
+    }
+    let max_t = series.iter().flat_map(|(_, s)| s.iter().map(|(_, e)| *e)).fold(1.0, f64::max);
+    let rows: usize = series.iter().map(|(_, s)| s.len()).sum::<usize>() + series.len();
+    let root = BitMapBackend::new(path, (1200, 120 + 14 * rows as u32)).into_drawing_area();
+    if root.fill(&WHITE).is_err() {
+        return false;
+    }
+    let Ok(mut chart) = ChartBuilder::on(&root)
+        .caption("batch timeline: first target changed → last target rolled out", ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(120)
+        .build_cartesian_2d(0.0..max_t * 1.02, 0.0..rows as f64)
+    else {
+        return false;
+    };
+    let labels: Vec<(f64, String)> = {
+        let mut y = 0.0;
+        series
+            .iter()
+            .flat_map(|(name, s)| {
+                let out: Vec<(f64, String)> =
+                    (0..s.len()).map(|i| (y + i as f64 + 0.5, format!("{name} #{}", i + 1))).collect();
+                y += s.len() as f64 + 1.0;
+                out
+            })
+            .collect()
+    };
+    let label_of: HashMap<i64, String> = labels.iter().map(|(y, l)| ((y * 10.0) as i64, l.clone())).collect();
+    let _ = chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_labels(rows)
+        .y_label_formatter(&|y| label_of.get(&((y * 10.0) as i64)).cloned().unwrap_or_default())
+        .draw();
+    let colors = [RGBColor(31, 119, 180), RGBColor(255, 127, 14)];
+    let mut y = 0.0;
+    for (i, (name, spans)) in series.iter().enumerate() {
+        let color = colors[i % colors.len()];
+        let bars = spans.iter().enumerate().map(|(j, (s, e))| {
+            let top = y + j as f64 + 0.15;
+            Rectangle::new([(*s, top), (*e, top + 0.7)], color.filled())
+        });
+        if let Ok(a) = chart.draw_series(bars) {
+            a.label(name.clone())
+                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.filled()));
+        }
+        y += spans.len() as f64 + 1.0;
+    }
+    let _ = chart.configure_series_labels().background_style(WHITE).border_style(BLACK).draw();
+    root.present().is_ok()
+}

@@ -1,0 +1,338 @@
+//! What the benchmark and the chaos harness share: bulk fleets, a watch-driven view of the fleet, the API
+//! server's own request counters, process accounting, and the results file.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::{apps::v1::Deployment, core::v1::Namespace};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
+    runtime::{WatchStreamExt, watcher},
+};
+use serde_json::json;
+use tokio::sync::watch;
+
+pub const V1: &str = "registry.k8s.io/pause:3.10";
+
+/// Creates a namespace labelled for the benchmark (deleted by `cleanup`).
+pub async fn namespace(client: &Client, prefix: &str, labels: &[(&str, &str)]) -> String {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let mut all: BTreeMap<String, String> =
+        labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    all.insert("fleetroll.dev/test".into(), "true".into());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{prefix}-")),
+            labels: Some(all),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    api.create(&PostParams::default(), &ns).await.unwrap().name_any()
+}
+
+pub async fn cleanup(client: &Client, namespaces: &[String]) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    for ns in namespaces {
+        let _ = api.delete(ns, &DeleteParams::background()).await;
+    }
+}
+
+/// Creates `n` Deployments `t-00000..` in `ns` with `replicas` each and extra labels, 32 at a time.
+pub async fn fleet(client: &Client, ns: &str, n: usize, replicas: i32, group_size: usize) {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    stream::iter(0..n)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                let name = format!("t-{i:05}");
+                let d: Deployment = serde_json::from_value(json!({
+                    "apiVersion": "apps/v1", "kind": "Deployment",
+                    "metadata": {"name": name, "labels": {"fleet": "bench", "group": format!("g{}", i / group_size.max(1))}},
+                    "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                             "template": {"metadata": {"labels": {"app": name}},
+                                          "spec": {"containers": [{"name": "app", "image": V1}]}}}
+                }))
+                .unwrap();
+                for attempt in 0..5 {
+                    match api.create(&PostParams::default(), &d).await {
+                        Ok(_) => return,
+                        Err(kube::Error::Api(s)) if s.code == 409 => return,
+                        Err(e) if attempt == 4 => panic!("creating {name}: {e}"),
+                        Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                    }
+                }
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await;
+}
+
+/// A target as the watch last showed it.
+#[derive(Clone, Debug, Default)]
+pub struct Seen {
+    pub image: String,
+    pub generation: i64,
+    pub rolled_out: bool,
+    /// When the watch first showed it on each image, and when it first showed it rolled out on it.
+    pub changed_at: HashMap<String, Instant>,
+    pub rolled_at: HashMap<String, Instant>,
+}
+
+/// A watch-driven view of the Deployments of some namespaces.
+#[derive(Clone)]
+pub struct Observer {
+    pub state: Arc<Mutex<HashMap<String, Seen>>>,
+    changed: watch::Receiver<u64>,
+    task: Arc<tokio::task::JoinHandle<()>>,
+    pub max_in_flight: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+pub fn rolled_out(d: &Deployment) -> bool {
+    let want = d.spec.replicas.unwrap_or(1);
+    d.status.as_ref().is_some_and(|s| {
+        s.observed_generation == d.metadata.generation
+            && s.updated_replicas.unwrap_or(0) == want
+            && s.ready_replicas.unwrap_or(0) == want
+            && s.available_replicas.unwrap_or(0) == want
+            && s.replicas.unwrap_or(0) == want
+    })
+}
+
+pub fn image(d: &Deployment) -> String {
+    d.spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default()
+}
+
+impl Observer {
+    /// Watches the Deployments labelled `fleet=bench` in `namespaces` (all of them when empty).
+    pub fn start(client: &Client, namespaces: Vec<String>) -> Observer {
+        let state: Arc<Mutex<HashMap<String, Seen>>> = Arc::default();
+        let max_in_flight: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+        let (tx, changed) = watch::channel(0u64);
+        let api: Api<Deployment> = Api::all(client.clone());
+        let (st, mf) = (state.clone(), max_in_flight.clone());
+        let task = tokio::spawn(async move {
+            // Backoff and skip errors: the chaos runs restart the apiserver under this watch.
+            let mut events = watcher(api, watcher::Config::default().labels("fleet=bench"))
+                .default_backoff()
+                .applied_objects()
+                .filter_map(|event| async move { event.ok() })
+                .boxed();
+            let mut version = 0u64;
+            while let Some(d) = events.next().await {
+                let ns = d.namespace().unwrap_or_default();
+                if !namespaces.is_empty() && !namespaces.contains(&ns) {
+                    continue;
+                }
+                let key = format!("{ns}/{}", d.name_any());
+                let now = Instant::now();
+                {
+                    let mut s = st.lock().unwrap();
+                    let seen = s.entry(key).or_default();
+                    seen.image = image(&d);
+                    seen.generation = d.metadata.generation.unwrap_or(0);
+                    seen.rolled_out = rolled_out(&d);
+                    seen.changed_at.entry(seen.image.clone()).or_insert(now);
+                    if seen.rolled_out {
+                        seen.rolled_at.entry(seen.image.clone()).or_insert(now);
+                    }
+                    // Targets on an image other than v1 and not rolled out on it: in flight.
+                    let mut in_flight: HashMap<String, usize> = HashMap::new();
+                    for v in s.values().filter(|v| !v.rolled_out) {
+                        *in_flight.entry(v.image.clone()).or_default() += 1;
+                    }
+                    let mut m = mf.lock().unwrap();
+                    for (img, n) in in_flight {
+                        let e = m.entry(img).or_default();
+                        *e = (*e).max(n);
+                    }
+                }
+                version += 1;
+                let _ = tx.send(version);
+            }
+        });
+        Observer { state, changed, task: Arc::new(task), max_in_flight }
+    }
+
+    /// Waits until `cond` holds over the view, or panics after `timeout`.
+    pub async fn wait(&self, what: &str, timeout: Duration, cond: impl Fn(&HashMap<String, Seen>) -> bool) {
+        let mut rx = self.changed.clone();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if cond(&self.state.lock().unwrap()) {
+                return;
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => panic!("the Deployment watch ended while waiting for {what}"),
+                Err(_) => panic!("timed out after {timeout:?} waiting for {what}"),
+            }
+        }
+    }
+}
+
+/// Whether every one of `keys` is rolled out on `image`, in a view passed to [`Observer::wait`].
+pub fn all_on(state: &HashMap<String, Seen>, keys: &[String], image: &str) -> bool {
+    keys.iter().all(|k| state.get(k).is_some_and(|v| v.image == image && v.rolled_out))
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        if Arc::strong_count(&self.task) == 1 {
+            self.task.abort();
+        }
+    }
+}
+
+/// The API server's own request counter, `apiserver_request_total`, summed by (verb, resource, subresource).
+pub async fn apiserver_requests(client: &Client) -> HashMap<(String, String, String), f64> {
+    let text = client
+        .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+        .await
+        .unwrap_or_default();
+    let mut out: HashMap<(String, String, String), f64> = HashMap::new();
+    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+        let (labels, value) = line.rsplit_once(' ').unwrap_or((line, "0"));
+        let get = |k: &str| {
+            labels
+                .split(&format!("{k}=\""))
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or("")
+                .to_string()
+        };
+        *out.entry((get("verb"), get("resource"), get("subresource"))).or_default() +=
+            value.parse::<f64>().unwrap_or(0.0);
+    }
+    out
+}
+
+pub fn delta(
+    before: &HashMap<(String, String, String), f64>,
+    after: &HashMap<(String, String, String), f64>,
+    verb: &str,
+    resource: &str,
+    subresource: &str,
+) -> f64 {
+    let k = (verb.to_string(), resource.to_string(), subresource.to_string());
+    after.get(&k).copied().unwrap_or(0.0) - before.get(&k).copied().unwrap_or(0.0)
+}
+
+/// Peak resident memory (VmHWM, bytes) and CPU seconds (user + system) of a process.
+pub fn process_usage(pid: u32) -> (u64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let hwm = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, r)| r).split_whitespace().collect();
+    // After the command: state(0) ... utime(11) stime(12), in clock ticks (100 per second on Linux).
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (hwm, (ticks(11) + ticks(12)) / 100.0)
+}
+
+/// Sets every target of `keys` (namespace/name) to `image` with server-side apply, `concurrency` at a time.
+pub async fn patch_images(client: &Client, keys: &[String], image: &str, concurrency: usize) {
+    stream::iter(keys.iter().cloned())
+        .map(|key| {
+            let client = client.clone();
+            let image = image.to_string();
+            async move {
+                let (ns, name) = key.split_once('/').unwrap();
+                let api: Api<Deployment> = Api::namespaced(client, ns);
+                let body = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+                    "spec": {"template": {"spec": {"containers": [{"name": "app", "image": image}]}}}});
+                api.patch(name, &PatchParams::apply("bench-bare").force(), &Patch::Apply(&body))
+                    .await
+                    .unwrap();
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect::<Vec<_>>()
+        .await;
+}
+
+/// Percentile of sorted samples (nearest rank).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted[rank.min(sorted.len()) - 1]
+}
+
+/// Facts about this machine and this code, for the results file.
+pub fn machine_facts() -> Vec<(String, String)> {
+    let sh = |cmd: &str| {
+        std::process::Command::new("sh")
+            .args(["-c", cmd])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    };
+    vec![
+        ("date".into(), sh("date -u +%Y-%m-%dT%H:%M:%SZ")),
+        ("commit".into(), sh(&format!("git -C {} rev-parse --short HEAD", env!("CARGO_MANIFEST_DIR")))),
+        ("cpu".into(), sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2")),
+        ("cores".into(), sh("nproc")),
+        ("memory".into(), sh("free -g | awk '/Mem:/ {print $2 \" GiB\"}'")),
+        ("kernel".into(), sh("uname -r")),
+        ("rustc".into(), sh("rustc --version")),
+        (
+            "kubernetes".into(),
+            sh(&format!(
+                "grep K8S_VERSION= {}/tests/testenv/versions.sh | cut -d= -f2",
+                env!("CARGO_MANIFEST_DIR")
+            )),
+        ),
+        ("build".into(), if cfg!(debug_assertions) { "debug".into() } else { "release".into() }),
+    ]
+}
+
+/// One row of a results table.
+pub struct Row {
+    pub metric: String,
+    pub value: String,
+    pub goal: String,
+    /// None: no goal to meet.
+    pub met: Option<bool>,
+}
+
+pub fn row(
+    metric: impl Into<String>,
+    value: impl Into<String>,
+    goal: impl Into<String>,
+    met: Option<bool>,
+) -> Row {
+    Row { metric: metric.into(), value: value.into(), goal: goal.into(), met }
+}
+
+pub fn table(rows: &[Row]) -> String {
+    let mut out = String::from("| metric | value | goal | met |\n|---|---|---|---|\n");
+    for r in rows {
+        let met = match r.met {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "",
+        };
+        out.push_str(&format!("| {} | {} | {} | {met} |\n", r.metric, r.value, r.goal));
+    }
+    out
+}
