@@ -28,6 +28,9 @@ pub enum Error {
 
     #[error("reconcile did not finish within {0:?}")]
     Timeout(std::time::Duration),
+
+    #[error("cannot change the target: {0}")]
+    Target(String),
 }
 
 impl Error {
@@ -43,6 +46,7 @@ impl Error {
             Error::LostLeadership => "lost_leadership",
             Error::Config(_) => "config",
             Error::Timeout(_) => "timeout",
+            Error::Target(_) => "target",
         }
     }
 }

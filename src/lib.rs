@@ -16,6 +16,7 @@ pub mod http;
 pub mod leader;
 pub mod mcp;
 pub mod metrics;
+pub mod nodes;
 pub mod operator;
 pub mod plan;
 pub mod plugin;

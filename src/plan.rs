@@ -170,6 +170,8 @@ mod tests {
             namespace_selector: None,
             batch_size: batch,
             steps,
+            daemon_set: None,
+            node_selector: None,
         }
     }
 

@@ -254,6 +254,7 @@ pub fn kind_name(kind: TargetKind) -> &'static str {
         TargetKind::Deployment => "Deployment",
         TargetKind::StatefulSet => "StatefulSet",
         TargetKind::DaemonSet => "DaemonSet",
+        TargetKind::Node => "Node",
     }
 }
 

@@ -92,15 +92,20 @@ pub struct FleetRolloutSpec {
     pub approvals: Vec<Approval>,
 }
 
-/// The fleet: every workload of `kind` matching `selector`, in the allowed namespaces.
+/// The fleet: every workload of `kind` matching `selector`, in the allowed namespaces; or, for kind `Node`,
+/// every node (matching `nodeSelector`) that runs a pod of the DaemonSet `daemonSet`.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new(SELECTOR_RULE).message("targets.selector must not be empty: an empty selector would select every workload"))]
+#[x_kube(validation = Rule::new(DAEMONSET_RULE).message("targets.daemonSet is required when targets.kind is Node: name the DaemonSet (in the rollout's namespace) whose pods are replaced node by node"))]
+#[x_kube(validation = Rule::new(NODE_ONLY_RULE).message("targets.daemonSet and targets.nodeSelector apply only to kind Node"))]
+#[x_kube(validation = Rule::new(NODE_NAMESPACES_RULE).message("targets.namespaceSelector does not apply to kind Node: the DaemonSet is in the rollout's own namespace"))]
 pub struct Targets {
-    /// The kind of workload; each matching workload is one target.
+    /// The kind of workload, each matching workload being one target; or `Node`, each node being one.
     pub kind: TargetKind,
 
-    /// Label selector on the workloads.
+    /// Label selector on the workloads (not used with kind Node).
+    #[serde(default)]
     pub selector: LabelSelector,
 
     /// Label selector on namespaces. Absent: the rollout's own namespace only. Present: honoured only for
@@ -108,14 +113,28 @@ pub struct Targets {
     /// `fleetroll.dev/rollouts: enabled` are touched.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_selector: Option<LabelSelector>,
+
+    /// Kind Node: the DaemonSet, in the rollout's namespace, whose pods are replaced node by node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub daemon_set: Option<String>,
+
+    /// Kind Node: label selector on the nodes. Absent: every node that runs a pod of the DaemonSet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
 }
 
-/// The workload kinds fleetroll can roll.
+/// What a rollout's targets are.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TargetKind {
+    /// Each matching Deployment.
     Deployment,
+    /// Each matching StatefulSet.
     StatefulSet,
+    /// Each matching DaemonSet, rolled by its own update strategy.
     DaemonSet,
+    /// Each node running a pod of `targets.daemonSet`: fleetroll replaces that pod node by node.
+    Node,
 }
 
 /// How the fleet is cut into batches and what happens when targets fail.
@@ -153,7 +172,10 @@ pub struct Strategy {
     pub on_failure: FailurePolicy,
 }
 
-const SELECTOR_RULE: &str = "(has(self.selector.matchLabels) && size(self.selector.matchLabels) > 0) || (has(self.selector.matchExpressions) && size(self.selector.matchExpressions) > 0)";
+const SELECTOR_RULE: &str = "self.kind == 'Node' || (has(self.selector) && ((has(self.selector.matchLabels) && size(self.selector.matchLabels) > 0) || (has(self.selector.matchExpressions) && size(self.selector.matchExpressions) > 0)))";
+const DAEMONSET_RULE: &str = "self.kind != 'Node' || has(self.daemonSet)";
+const NODE_ONLY_RULE: &str = "self.kind == 'Node' || (!has(self.daemonSet) && !has(self.nodeSelector))";
+const NODE_NAMESPACES_RULE: &str = "self.kind != 'Node' || !has(self.namespaceSelector)";
 // int-or-string rules: CEL sees an int or a string.
 const BATCH_SIZE_RULE: &str = "type(self) == int ? self >= 1 : self.matches('^(100|[1-9][0-9]?)%$')";
 const STEPS_RULE: &str = "self.all(s, type(s) == int ? s >= 1 : s.matches('^(100|[1-9][0-9]?)%$'))";

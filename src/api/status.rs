@@ -171,6 +171,10 @@ pub struct RevisionInputs {
     pub batch_size: IntOrString,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<IntOrString>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daemon_set: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
 }
 
 impl RevisionInputs {
@@ -183,6 +187,8 @@ impl RevisionInputs {
             namespace_selector: spec.targets.namespace_selector.clone(),
             batch_size: spec.strategy.batch_size.clone(),
             steps: spec.strategy.steps.clone(),
+            daemon_set: spec.targets.daemon_set.clone(),
+            node_selector: spec.targets.node_selector.clone(),
         }
     }
 }

@@ -137,6 +137,9 @@ pub async fn discover(
     fleet_namespace: &str,
     fr: &FleetRollout,
 ) -> Result<Result<Vec<Candidate>, Blocked>> {
+    if fr.spec.targets.kind == TargetKind::Node {
+        return super::nodes::discover(client, fr).await;
+    }
     let selector = match Selector::try_from(fr.spec.targets.selector.clone()) {
         Ok(s) => s,
         Err(e) => {
@@ -179,6 +182,7 @@ pub async fn discover(
                     .iter()
                     .map(workload::daemonset_facts),
             ),
+            TargetKind::Node => {}
         }
     }
     Ok(candidates(fr, found, &namespaces))
@@ -257,6 +261,8 @@ mod tests {
                     kind: TargetKind::Deployment,
                     selector: sel("app"),
                     namespace_selector: ns_selector.map(sel),
+                    daemon_set: None,
+                    node_selector: None,
                 },
                 strategy: Strategy::default(),
                 health: Health::default(),

@@ -2,6 +2,7 @@
 //! repeats until the machine says to wait. All decisions are the engine's; this module only does IO.
 
 pub mod discovery;
+pub mod nodes;
 pub mod plans;
 pub mod targets;
 
@@ -34,7 +35,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::{
-    api::{BatchState, FleetRollout, FleetRolloutStatus, Phase, ROLLOUT_ANNOTATION, RevisionInputs},
+    api::{
+        BatchState, FleetRollout, FleetRolloutStatus, Phase, PlannedTarget, ROLLOUT_ANNOTATION,
+        RevisionInputs, TargetKind,
+    },
     engine::{self, EventType, Facts, NewRevision, Step, Transition},
     error::{Error, Result},
     failpoint,
@@ -55,6 +59,8 @@ const RESYNC: Duration = Duration::from_secs(300);
 const RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a shutdown waits for reconciles in flight.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// How soon a node rollout in progress looks at its nodes and pods again (they are not watched).
+const NODE_RECHECK: Duration = Duration::from_secs(2);
 /// Re-try a spec that cannot be acted on (targets or namespaces may appear).
 const BLOCKED_RETRY: Duration = Duration::from_secs(30);
 
@@ -171,10 +177,24 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
         let loaded = ctx.plans.load(&ctx.client, &fr, &plan_ref).await?;
         let kind = fr.spec.targets.kind;
         let container = status.revision.as_ref().and_then(|r| r.inputs.container.clone());
-        let http = http_checks(ctx, &fr, &status, &loaded.plan).await;
-        let lookup = |t: &crate::api::PlannedTarget| ctx.stores.state(kind, container.as_deref(), t, &http);
-        let unplanned =
-            || discovery::unplanned(&fr, &ctx.settings.fleet_namespace, &ctx.stores, &loaded.members);
+        // Node targets are read live (see controller::nodes), and only while there is something to do.
+        let view = match kind == TargetKind::Node && !status.phase.is_terminal() {
+            true => Some(nodes::View::read(&ctx.client, &fr).await?),
+            false => None,
+        };
+        let node_states = view.as_ref().map(|v| node_states(v, &uid, &status, container.as_deref()));
+        let http = http_checks(ctx, &fr, &status, &loaded.plan, view.as_ref(), node_states.as_ref()).await;
+        let lookup = |t: &PlannedTarget| match &node_states {
+            Some(states) => states.get(&t.name).cloned().map(|mut s| {
+                s.http = http.get(&(t.namespace.clone(), t.name.clone())).cloned();
+                s
+            }),
+            None => ctx.stores.state(kind, container.as_deref(), t, &http),
+        };
+        let unplanned = || match &view {
+            Some(v) => Some(v.unplanned(&loaded.members)),
+            None => discovery::unplanned(&fr, &ctx.settings.fleet_namespace, &ctx.stores, &loaded.members),
+        };
         let step = engine::advance(&Facts {
             now,
             uid: &uid,
@@ -192,6 +212,13 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
         let outcome = match step {
             Step::Wait { after } => {
                 let mut wait = after.map_or(RESYNC, |d| d.min(RESYNC) + Duration::from_millis(10));
+                if view.is_some() {
+                    // Pods and nodes are not watched: look again soon (a NotReady node fails, never hangs).
+                    wait = wait.min(NODE_RECHECK);
+                }
+                if kind == TargetKind::Node && status.phase.is_terminal() {
+                    release_daemonset(ctx, &fr, &status).await?;
+                }
                 if let Some(expiry) = engine::expires_at(&fr.spec, &status) {
                     if now >= expiry {
                         info!("deleting: ttlSecondsAfterFinished has passed");
@@ -219,12 +246,17 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
                 written
             }
             Step::Apply { key, image, targets, after } => {
-                let change = Change { key: &key, between: failpoint::BETWEEN_PATCHES, ..base_change };
-                let out =
+                let out = if kind == TargetKind::Node {
+                    let revision = crate::nodes::revision_key(&uid, revision_number(&status));
+                    nodes::apply(&ctx.client, &ctx.metrics, &fr, &revision, &image, &rollout, &targets)
+                        .await?
+                } else {
+                    let change = Change { key: &key, between: failpoint::BETWEEN_PATCHES, ..base_change };
                     targets::patch_all(&ctx.client, &ctx.stores, &ctx.metrics, &change, &targets, |_| {
                         image.clone()
                     })
-                    .await?;
+                    .await?
+                };
                 if let Some(at) = batch_settled_at.take() {
                     ctx.metrics.batch_transition.observe(at.elapsed().as_secs_f64());
                 }
@@ -233,12 +265,15 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
                 write_status(ctx, &fr, after).await
             }
             Step::Restore { key, targets } => {
-                let change = Change { key: &key, between: failpoint::BETWEEN_RESTORES, ..base_change };
-                let out =
+                let out = if kind == TargetKind::Node {
+                    nodes::restore(&ctx.client, &ctx.metrics, &fr, &targets).await?
+                } else {
+                    let change = Change { key: &key, between: failpoint::BETWEEN_RESTORES, ..base_change };
                     targets::patch_all(&ctx.client, &ctx.stores, &ctx.metrics, &change, &targets, |t| {
                         t.previous_image.clone()
                     })
-                    .await?;
+                    .await?
+                };
                 info!(key = %key, changed = out.changed, unchanged = out.unchanged, skipped = out.skipped, "rollback applied");
                 let t = engine::restored(now, generation, &status, out.changed + out.unchanged, out.skipped);
                 write_status(ctx, &fr, t).await
@@ -322,6 +357,8 @@ async fn http_checks(
     fr: &FleetRollout,
     status: &FleetRolloutStatus,
     plan: &plan::Plan,
+    view: Option<&nodes::View>,
+    node_states: Option<&HashMap<String, engine::TargetState>>,
 ) -> HashMap<(String, String), Result<(), String>> {
     let Some(check) = &fr.spec.health.http else {
         return HashMap::new();
@@ -334,17 +371,62 @@ async fn http_checks(
     }
     // Probe only targets whose own rollout is complete: the others are not healthy anyway.
     let container = status.revision.as_ref().and_then(|r| r.inputs.container.clone());
-    let ready: Vec<_> = plan
+    let ready = |t: &PlannedTarget| {
+        let state = match node_states {
+            Some(states) => states.get(&t.name).cloned(),
+            None => ctx.stores.state(fr.spec.targets.kind, container.as_deref(), t, &HashMap::new()),
+        };
+        state.is_some_and(|s| s.readiness == crate::workload::Readiness::Ready)
+    };
+    let checks: Vec<((String, String), String)> = plan
         .batch(batch.index)
         .iter()
-        .filter(|t| {
-            ctx.stores
-                .state(fr.spec.targets.kind, container.as_deref(), t, &HashMap::new())
-                .is_some_and(|s| s.readiness == crate::workload::Readiness::Ready)
+        .filter(|t| ready(t))
+        .map(|t| {
+            let url = match view {
+                Some(v) => v.url_for(&check.url, &t.name),
+                None => check.url.replace("{name}", &t.name).replace("{namespace}", &t.namespace),
+            };
+            ((t.namespace.clone(), t.name.clone()), url)
         })
-        .cloned()
         .collect();
-    ctx.prober.check_all(&check.url, check.expect_status, &ready).await
+    ctx.prober.check_all(check.expect_status, checks).await
+}
+
+/// What the state machine sees of each node target of a node rollout.
+fn node_states(
+    view: &nodes::View,
+    uid: &str,
+    status: &FleetRolloutStatus,
+    container: Option<&str>,
+) -> HashMap<String, engine::TargetState> {
+    let revision = crate::nodes::revision_key(uid, revision_number(status));
+    let batch = status
+        .current_batch
+        .and_then(|i| status.batches.iter().find(|b| b.index == i))
+        .map(|b| b.idempotency_key.clone())
+        .unwrap_or_default();
+    let image = status.revision.as_ref().map(|r| r.inputs.image.clone()).unwrap_or_default();
+    view.states(&revision, &batch, &image, container)
+}
+
+fn revision_number(status: &FleetRolloutStatus) -> u32 {
+    status.revision.as_ref().map_or(0, |r| r.number)
+}
+
+/// Hands a node rollout's DaemonSet back once the rollout succeeded or was rolled back. After a failure or
+/// an abort it stays on OnDelete, so that no further node changes behind the rollout's back.
+async fn release_daemonset(ctx: &Context, fr: &FleetRollout, status: &FleetRolloutStatus) -> Result<()> {
+    if !matches!(status.phase, Phase::Succeeded | Phase::RolledBack) {
+        return Ok(());
+    }
+    let name = fr.spec.targets.daemon_set.clone().unwrap_or_default();
+    let cached =
+        ctx.stores.daemonsets.get(&ObjectRef::new(&name).within(&fr.namespace().unwrap_or_default()));
+    if cached.is_some_and(|ds| !crate::nodes::is_held(&ds)) {
+        return Ok(());
+    }
+    nodes::release(&ctx.client, fr).await
 }
 
 /// Persists a status with the resourceVersion we read: if anything changed since, the API server refuses

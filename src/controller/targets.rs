@@ -86,6 +86,8 @@ impl Stores {
                 .daemonsets
                 .get(&ObjectRef::new(name).within(namespace))
                 .map(|d| workload::daemonset_facts(&d)),
+            // Node targets are not workloads; controller::nodes reads them.
+            TargetKind::Node => None,
         }
     }
 
@@ -101,6 +103,7 @@ impl Stores {
             TargetKind::DaemonSet => {
                 self.daemonsets.state().iter().map(|d| workload::daemonset_facts(d)).collect()
             }
+            TargetKind::Node => Vec::new(),
         }
     }
 
@@ -234,6 +237,7 @@ async fn patch_one(
             .patch(&t.name, &params, &patch)
             .await
             .map(|_| ()),
+        TargetKind::Node => return Ok(PatchResult::Skipped),
     };
     metrics.target_patches.inc();
     match result {
@@ -265,6 +269,7 @@ pub async fn live_facts(
             .get_opt(&t.name)
             .await?
             .map(|d| workload::daemonset_facts(&d)),
+        TargetKind::Node => None,
     };
     Ok(facts)
 }
@@ -288,21 +293,20 @@ impl Default for Prober {
 }
 
 impl Prober {
+    /// GETs each target's URL; the answer is keyed like the input.
     pub async fn check_all(
         &self,
-        url: &str,
         expect: u16,
-        targets: &[PlannedTarget],
+        checks: Vec<((String, String), String)>,
     ) -> HashMap<(String, String), Result<(), String>> {
-        stream::iter(targets.to_vec())
-            .map(|t| async move {
-                let url = url.replace("{name}", &t.name).replace("{namespace}", &t.namespace);
+        stream::iter(checks)
+            .map(|(key, url)| async move {
                 let result = match self.http.get(&url).send().await {
                     Ok(r) if r.status().as_u16() == expect => Ok(()),
                     Ok(r) => Err(format!("GET {url} returned {}, expected {expect}", r.status().as_u16())),
                     Err(e) => Err(format!("GET {url} failed: {e}")),
                 };
-                ((t.namespace.clone(), t.name.clone()), result)
+                (key, result)
             })
             .buffer_unordered(HTTP_CONCURRENCY)
             .collect()

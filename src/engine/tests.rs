@@ -18,6 +18,8 @@ fn spec(n_batch: i32) -> FleetRolloutSpec {
             kind: TargetKind::Deployment,
             selector: LabelSelector::default(),
             namespace_selector: None,
+            daemon_set: None,
+            node_selector: None,
         },
         strategy: Strategy { batch_size: IntOrString::Int(n_batch), ..Strategy::default() },
         health: Health::default(),

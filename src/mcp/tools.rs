@@ -52,7 +52,8 @@ pub struct RolloutFleetArgs {
     /// The container whose image changes; required when targets have several containers.
     #[serde(default)]
     pub container: Option<String>,
-    /// Which workloads: kind (Deployment, StatefulSet, DaemonSet), selector, optional namespaceSelector.
+    /// Which targets: kind (Deployment, StatefulSet, DaemonSet) with selector and optional namespaceSelector;
+    /// or kind Node with daemonSet and optional nodeSelector (the DaemonSet's pod replaced node by node).
     pub targets: Targets,
     /// Batch sizes (batchSize, steps), failure budget (maxFailures), pacing, approvals, onFailure.
     #[serde(default)]

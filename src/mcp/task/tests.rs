@@ -26,6 +26,8 @@ fn rollout(phase: Phase, reason: Option<&str>) -> FleetRollout {
                 kind: TargetKind::Deployment,
                 selector: LabelSelector::default(),
                 namespace_selector: None,
+                daemon_set: None,
+                node_selector: None,
             },
             strategy: Strategy::default(),
             health: Health::default(),

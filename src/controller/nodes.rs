@@ -1,0 +1,319 @@
+//! Node-scoped rollouts, the IO side: reading the DaemonSet, its pods and the nodes (live, from the API
+//! server: a node rollout is small and short-lived, and a cluster-wide pod cache would not be), taking over
+//! and handing back the DaemonSet's updates, and replacing pods node by node. The decisions are in
+//! [`crate::nodes`].
+
+use std::collections::{HashMap, HashSet};
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::{
+    apps::v1::DaemonSet,
+    core::v1::{Node, Pod},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, PostParams, Preconditions},
+    core::Selector,
+};
+use tracing::{debug, info};
+
+use super::{discovery::reason as blocked_reason, targets::Outcome};
+use crate::{
+    api::{APPLIED_ANNOTATION, FIELD_MANAGER, FleetRollout, PlannedTarget, Unplanned},
+    engine::{Blocked, TargetState},
+    error::{Error, Result, is_not_found},
+    failpoint,
+    metrics::Metrics,
+    nodes::{self, NodeAction},
+    plan::Candidate,
+    workload::{self, ContainerError},
+};
+
+/// How many pod deletions of one batch are in flight at once.
+const DELETE_CONCURRENCY: usize = 16;
+
+/// The DaemonSet, the nodes its rollout may target and the DaemonSet's pods, read together.
+pub struct View {
+    pub daemonset: Option<DaemonSet>,
+    nodes: HashMap<String, Node>,
+    pods: Vec<Pod>,
+}
+
+fn daemonsets(client: &Client, fr: &FleetRollout) -> Api<DaemonSet> {
+    Api::namespaced(client.clone(), &fr.namespace().unwrap_or_default())
+}
+
+fn daemonset_name(fr: &FleetRollout) -> String {
+    fr.spec.targets.daemon_set.clone().unwrap_or_default()
+}
+
+fn node_selector(fr: &FleetRollout) -> Result<Option<Selector>, Blocked> {
+    fr.spec.targets.node_selector.clone().map(Selector::try_from).transpose().map_err(|e| Blocked {
+        reason: blocked_reason::INVALID_SELECTOR,
+        message: format!("targets.nodeSelector: {e}"),
+    })
+}
+
+impl View {
+    pub async fn read(client: &Client, fr: &FleetRollout) -> Result<Self> {
+        let ns = fr.namespace().unwrap_or_default();
+        let daemonset = daemonsets(client, fr).get_opt(&daemonset_name(fr)).await?;
+        let selector = node_selector(fr).ok().flatten();
+        let lp = selector.map_or_else(ListParams::default, |s| ListParams::default().labels(&s.to_string()));
+        let nodes = Api::<Node>::all(client.clone()).list(&lp).await?.items;
+        let pods = match daemonset.as_ref().and_then(|d| d.spec.selector.clone().try_into().ok()) {
+            Some(selector) => {
+                let selector: Selector = selector;
+                let lp = ListParams::default().labels(&selector.to_string());
+                Api::<Pod>::namespaced(client.clone(), &ns).list(&lp).await?.items
+            }
+            None => Vec::new(),
+        };
+        Ok(Self { daemonset, nodes: nodes.into_iter().map(|n| (n.name_any(), n)).collect(), pods })
+    }
+
+    fn pods_by_node(&self) -> HashMap<String, &Pod> {
+        let uid = self.daemonset.as_ref().and_then(|d| d.uid()).unwrap_or_default();
+        nodes::pods_by_node(&uid, &self.pods)
+    }
+
+    /// Every node target as the state machine sees it, keyed by node name.
+    pub fn states(
+        &self,
+        revision: &str,
+        batch: &str,
+        image: &str,
+        container: Option<&str>,
+    ) -> HashMap<String, TargetState> {
+        let pods = self.pods_by_node();
+        self.nodes
+            .iter()
+            .filter_map(|(name, node)| {
+                let state = nodes::target_state(
+                    Some(node),
+                    pods.get(name).copied(),
+                    revision,
+                    batch,
+                    image,
+                    container,
+                )?;
+                Some((name.clone(), state))
+            })
+            .collect()
+    }
+
+    /// The planned nodes: matching, and running a pod of the DaemonSet.
+    fn candidates(&self, container: Option<&str>) -> Vec<Candidate> {
+        let nodes: Vec<Node> = self.nodes.values().cloned().collect();
+        nodes::candidates(&nodes, None, &self.pods_by_node(), container)
+    }
+
+    /// Matching nodes with a pod of the DaemonSet that the plan does not contain (reported, never added).
+    pub fn unplanned(&self, members: &HashSet<(String, String)>) -> Unplanned {
+        let mut extra: Vec<String> = self
+            .candidates(None)
+            .into_iter()
+            .filter(|c| !members.contains(&(c.namespace.clone(), c.name.clone())))
+            .map(|c| c.name)
+            .collect();
+        extra.sort();
+        let count = u32::try_from(extra.len()).unwrap_or(u32::MAX);
+        extra.truncate(10);
+        Unplanned { count, sample: extra }
+    }
+
+    /// URL placeholders of a node target's HTTP check: `{name}`/`{node}`, `{namespace}`, `{pod}`,
+    /// `{podIP}` and `{hostIP}`.
+    pub fn url_for(&self, template: &str, node: &str) -> String {
+        let pods = self.pods_by_node();
+        let pod = pods.get(node);
+        let status = pod.and_then(|p| p.status.as_ref());
+        let ns = self.daemonset.as_ref().and_then(|d| d.namespace()).unwrap_or_default();
+        template
+            .replace("{name}", node)
+            .replace("{node}", node)
+            .replace("{namespace}", &ns)
+            .replace("{pod}", &pod.map(|p| p.name_any()).unwrap_or_default())
+            .replace("{podIP}", status.and_then(|s| s.pod_ip.as_deref()).unwrap_or_default())
+            .replace("{hostIP}", status.and_then(|s| s.host_ip.as_deref()).unwrap_or_default())
+    }
+}
+
+/// The nodes of a new revision, or why there are none to plan.
+pub async fn discover(client: &Client, fr: &FleetRollout) -> Result<Result<Vec<Candidate>, Blocked>> {
+    if let Err(b) = node_selector(fr) {
+        return Ok(Err(b));
+    }
+    let view = View::read(client, fr).await?;
+    let ns = fr.namespace().unwrap_or_default();
+    let name = daemonset_name(fr);
+    let Some(ds) = &view.daemonset else {
+        return Ok(Err(Blocked {
+            reason: nodes::reason::DAEMONSET_NOT_FOUND,
+            message: format!("DaemonSet {ns}/{name} (targets.daemonSet) does not exist; no pod was replaced"),
+        }));
+    };
+    if let Err(e) = workload::daemonset_facts(ds).container_image(fr.spec.container.as_deref()) {
+        let reason = match e {
+            ContainerError::NotFound { .. } => blocked_reason::CONTAINER_NOT_FOUND,
+            ContainerError::Ambiguous { .. } => blocked_reason::CONTAINER_AMBIGUOUS,
+        };
+        return Ok(Err(Blocked { reason, message: format!("{e}; no pod was replaced") }));
+    }
+    let found = view.candidates(fr.spec.container.as_deref());
+    if found.is_empty() {
+        return Ok(Err(Blocked {
+            reason: blocked_reason::NO_TARGETS,
+            message: format!("no node matching targets.nodeSelector runs a pod of DaemonSet {ns}/{name}"),
+        }));
+    }
+    Ok(Ok(found))
+}
+
+/// One batch (or one replay of it): takes control of the DaemonSet and sets its template to the
+/// revision (once), then deletes the old pod on each node of the batch. Safe to repeat: a pod of the
+/// revision is never deleted, and each delete is conditional on the pod's uid.
+pub async fn apply(
+    client: &Client,
+    metrics: &Metrics,
+    fr: &FleetRollout,
+    revision: &str,
+    image: &str,
+    rollout: &str,
+    targets: &[PlannedTarget],
+) -> Result<Outcome> {
+    let api = daemonsets(client, fr);
+    let Some(ds) = api.get_opt(&daemonset_name(fr)).await? else {
+        info!("the DaemonSet is gone; the batch is skipped");
+        return Ok(Outcome { skipped: count(targets.len()), ..Default::default() });
+    };
+    let taken = nodes::take_control(&ds, fr.spec.container.as_deref(), image, revision, rollout)
+        .map_err(Error::Target)?;
+    if let Some(next) = taken {
+        api.replace(&ds.name_any(), &post_params(), &next).await?;
+        info!(daemonset = %ds.name_any(), %revision, %image, "took over the DaemonSet's updates; template set");
+    }
+    let view = View::read(client, fr).await?;
+    let pods = view.pods_by_node();
+    let actions: Vec<(usize, String, NodeAction)> = targets
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            (
+                i,
+                t.name.clone(),
+                nodes::node_action(view.nodes.get(&t.name), pods.get(&t.name).copied(), revision),
+            )
+        })
+        .collect();
+    let ns = fr.namespace().unwrap_or_default();
+    let results: Vec<Result<NodeAction>> = stream::iter(actions)
+        .map(|(i, node, action)| {
+            let ns = ns.clone();
+            async move {
+                if i > 0 {
+                    failpoint::hit(failpoint::BETWEEN_PATCHES).await;
+                }
+                delete(client, metrics, &ns, &node, &action).await.map(|()| action)
+            }
+        })
+        .buffered(DELETE_CONCURRENCY)
+        .collect()
+        .await;
+    let mut outcome = Outcome::default();
+    for r in results {
+        match r? {
+            NodeAction::Delete { .. } => outcome.changed += 1,
+            NodeAction::Nothing => outcome.unchanged += 1,
+            NodeAction::Skip => outcome.skipped += 1,
+        }
+    }
+    Ok(outcome)
+}
+
+async fn delete(client: &Client, metrics: &Metrics, ns: &str, node: &str, action: &NodeAction) -> Result<()> {
+    let NodeAction::Delete { pod, uid } = action else { return Ok(()) };
+    let params = DeleteParams {
+        preconditions: Some(Preconditions { uid: Some(uid.clone()), resource_version: None }),
+        ..Default::default()
+    };
+    metrics.target_patches.inc();
+    match Api::<Pod>::namespaced(client.clone(), ns).delete(pod, &params).await {
+        Ok(_) => {
+            debug!(%node, %pod, "old pod deleted");
+            Ok(())
+        }
+        // Gone already, or replaced (the uid precondition failed): either way the old pod is not there.
+        Err(e) if is_not_found(&e) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(Error::Kube(e)),
+    }
+}
+
+/// A rollback: restores the template from before the rollout, then replaces, node by node, the pods this
+/// rollout created on `targets`. Returns (restored, skipped).
+pub async fn restore(
+    client: &Client,
+    metrics: &Metrics,
+    fr: &FleetRollout,
+    targets: &[PlannedTarget],
+) -> Result<Outcome> {
+    let api = daemonsets(client, fr);
+    let Some(ds) = api.get_opt(&daemonset_name(fr)).await? else {
+        return Ok(Outcome { skipped: count(targets.len()), ..Default::default() });
+    };
+    if let Some(next) = nodes::restore_template(&ds) {
+        api.replace(&ds.name_any(), &post_params(), &next).await?;
+        info!(daemonset = %ds.name_any(), "restored the pod template from before the rollout");
+    }
+    let ours = format!("{}/", fr.uid().unwrap_or_default());
+    let view = View::read(client, fr).await?;
+    let pods = view.pods_by_node();
+    let ns = fr.namespace().unwrap_or_default();
+    let mut outcome = Outcome::default();
+    for (i, t) in targets.iter().enumerate() {
+        let pod = pods.get(&t.name).copied();
+        let node = view.nodes.get(&t.name);
+        let made_by_us = pod.is_some_and(|p| {
+            p.annotations().get(APPLIED_ANNOTATION).is_some_and(|k| k.starts_with(&ours))
+                && p.metadata.deletion_timestamp.is_none()
+        });
+        let action = match (node, pod) {
+            (Some(n), Some(p)) if made_by_us && nodes::node_ready(n).is_ok() => {
+                NodeAction::Delete { pod: p.name_any(), uid: p.uid().unwrap_or_default() }
+            }
+            (Some(_), _) if !made_by_us => NodeAction::Nothing,
+            _ => NodeAction::Skip,
+        };
+        if i > 0 {
+            failpoint::hit(failpoint::BETWEEN_RESTORES).await;
+        }
+        delete(client, metrics, &ns, &t.name, &action).await?;
+        match action {
+            NodeAction::Delete { .. } => outcome.changed += 1,
+            NodeAction::Nothing => outcome.unchanged += 1,
+            NodeAction::Skip => outcome.skipped += 1,
+        }
+    }
+    Ok(outcome)
+}
+
+/// Hands the DaemonSet's updates back (its strategy from before the rollout) once the rollout has
+/// succeeded or been rolled back. Idempotent.
+pub async fn release(client: &Client, fr: &FleetRollout) -> Result<()> {
+    let api = daemonsets(client, fr);
+    let Some(ds) = api.get_opt(&daemonset_name(fr)).await? else { return Ok(()) };
+    if let Some(next) = nodes::release(&ds) {
+        api.replace(&ds.name_any(), &post_params(), &next).await?;
+        info!(daemonset = %ds.name_any(), "handed the DaemonSet's updates back");
+    }
+    Ok(())
+}
+
+fn post_params() -> PostParams {
+    PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
