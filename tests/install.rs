@@ -165,6 +165,18 @@ async fn the_operator_runs_on_the_charts_rbac_and_nothing_more() {
         let events = fleet.events("web").await;
         assert!(events.iter().any(|(r, _)| r == "Succeeded"), "events need the chart's grant: {events:?}");
 
+        // A node rollout too (the DaemonSet taken over and handed back, pods deleted node by node).
+        let (client, pool) = (fleet.client.clone(), ns.clone());
+        common::nodes::with_pool(client.clone(), pool.clone(), 2, |_| async {
+            common::nodes::daemonset(&client, &ns, &pool, READY_IMAGE, 2).await;
+            let targets = json!({"kind": "Node", "daemonSet": common::nodes::DAEMONSET,
+                "nodeSelector": {"matchLabels": {common::nodes::POOL_LABEL: pool}}});
+            fleet.rollout("agents", json!({"image": NEXT_IMAGE, "targets": targets, "strategy": {"batchSize": 1}})).await;
+            let fr = fleet.wait_rollout("agents", "the node rollout to succeed", Duration::from_secs(120), |f| phase(f) == Phase::Succeeded).await;
+            assert_eq!(fr.status.unwrap().counts.healthy, 2);
+        })
+        .await;
+
         // ... and MCP authentication works with it too (TokenReview and SubjectAccessReview: auth-delegator).
         let sas: Api<ServiceAccount> = Api::namespaced(fleet.client.clone(), &ns);
         let agent = ServiceAccount { metadata: ObjectMeta { name: Some("agent".into()), ..Default::default() }, ..Default::default() };

@@ -61,8 +61,11 @@ async fn the_api_server_rejects_nonsense_with_a_clear_message() {
             ("health.soak", json!("-1s"), "soak must be a duration such as 0s, 30s or 5m"),
             ("health.http", json!({"url": "ftp://web"}), "http.url must be an http:// or https:// URL"),
             ("health.http", json!({"url": "http://web", "expectStatus": 99}), "should be greater than or equal to 100"),
-            ("targets.kind", json!("Pod"), "Unsupported value: \"Pod\": supported values: \"Deployment\", \"StatefulSet\", \"DaemonSet\""),
+            ("targets.kind", json!("Pod"), "Unsupported value: \"Pod\": supported values: \"Deployment\", \"StatefulSet\", \"DaemonSet\", \"Node\""),
             ("targets.selector", json!({}), "targets.selector must not be empty"),
+            ("targets.kind", json!("Node"), "targets.daemonSet is required when targets.kind is Node"),
+            ("targets.daemonSet", json!("edge-agent"), "targets.daemonSet and targets.nodeSelector apply only to kind Node"),
+            ("targets.nodeSelector", json!({"matchLabels": {"pool": "edge"}}), "targets.daemonSet and targets.nodeSelector apply only to kind Node"),
         ];
         for (i, (path, value, expected)) in cases.iter().enumerate() {
             let mut spec = valid_spec();
@@ -134,6 +137,11 @@ async fn specs_the_operator_cannot_act_on_are_degraded_with_a_reason_and_touch_n
         fleet.rollout("nothing", spec(json!({"matchLabels": {"fleet": "nope"}}))).await;
         let fr = wait_degraded(&fleet, "nothing", "NoTargets").await;
         assert!(fr.status.unwrap().message.unwrap().contains("no Deployment matches selector"));
+
+        let no_daemonset = json!({"image": "registry.k8s.io/pause:3.9", "targets": {"kind": "Node", "daemonSet": "nope"}});
+        fleet.rollout("no-daemonset", no_daemonset).await;
+        let fr = wait_degraded(&fleet, "no-daemonset", "DaemonSetNotFound").await;
+        assert!(condition(&fr, "Degraded").unwrap().message.contains("DaemonSet"), "{:?}", fr.status);
 
         let mut wrong = spec(json!({"matchLabels": {"fleet": "web"}}));
         wrong["container"] = json!("api");

@@ -109,4 +109,5 @@ where
 pub mod cli;
 pub mod fleet;
 pub mod mcp;
+pub mod nodes;
 pub mod operator;
