@@ -18,7 +18,7 @@ use crate::{
         ApprovalMode, ApprovalRecord, BATCH_WINDOW, BatchState, BatchStatus, FAILURE_DETAILS, FailurePolicy,
         FleetRolloutSpec, FleetRolloutStatus, HISTORY, PendingApproval, Phase, PlanRef, PlannedTarget,
         Revision, RevisionInputs, RollbackState, RollbackStatus, SupersededRevision, TargetFailure,
-        Unplanned, time,
+        Unplanned, target_key, time,
     },
     conditions::{self, Desired},
     duration,
@@ -367,7 +367,7 @@ fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
             }
             Verdict::Failed(reason, message) => failures.push(failure(t, b.index, reason, message)),
             Verdict::Waiting(why) => {
-                waiting.get_or_insert_with(|| format!("{}/{}: {why}", t.namespace, t.name));
+                waiting.get_or_insert_with(|| format!("{}: {why}", target_key(&t.namespace, &t.name)));
             }
         }
     }
@@ -487,8 +487,8 @@ fn verdict(
             return Verdict::Failed(
                 reason::IMAGE_CHANGED,
                 format!(
-                    "{}/{} was changed to {current} by someone else after fleetroll set {image}",
-                    t.namespace, t.name
+                    "{} was changed to {current} by someone else after fleetroll set {image}",
+                    target_key(&t.namespace, &t.name)
                 ),
             );
         }

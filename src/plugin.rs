@@ -261,7 +261,7 @@ fn plan_view(plan: &Plan, preview: bool) -> PlanView {
             .enumerate()
             .map(|(i, b)| BatchView {
                 batch: i as u32 + 1,
-                targets: b.iter().map(|t| format!("{}/{}", t.namespace, t.name)).collect(),
+                targets: b.iter().map(|t| crate::api::target_key(&t.namespace, &t.name)).collect(),
             })
             .collect(),
         preview,
@@ -511,9 +511,8 @@ fn render_with(fr: &FleetRollout, health: Option<(u32, u32)>) -> String {
     }
     for f in s.failures.iter().rev().take(5) {
         out.push_str(&format!(
-            "  failed: {}/{} (batch {}): {}: {}\n",
-            f.namespace,
-            f.name,
+            "  failed: {} (batch {}): {}: {}\n",
+            crate::api::target_key(&f.namespace, &f.name),
             f.batch + 1,
             f.reason,
             f.message

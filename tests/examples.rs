@@ -251,3 +251,40 @@ async fn gitops_changing_the_image_mid_rollout_supersedes_the_revision() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn node_by_node_replaces_the_daemonsets_pod_on_each_edge_node() {
+    with_fleet("ex-nodes", 0, |fleet| async move {
+        let ns = fleet.ns.clone();
+        let client = fleet.client.clone();
+        common::nodes::with_pool(client.clone(), ns.clone(), 12, |names| async move {
+            for node in &names {
+                kubectl(&["label", "node", node, "node-role.kubernetes.io/edge=true"]).await.ok();
+            }
+            common::nodes::daemonset(&client, &ns, &ns, READY_IMAGE, 12).await;
+            let _op = Operator::start(&ns, &[], &[]);
+            kubectl(&["apply", "-n", &ns, "-f", &example("node-by-node.yaml")]).await.ok();
+            kubectl(&[
+                "wait",
+                "-n",
+                &ns,
+                "--for=condition=Complete",
+                "fleetrollout/edge-agent",
+                "--timeout=180s",
+            ])
+            .await
+            .ok();
+            let fr = fleet.rollouts().get("edge-agent").await.unwrap();
+            let s = fr.status.unwrap();
+            assert_eq!((s.counts.total, s.counts.healthy, s.batches.len()), (12, 12, 2));
+            let pods = common::nodes::pods_by_node(&client, &ns).await;
+            for node in &names {
+                assert_eq!(common::nodes::pod_image(&pods[node][0]), NEXT_IMAGE, "{node}");
+            }
+            let got = kubectl(&["get", "fro", "-n", &ns]).await.ok().stdout;
+            assert!(got.contains("Succeeded") && got.contains("12/12") && got.contains("2/2"), "{got}");
+        })
+        .await;
+    })
+    .await;
+}

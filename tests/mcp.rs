@@ -85,6 +85,35 @@ async fn an_agent_rolls_forty_deployments_through_an_mcp_task() {
 }
 
 #[tokio::test]
+async fn an_agent_rolls_a_daemonset_node_by_node_through_an_mcp_task() {
+    with_fleet("mcp-nodes", 0, |fleet| async move {
+        let (client, ns) = (fleet.client.clone(), fleet.ns.clone());
+        common::nodes::with_pool(client.clone(), ns.clone(), 10, |names| async move {
+            common::nodes::daemonset(&client, &ns, &ns, READY_IMAGE, 10).await;
+            let op = Operator::start(&ns, &[], &[]);
+            let args = rollout_args(
+                &ns,
+                json!({
+                    "targets": {"kind": "Node", "daemonSet": common::nodes::DAEMONSET,
+                                "nodeSelector": {"matchLabels": {common::nodes::POOL_LABEL: ns}}},
+                    "strategy": {"batchSize": 5},
+                }),
+            );
+            let id = task_id(&drive(&["start", &op.mcp_url(), &args]).await);
+            let done = drive(&["wait", &op.mcp_url(), &id]).await;
+            assert_eq!(done["status"], "completed", "{done}");
+            assert_eq!(done["result"]["structuredContent"]["counts"]["healthy"], 10, "{done}");
+            let pods = common::nodes::pods_by_node(&client, &ns).await;
+            for node in &names {
+                assert_eq!(common::nodes::pod_image(&pods[node][0]), NEXT_IMAGE, "{node}");
+            }
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn approvals_answer_input_requests_and_cancel_aborts() {
     with_fleet("mcp-gates", 0, |fleet| async move {
         fleet.deployments(&fleet.ns, 4, READY_IMAGE).await;

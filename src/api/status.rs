@@ -376,3 +376,8 @@ pub struct RollbackStatus {
 pub fn time(t: Timestamp) -> Time {
     Time(t)
 }
+
+/// How people read a target: `namespace/name`, or just the name of a (cluster-scoped) node.
+pub fn target_key(namespace: &str, name: &str) -> String {
+    if namespace.is_empty() { name.to_string() } else { format!("{namespace}/{name}") }
+}
