@@ -13,7 +13,7 @@ use std::{
 };
 
 use axum::{
-    body::{Body, to_bytes},
+    body::Body,
     extract::{Request, State},
     http::{HeaderValue, StatusCode, header},
     middleware::Next,
@@ -267,13 +267,28 @@ pub async fn guard(State(auth): State<Authenticator>, request: Request, next: Ne
         return next.run(Request::from_parts(parts, body)).await;
     }
     let limit = super::MAX_BODY_BYTES;
-    let Ok(bytes) = to_bytes(body, limit).await else {
-        return rpc_error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            &Value::Null,
-            -32600,
-            &format!("request body larger than {limit} bytes"),
-        );
+    let bytes = match read_body(body, limit).await {
+        ReadBody::Complete(bytes) => bytes,
+        ReadBody::Broken => {
+            return rpc_error(
+                StatusCode::BAD_REQUEST,
+                &Value::Null,
+                -32600,
+                "the request body could not be read",
+            );
+        }
+        too_large => {
+            let mut response = rpc_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &Value::Null,
+                -32600,
+                &format!("request body larger than {limit} bytes"),
+            );
+            if matches!(too_large, ReadBody::TooLargeUnread) {
+                response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            return response;
+        }
     };
     let message: Value = match serde_json::from_slice(&bytes) {
         Ok(v) => v,
@@ -306,6 +321,39 @@ pub async fn guard(State(auth): State<Authenticator>, request: Request, next: Ne
     parts.extensions.insert(identity);
     parts.extensions.insert(Granted::Only(access));
     next.run(Request::from_parts(parts, Body::from(bytes))).await
+}
+
+/// The outcome of reading a request body under a limit.
+enum ReadBody {
+    Complete(axum::body::Bytes),
+    /// Over the limit, and read to its end: the connection stays usable for the next request.
+    TooLargeDrained,
+    /// Far over the limit: not read to its end, so the connection must close.
+    TooLargeUnread,
+    /// The client broke off.
+    Broken,
+}
+
+/// How much of an oversized body is read and thrown away, so that the client gets its 413 on a connection
+/// still in step (closing mid-upload makes clients see a reset instead of the answer).
+const DRAIN_BYTES: usize = 16 * 1024 * 1024;
+
+async fn read_body(body: Body, limit: usize) -> ReadBody {
+    use futures::StreamExt;
+    let mut stream = body.into_data_stream();
+    let mut kept = Vec::new();
+    let mut seen = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let Ok(chunk) = chunk else { return ReadBody::Broken };
+        seen = seen.saturating_add(chunk.len());
+        if seen > DRAIN_BYTES {
+            return ReadBody::TooLargeUnread;
+        }
+        if seen <= limit {
+            kept.extend_from_slice(&chunk);
+        }
+    }
+    if seen > limit { ReadBody::TooLargeDrained } else { ReadBody::Complete(kept.into()) }
 }
 
 /// A JSON-RPC error response with an HTTP status.
