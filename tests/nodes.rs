@@ -19,7 +19,10 @@ use fleetroll::{
     nodes::{SAVED_STRATEGY_ANNOTATION, SAVED_TEMPLATE_ANNOTATION},
 };
 use k8s_openapi::api::apps::v1::DaemonSet;
-use kube::{Api, ResourceExt};
+use kube::{
+    Api, ResourceExt,
+    api::{Patch, PatchParams},
+};
 use serde_json::json;
 
 fn node_rollout(pool: &str, batch: u32, extra: serde_json::Value) -> serde_json::Value {
@@ -304,6 +307,102 @@ async fn a_node_that_joins_mid_rollout_is_reported_and_left_to_the_daemonset() {
             // Handed back to RollingUpdate, the DaemonSet brings the late node to the new image itself.
             assert_handed_back(&Api::namespaced(client.clone(), &fleet.ns)).await;
             wait_for_pod(&client, &fleet.ns, &late, NEXT_IMAGE).await;
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_not_ready_node_is_a_failure_not_a_hang_and_its_pod_is_left_alone() {
+    with_fleet("nodes-notready", 0, |fleet| async move {
+        let client = fleet.client.clone();
+        let pool = fleet.ns.clone();
+        with_pool(client.clone(), pool.clone(), 3, |names| async move {
+            nodes::daemonset(&client, &fleet.ns, &pool, READY_IMAGE, 3).await;
+            let before = pods_by_node(&client, &fleet.ns).await;
+            // The second node goes NotReady (kwok leaves a node with this label as it is told).
+            let sick = &names[1];
+            let node_api: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+            let label = json!({"metadata": {"labels": {"fleetroll.dev/node-unready": "true"}}});
+            node_api.patch(sick, &PatchParams::default(), &Patch::Merge(&label)).await.unwrap();
+            let status = json!({"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "TestNotReady",
+                "message": "made NotReady by the test", "lastHeartbeatTime": null, "lastTransitionTime": null}]}});
+            node_api.patch_status(sick, &PatchParams::default(), &Patch::Strategic(&status)).await.unwrap();
+            wait_for(&node_api, sick, "the node to be NotReady", Duration::from_secs(30), |n| {
+                fleetroll::nodes::node_ready(n).is_err()
+            })
+            .await;
+
+            let _op = Operator::start(&fleet.ns, &[], &[]);
+            // The default health timeout (10m) is far beyond the wait below: only an immediate failure passes.
+            fleet
+                .rollout("agents", node_rollout(&pool, 1, json!({"health": {"timeout": "10m"}, "strategy": {"batchSize": 1}})))
+                .await;
+            let fr = fleet
+                .wait_rollout("agents", "the failure budget to pause the rollout", Duration::from_secs(60), |f| {
+                    phase(f) == Phase::Paused
+                })
+                .await;
+            let s = fr.status.clone().unwrap();
+            assert_eq!(s.reason.as_deref(), Some("FailureBudgetExceeded"));
+            assert_eq!((s.counts.updated, s.counts.healthy, s.counts.failed), (2, 1, 1), "{s:?}");
+            assert_eq!(&s.failures[0].name, sick);
+            assert_eq!(s.failures[0].reason, "NodeNotReady");
+            let after = pods_by_node(&client, &fleet.ns).await;
+            assert_eq!(after[sick][0].uid(), before[sick][0].uid(), "the pod on the NotReady node was deleted");
+            assert_eq!(after[&names[2]][0].uid(), before[&names[2]][0].uid(), "a node after the pause was touched");
+            assert_ne!(after[&names[0]][0].uid(), before[&names[0]][0].uid());
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_abort_stops_at_once_and_keeps_the_daemonset_held() {
+    with_fleet("nodes-abort", 0, |fleet| async move {
+        let client = fleet.client.clone();
+        let pool = fleet.ns.clone();
+        with_pool(client.clone(), pool.clone(), 3, |names| async move {
+            nodes::daemonset(&client, &fleet.ns, &pool, READY_IMAGE, 3).await;
+            let before = pods_by_node(&client, &fleet.ns).await;
+            let _op = Operator::start(&fleet.ns, &[], &[]);
+            let spec = json!({"strategy": {"batchSize": 1, "approval": "EveryBatch"}});
+            fleet.rollout("agents", node_rollout(&pool, 1, spec)).await;
+            let waiting = |batch: u32| {
+                move |f: &fleetroll::api::FleetRollout| {
+                    f.status
+                        .as_ref()
+                        .and_then(|s| s.pending_approval.as_ref())
+                        .is_some_and(|p| p.batch == batch)
+                }
+            };
+            let fr = fleet
+                .wait_rollout("agents", "batch 1 to wait for approval", Duration::from_secs(60), waiting(0))
+                .await;
+            let hash = fr.status.unwrap().plan.unwrap().hash;
+            fleet.patch_spec("agents", json!({"approvals": [{"batch": 0, "planHash": hash}]})).await;
+            fleet
+                .wait_rollout("agents", "batch 2 to wait for approval", Duration::from_secs(60), waiting(1))
+                .await;
+            fleet.patch_spec("agents", json!({"abort": true})).await;
+            let fr = fleet
+                .wait_rollout("agents", "the rollout to be aborted", Duration::from_secs(60), |f| {
+                    phase(f) == Phase::Aborted
+                })
+                .await;
+            assert_eq!(fr.status.unwrap().counts.updated, 1);
+            // Held: OnDelete, with what to restore saved, so nothing changes behind the stopped rollout.
+            let ds: DaemonSet = Api::namespaced(client.clone(), &fleet.ns).get(DAEMONSET).await.unwrap();
+            let strategy = ds.spec.update_strategy.as_ref().and_then(|s| s.type_.as_deref());
+            assert_eq!(strategy, Some("OnDelete"));
+            assert!(ds.annotations().contains_key(SAVED_STRATEGY_ANNOTATION));
+            let after = pods_by_node(&client, &fleet.ns).await;
+            assert_ne!(after[&names[0]][0].uid(), before[&names[0]][0].uid());
+            for node in &names[1..] {
+                assert_eq!(after[node][0].uid(), before[node][0].uid(), "{node} changed after the abort");
+            }
         })
         .await;
     })
