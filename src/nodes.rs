@@ -15,10 +15,7 @@ use k8s_openapi::api::{
     apps::v1::{DaemonSet, DaemonSetUpdateStrategy},
     core::v1::{Node, Pod, PodTemplateSpec},
 };
-use kube::{
-    ResourceExt,
-    core::{Selector, SelectorExt},
-};
+use kube::ResourceExt;
 
 use crate::{
     api::{APPLIED_ANNOTATION, ROLLOUT_ANNOTATION},
@@ -106,17 +103,11 @@ fn pod_image<'a>(pod: &'a Pod, container: Option<&str>) -> Option<&'a str> {
     pod.spec.as_ref().and_then(|s| container_image(&s.containers, container))
 }
 
-/// The nodes a revision plans: those matching `selector` (every node when None) that run a pod of the
-/// DaemonSet now, with that pod's image. Nodes are cluster-scoped, so a node target has no namespace.
-pub fn candidates(
-    nodes: &[Node],
-    selector: Option<&Selector>,
-    pods: &HashMap<String, &Pod>,
-    container: Option<&str>,
-) -> Vec<Candidate> {
+/// The nodes a revision plans: those listed (by `targets.nodeSelector`) that run a pod of the DaemonSet now,
+/// with that pod's image. Nodes are cluster-scoped, so a node target has no namespace.
+pub fn candidates(nodes: &[Node], pods: &HashMap<String, &Pod>, container: Option<&str>) -> Vec<Candidate> {
     nodes
         .iter()
-        .filter(|n| selector.is_none_or(|s| s.matches(n.labels())))
         .filter_map(|n| {
             let pod = pods.get(&n.name_any())?;
             Some(Candidate {

@@ -105,7 +105,7 @@ impl View {
     /// The planned nodes: matching, and running a pod of the DaemonSet.
     fn candidates(&self, container: Option<&str>) -> Vec<Candidate> {
         let nodes: Vec<Node> = self.nodes.values().cloned().collect();
-        nodes::candidates(&nodes, None, &self.pods_by_node(), container)
+        nodes::candidates(&nodes, &self.pods_by_node(), container)
     }
 
     /// Matching nodes with a pod of the DaemonSet that the plan does not contain (reported, never added).

@@ -142,18 +142,15 @@ fn a_wrong_container_name_is_an_error_not_a_no_op() {
 }
 
 #[test]
-fn candidates_are_matching_nodes_that_run_a_pod() {
+fn candidates_are_the_nodes_that_run_a_pod() {
     let nodes = [node("n1", "True"), node("n2", "True"), node("n3", "True")];
     let pods = [
         pod("p1", "n1", "ds-uid", None, "agent:v1", true),
         pod("p3", "n3", "ds-uid", None, "agent:v1", true),
     ];
     let by_node = pods_by_node("ds-uid", &pods);
-    let found = candidates(&nodes, None, &by_node, None);
+    let found = candidates(&nodes, &by_node, None);
     let names: Vec<&str> = found.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["n1", "n3"]);
     assert!(found.iter().all(|c| c.namespace.is_empty() && c.current_image == "agent:v1"));
-    let other =
-        Selector::from_iter([("pool", "b")].map(|(k, v)| kube::core::Expression::Equal(k.into(), v.into())));
-    assert!(candidates(&nodes, Some(&other), &by_node, None).is_empty());
 }
