@@ -354,7 +354,8 @@ fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
     let mut skipped = 0u32;
     let mut waiting: Option<String> = None;
     for t in f.plan.batch(b.index) {
-        match verdict(t, (f.target)(t), &b.idempotency_key, &want_image, timed_out) {
+        let http_required = f.spec.health.http.is_some();
+        match verdict(t, (f.target)(t), &b.idempotency_key, &want_image, http_required, timed_out) {
             Verdict::Healthy => healthy += 1,
             Verdict::Missing => {
                 skipped += 1;
@@ -373,6 +374,8 @@ fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
     }
 
     if let Some(why) = waiting {
+        // A target waiting only for its first probe is probed at the next step: take it soon.
+        let soon = why.ends_with(HTTP_NOT_RUN).then_some(Duration::from_millis(200));
         // Not settled yet. A soak clock that was running stops: not everything is healthy any more.
         let mut events = Vec::new();
         if let Some(entry) = s.batches.iter_mut().find(|x| x.index == b.index)
@@ -386,8 +389,8 @@ fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
             });
         }
         s.reason = Some(reason::BATCH_APPLIED.into());
-        let wait = until(f.now, deadline);
-        return write_if_changed(f, s, events, Some(wait.max(Duration::from_millis(100))));
+        let wait = until(f.now, deadline).max(Duration::from_millis(100));
+        return write_if_changed(f, s, events, Some(soon.map_or(wait, |soon| soon.min(wait))));
     }
 
     let failed = count(failures.len()) - skipped;
@@ -461,6 +464,8 @@ fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
     next_batch(f, s, events)
 }
 
+const HTTP_NOT_RUN: &str = "the HTTP check has not run yet";
+
 enum Verdict {
     Healthy,
     Missing,
@@ -473,6 +478,7 @@ fn verdict(
     state: Option<TargetState>,
     key: &str,
     image: &str,
+    http_required: bool,
     timed_out: bool,
 ) -> Verdict {
     let Some(state) = state else {
@@ -499,7 +505,10 @@ fn verdict(
         Readiness::Failed { reason, message } => return Verdict::Failed(reason, message),
         Readiness::NotReady(why) => (why, reason::TIMEOUT),
         Readiness::Ready => match state.http {
-            None | Some(Ok(())) => return Verdict::Healthy,
+            Some(Ok(())) => return Verdict::Healthy,
+            None if !http_required => return Verdict::Healthy,
+            // Ready only since the probes of this step ran: probed at the next step, never passed unprobed.
+            None => (HTTP_NOT_RUN.to_string(), reason::HTTP_CHECK_FAILED),
             Some(Err(e)) => (format!("HTTP check: {e}"), reason::HTTP_CHECK_FAILED),
         },
     };

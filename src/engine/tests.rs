@@ -492,6 +492,24 @@ fn a_failing_http_check_fails_the_target_at_the_timeout() {
 }
 
 #[test]
+fn a_ready_target_is_never_healthy_before_its_http_check_has_run() {
+    let mut s = spec(5);
+    s.health.timeout = "30s".into();
+    s.health.http = Some(HttpCheck { url: "http://{name}/healthz".into(), expect_status: 200 });
+    let mut sim = Sim::new(s, 5);
+    // Ready, but not probed yet (it became ready after this step's probes ran).
+    let wait = sim.settle().expect("waits for the probe");
+    assert!(wait <= Duration::from_millis(200), "the probe is due soon, not at the timeout: {wait:?}");
+    assert_eq!(sim.status.counts.healthy, 0);
+    assert_eq!(sim.status.phase, Phase::Progressing);
+    for st in sim.world.values_mut() {
+        st.http = Some(Ok(()));
+    }
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.counts.healthy, 5);
+}
+
+#[test]
 fn nothing_is_written_while_idle() {
     let mut sim = Sim::new(spec(10), 10);
     sim.settle();
