@@ -14,7 +14,6 @@ mod support;
 
 use std::{
     collections::HashMap,
-    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -104,19 +103,12 @@ async fn run(sizes: Sizes) {
 
     let table = support::table(&report.rows);
     println!("\n{table}");
-    let out = if sizes.name == "full" {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("bench/results")
-    } else {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-smoke")
-    };
-    std::fs::create_dir_all(&out).unwrap();
+    let out = support::results_dir(sizes.name == "full");
     let plotted = plot(&report.timeline, &out.join("timeline.png"));
-    let facts: String =
-        support::machine_facts().iter().map(|(k, v)| format!("| {k} | {v} |\n")).collect::<Vec<_>>().concat();
+    let facts = support::machine_table();
     let doc = format!(
         "# fleetroll benchmark ({} run)\n\nProduced by `make bench` (`cargo test --release --test bench -- --full`) in {:.0} s on \
-         the local control plane (kwok nodes). Ratios are measured side by side in the same run.\n\n{table}\n{}\n\n## Machine\n\n\
-         | | |\n|---|---|\n{facts}",
+         the local control plane (kwok nodes). Ratios are measured side by side in the same run.\n\n{table}\n{}\n\n## Machine\n\n{facts}",
         sizes.name,
         started.elapsed().as_secs_f64(),
         if plotted {

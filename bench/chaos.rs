@@ -19,7 +19,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{mcp::drive, operator::Operator};
+use common::{Rng, mcp::drive, operator::Operator};
 use fleetroll::api::{FleetRollout, Phase};
 use kube::{Api, Client, api::PostParams};
 use serde_json::json;
@@ -55,20 +55,6 @@ const SMOKE: Sizes = Sizes {
 };
 
 const LONG: Duration = Duration::from_secs(1800);
-
-/// Seeded, so a run can be replayed (xorshift64*).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 /// The invariants, counted over every fault.
 #[derive(Default)]
@@ -146,18 +132,12 @@ async fn run(sizes: Sizes, seed: u64) {
     rows.push(row("panics in operator and MCP server logs", format!("{panics}"), "0", Some(panics == 0)));
     let table = support::table(&rows);
     println!("\n{table}");
-    let out = if sizes.name == "full" {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("bench/results")
-    } else {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-smoke")
-    };
-    std::fs::create_dir_all(&out).unwrap();
-    let facts: String =
-        support::machine_facts().iter().map(|(k, v)| format!("| {k} | {v} |\n")).collect::<Vec<_>>().concat();
+    let out = support::results_dir(sizes.name == "full");
+    let facts = support::machine_table();
     std::fs::write(
         out.join("chaos.md"),
         format!(
-            "# fleetroll fault injection ({} run, seed {seed})\n\nProduced by `make chaos` in {:.0} s.\n\n{table}\n## Machine\n\n| | |\n|---|---|\n{facts}",
+            "# fleetroll fault injection ({} run, seed {seed})\n\nProduced by `make chaos` in {:.0} s.\n\n{table}\n## Machine\n\n{facts}",
             sizes.name,
             started.elapsed().as_secs_f64()
         ),
@@ -228,6 +208,7 @@ async fn settle_supervised(api: &Api<FleetRollout>, inv: &mut Invariants, mut ti
             eprintln!("stuck: {p:?}");
             return;
         }
+        // A poll, not a watch: each round must also see whether the operator process has exited.
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }

@@ -65,6 +65,7 @@ pub async fn fleet(client: &Client, ns: &str, n: usize, replicas: i32, group_siz
                         Ok(_) => return,
                         Err(kube::Error::Api(s)) if s.code == 409 => return,
                         Err(e) if attempt == 4 => panic!("creating {name}: {e}"),
+                        // A retry's backoff (the apiserver was busy), not a wait for a condition.
                         Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
                     }
                 }
@@ -322,6 +323,20 @@ pub fn row(
     met: Option<bool>,
 ) -> Row {
     Row { metric: metric.into(), value: value.into(), goal: goal.into(), met }
+}
+
+/// Where a run writes its results: bench/results for a full run, target/bench-smoke for a smoke run.
+pub fn results_dir(full: bool) -> std::path::PathBuf {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out = if full { root.join("bench/results") } else { root.join("target/bench-smoke") };
+    std::fs::create_dir_all(&out).unwrap();
+    out
+}
+
+/// The machine facts as a two-column markdown table.
+pub fn machine_table() -> String {
+    let rows: String = machine_facts().iter().map(|(k, v)| format!("| {k} | {v} |\n")).collect();
+    format!("| | |\n|---|---|\n{rows}")
 }
 
 pub fn table(rows: &[Row]) -> String {

@@ -11,27 +11,13 @@ mod common;
 use std::{collections::HashMap, time::Duration};
 
 use common::{
+    Rng,
     fleet::{NEXT_IMAGE, READY_IMAGE, image_of, observe_fleet, phase, with_fleet},
     operator::Operator,
 };
 use fleetroll::api::{APPLIED_ANNOTATION, BatchState, Phase};
 use kube::ResourceExt;
 use serde_json::json;
-
-/// A small, seedable generator (xorshift64*), so a failing run can be replayed exactly.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)

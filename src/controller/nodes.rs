@@ -222,11 +222,7 @@ pub async fn apply(
         .await;
     let mut outcome = Outcome::default();
     for r in results {
-        match r? {
-            NodeAction::Delete { .. } => outcome.changed += 1,
-            NodeAction::Nothing => outcome.unchanged += 1,
-            NodeAction::Skip => outcome.skipped += 1,
-        }
+        tally(&mut outcome, &r?);
     }
     Ok(outcome)
 }
@@ -289,11 +285,7 @@ pub async fn restore(
             failpoint::hit(failpoint::BETWEEN_RESTORES).await;
         }
         delete(client, metrics, &ns, &t.name, &action).await?;
-        match action {
-            NodeAction::Delete { .. } => outcome.changed += 1,
-            NodeAction::Nothing => outcome.unchanged += 1,
-            NodeAction::Skip => outcome.skipped += 1,
-        }
+        tally(&mut outcome, &action);
     }
     Ok(outcome)
 }
@@ -308,6 +300,14 @@ pub async fn release(client: &Client, fr: &FleetRollout) -> Result<()> {
         info!(daemonset = %ds.name_any(), "handed the DaemonSet's updates back");
     }
     Ok(())
+}
+
+fn tally(outcome: &mut Outcome, action: &NodeAction) {
+    match action {
+        NodeAction::Delete { .. } => outcome.changed += 1,
+        NodeAction::Nothing => outcome.unchanged += 1,
+        NodeAction::Skip => outcome.skipped += 1,
+    }
 }
 
 fn post_params() -> PostParams {

@@ -106,6 +106,21 @@ where
     }
 }
 
+/// A small, seedable generator (xorshift64*), so a failing run can be replayed exactly.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
 pub mod cli;
 pub mod fleet;
 pub mod mcp;

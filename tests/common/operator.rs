@@ -138,6 +138,7 @@ impl Operator {
             if reqwest::get(&url).await.is_ok_and(|r| r.status().is_success()) {
                 return;
             }
+            // An HTTP endpoint has nothing to watch: poll it, up to the deadline.
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         panic!("{url} did not become ready; see {}", self.log.display());
