@@ -2,6 +2,7 @@
 //!
 //!   cargo test --release --test bench -- --full    the full run (make bench); writes bench/results/
 //!   cargo test --test bench                        a reduced smoke run, part of `make test`
+//!   ... -- --full --only transitions,mcp           some scenarios only (overhead, transitions, scale, mcp)
 //!
 //! Every figure that has a goal is a ratio or a latency measured side by side in the same run, because these
 //! machines are noisy. Goals are reported, not asserted: the run fails only when an invariant breaks (a
@@ -77,8 +78,12 @@ const LONG: Duration = Duration::from_secs(3600);
 fn main() {
     let full = std::env::args().any(|a| a == "--full");
     let sizes = if full { FULL } else { SMOKE };
+    let only: Option<Vec<String>> = std::env::args()
+        .skip_while(|a| a != "--only")
+        .nth(1)
+        .map(|list| list.split(',').map(String::from).collect());
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    runtime.block_on(run(sizes));
+    runtime.block_on(run(sizes, only));
 }
 
 /// Results shared by the scenarios (a timeline for the plot, the rows for the table).
@@ -87,7 +92,8 @@ struct Report {
     timeline: Vec<(String, Vec<(f64, f64)>)>,
 }
 
-async fn run(sizes: Sizes) {
+async fn run(sizes: Sizes, only: Option<Vec<String>>) {
+    let wanted = |scenario: &str| only.as_ref().is_none_or(|o| o.iter().any(|s| s == scenario));
     let client = common::client().await;
     common::fleet::ensure_crd(&client).await;
     let started = Instant::now();
@@ -95,15 +101,23 @@ async fn run(sizes: Sizes) {
     let mut report = Report { rows: Vec::new(), timeline: Vec::new() };
     let mut namespaces = Vec::new();
 
-    overhead(&client, &sizes, &mut report, &mut namespaces).await;
-    transitions(&client, &sizes, &mut report, &mut namespaces).await;
-    scale(&client, &sizes, &mut report, &mut namespaces).await;
-    mcp(&client, &sizes, &mut report, &mut namespaces).await;
+    if wanted("overhead") {
+        overhead(&client, &sizes, &mut report, &mut namespaces).await;
+    }
+    if wanted("transitions") {
+        transitions(&client, &sizes, &mut report, &mut namespaces).await;
+    }
+    if wanted("scale") {
+        scale(&client, &sizes, &mut report, &mut namespaces).await;
+    }
+    if wanted("mcp") {
+        mcp(&client, &sizes, &mut report, &mut namespaces).await;
+    }
     support::cleanup(&client, &namespaces).await;
 
     let table = support::table(&report.rows);
     println!("\n{table}");
-    let out = support::results_dir(sizes.name == "full");
+    let out = support::results_dir(sizes.name == "full" && only.is_none());
     let plotted = plot(&report.timeline, &out.join("timeline.png"));
     let facts = support::machine_table();
     let doc = format!(

@@ -325,7 +325,8 @@ pub fn row(
     Row { metric: metric.into(), value: value.into(), goal: goal.into(), met }
 }
 
-/// Where a run writes its results: bench/results for a full run, target/bench-smoke for a smoke run.
+/// Where a run writes its results: bench/results for a whole full run, target/bench-smoke for a smoke or
+/// partial run.
 pub fn results_dir(full: bool) -> std::path::PathBuf {
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let out = if full { root.join("bench/results") } else { root.join("target/bench-smoke") };

@@ -18,6 +18,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod nodes;
 pub mod operator;
+pub mod own_writes;
 pub mod plan;
 pub mod plugin;
 pub mod workload;

@@ -1,4 +1,10 @@
+#[cfg(feature = "dhat-heap")]
+#[global_allocator]
+static ALLOC: dhat::Alloc = dhat::Alloc;
+
 fn main() -> std::process::ExitCode {
+    #[cfg(feature = "dhat-heap")]
+    let _profiler = dhat::Profiler::new_heap();
     // Installed (or linked) as `kubectl-fleetroll`, the binary is the kubectl plugin.
     let invoked_as = std::env::args_os().next().map(std::path::PathBuf::from);
     let plugin = invoked_as

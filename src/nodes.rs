@@ -289,8 +289,8 @@ pub fn release(ds: &DaemonSet) -> Option<DaemonSet> {
 }
 
 /// Whether fleetroll holds the DaemonSet's updates (and so must hand them back).
-pub fn is_held(ds: &DaemonSet) -> bool {
-    ds.annotations().contains_key(SAVED_STRATEGY_ANNOTATION)
+pub fn is_held(annotations: &BTreeMap<String, String>) -> bool {
+    annotations.contains_key(SAVED_STRATEGY_ANNOTATION)
 }
 
 fn strategy_type(s: Option<&DaemonSetUpdateStrategy>) -> &str {

@@ -3,15 +3,13 @@
 
 use std::collections::HashSet;
 
-use k8s_openapi::api::{
-    apps::v1::{DaemonSet, Deployment, StatefulSet},
-    core::v1::Namespace,
-};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::{
-    Api, Client, ResourceExt,
+    Api, Client, Resource, ResourceExt,
     api::ListParams,
     core::{Selector, SelectorExt},
 };
+use serde::de::DeserializeOwned;
 
 use crate::{
     api::{FleetRollout, OPT_IN_LABEL, OPT_IN_VALUE, TargetKind, Unplanned},
@@ -32,6 +30,9 @@ pub mod reason {
     pub const CONTAINER_NOT_FOUND: &str = "ContainerNotFound";
     pub const CONTAINER_AMBIGUOUS: &str = "ContainerAmbiguous";
 }
+
+/// Workloads per page of a discovery list.
+const LIST_PAGE: u32 = 500;
 
 fn blocked(reason: &'static str, message: String) -> Blocked {
     Blocked { reason, message }
@@ -154,38 +155,46 @@ pub async fn discover(
         Ok(n) => n,
         Err(b) => return Ok(Err(b)),
     };
-    let lp = ListParams::default().labels(&selector.to_string());
+    let selector = selector.to_string();
     let mut found = Vec::new();
     for ns in &namespaces {
+        let c = client.clone();
         match fr.spec.targets.kind {
-            TargetKind::Deployment => found.extend(
-                Api::<Deployment>::namespaced(client.clone(), ns)
-                    .list(&lp)
-                    .await?
-                    .items
-                    .iter()
-                    .map(workload::deployment_facts),
-            ),
-            TargetKind::StatefulSet => found.extend(
-                Api::<StatefulSet>::namespaced(client.clone(), ns)
-                    .list(&lp)
-                    .await?
-                    .items
-                    .iter()
-                    .map(workload::statefulset_facts),
-            ),
-            TargetKind::DaemonSet => found.extend(
-                Api::<DaemonSet>::namespaced(client.clone(), ns)
-                    .list(&lp)
-                    .await?
-                    .items
-                    .iter()
-                    .map(workload::daemonset_facts),
-            ),
+            TargetKind::Deployment => {
+                list_facts(Api::namespaced(c, ns), &selector, workload::deployment_facts, &mut found).await?
+            }
+            TargetKind::StatefulSet => {
+                list_facts(Api::namespaced(c, ns), &selector, workload::statefulset_facts, &mut found).await?
+            }
+            TargetKind::DaemonSet => {
+                list_facts(Api::namespaced(c, ns), &selector, workload::daemonset_facts, &mut found).await?
+            }
             TargetKind::Node => {}
         }
     }
     Ok(candidates(fr, found, &namespaces))
+}
+
+/// Lists page by page, keeping only the facts of each workload: a fleet of 10,000 never sits in memory as
+/// full objects (or as one response body of tens of megabytes). The pages are one consistent snapshot.
+async fn list_facts<K>(
+    api: Api<K>,
+    selector: &str,
+    facts: fn(&K) -> WorkloadFacts,
+    found: &mut Vec<WorkloadFacts>,
+) -> Result<()>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let mut lp = ListParams::default().labels(selector).limit(LIST_PAGE);
+    loop {
+        let page = api.list(&lp).await?;
+        found.extend(page.items.iter().map(facts));
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => lp = lp.continue_token(&token),
+            _ => return Ok(()),
+        }
+    }
 }
 
 /// The plan a rollout would get if it were planned now: discovery, then planning, exactly as the
@@ -219,13 +228,11 @@ pub fn unplanned(
     };
     let allowed: HashSet<String> =
         allowed_namespaces(fr, fleet_namespace, Some(&namespaces)).ok()?.into_iter().collect();
-    let mut extra: Vec<String> = stores
-        .all(fr.spec.targets.kind)
-        .into_iter()
-        .filter(|f| allowed.contains(&f.namespace) && selector.matches(&f.labels))
-        .filter(|f| !members.contains(&(f.namespace.clone(), f.name.clone())))
-        .map(|f| f.key())
-        .collect();
+    let mut extra = stores.keys_where(fr.spec.targets.kind, |f| {
+        allowed.contains(&f.namespace)
+            && selector.matches(&f.labels)
+            && !members.contains(&(f.namespace.clone(), f.name.clone()))
+    });
     extra.sort();
     let count = u32::try_from(extra.len()).unwrap_or(u32::MAX);
     extra.truncate(10);

@@ -8,18 +8,12 @@ pub mod targets;
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
-use futures::StreamExt;
-use k8s_openapi::{
-    api::{
-        apps::v1::{DaemonSet, Deployment, StatefulSet},
-        core::v1::Namespace,
-    },
-    jiff::Timestamp,
-};
+use futures::{Stream, StreamExt, TryStreamExt};
+use k8s_openapi::{api::core::v1::Namespace, jiff::Timestamp};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{ListParams, PostParams},
@@ -31,19 +25,19 @@ use kube::{
         watcher,
     },
 };
+use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::{
-    api::{
-        BatchState, FleetRollout, FleetRolloutStatus, Phase, PlannedTarget, ROLLOUT_ANNOTATION,
-        RevisionInputs, TargetKind,
-    },
+    api::{BatchState, FleetRollout, FleetRolloutStatus, Phase, PlannedTarget, RevisionInputs, TargetKind},
     engine::{self, EventType, Facts, NewRevision, Step, Transition},
     error::{Error, Result},
     failpoint,
     metrics::{Metrics, PhaseLabel, StateLabel},
+    own_writes::OwnWrites,
     plan,
+    workload::{self, Cached, WorkloadFacts},
 };
 
 use self::{
@@ -86,37 +80,8 @@ pub struct Context {
     prober: Prober,
     recorder: Recorder,
     metrics: Arc<Metrics>,
-    /// The newest version of each rollout this replica wrote, by uid: the cache may lag behind our own
-    /// writes, and acting on a stale status would only earn a conflict.
-    written: Mutex<HashMap<String, Arc<FleetRollout>>>,
-}
-
-impl Context {
-    fn freshest(&self, cached: Arc<FleetRollout>) -> Arc<FleetRollout> {
-        let Some(uid) = cached.uid() else { return cached };
-        let Ok(mut written) = self.written.lock() else {
-            return cached;
-        };
-        match written.get(&uid) {
-            Some(ours) if rv(ours) > rv(&cached) => ours.clone(),
-            Some(_) => {
-                written.remove(&uid);
-                cached
-            }
-            None => cached,
-        }
-    }
-
-    fn remember(&self, fr: &Arc<FleetRollout>) {
-        if let (Some(uid), Ok(mut written)) = (fr.uid(), self.written.lock()) {
-            written.insert(uid, fr.clone());
-        }
-    }
-}
-
-/// resourceVersions are opaque, but etcd's are integers; an unparsable one never wins.
-fn rv(fr: &FleetRollout) -> u64 {
-    fr.resource_version().and_then(|v| v.parse().ok()).unwrap_or(0)
+    /// The cache may lag behind our own writes, and acting on a stale status would only earn a conflict.
+    written: OwnWrites<FleetRollout>,
 }
 
 fn api(ctx: &Context, fr: &FleetRollout) -> Api<FleetRollout> {
@@ -131,7 +96,7 @@ async fn reconcile(obj: Arc<FleetRollout>, ctx: Arc<Context>) -> Result<Action> 
     // and retried rather than left to hold the rollout forever.
     let result = match tokio::time::timeout(
         RECONCILE_TIMEOUT,
-        run_steps(ctx.freshest(obj), &ctx, started).instrument(span),
+        run_steps(ctx.written.newest(obj), &ctx, started).instrument(span),
     )
     .await
     {
@@ -423,7 +388,7 @@ async fn release_daemonset(ctx: &Context, fr: &FleetRollout, status: &FleetRollo
     let name = fr.spec.targets.daemon_set.clone().unwrap_or_default();
     let cached =
         ctx.stores.daemonsets.get(&ObjectRef::new(&name).within(&fr.namespace().unwrap_or_default()));
-    if cached.is_some_and(|ds| !crate::nodes::is_held(&ds)) {
+    if cached.is_some_and(|ds| !crate::nodes::is_held(&ds.annotations)) {
         return Ok(());
     }
     nodes::release(&ctx.client, fr).await
@@ -438,7 +403,7 @@ async fn write_status(ctx: &Context, fr: &FleetRollout, t: Transition) -> Result
     let pp = PostParams { field_manager: Some(crate::api::FIELD_MANAGER.into()), ..Default::default() };
     let written = Arc::new(api(ctx, fr).replace_status(&fr.name_any(), &pp, &next).await?);
     ctx.metrics.status_writes.inc();
-    ctx.remember(&written);
+    ctx.written.remember(&written);
     if let Some(s) = &written.status {
         debug!(phase = %s.phase, batch = ?s.current_batch, "status written");
     }
@@ -500,19 +465,43 @@ fn error_policy(fr: Arc<FleetRollout>, err: &Error, ctx: Arc<Context>) -> Action
     Action::requeue(Duration::from_secs(2))
 }
 
-/// Maps a target event to the rollout that last changed it (from our annotation).
-fn rollout_of<K: Resource>(obj: &K) -> Option<ObjectRef<FleetRollout>> {
-    let value = obj.meta().annotations.as_ref()?.get(ROLLOUT_ANNOTATION)?;
-    let (ns, name) = value.split_once('/')?;
-    Some(ObjectRef::new(name).within(ns))
+/// Caches one workload kind as facts, and says which rollout each change concerns (the one that last
+/// changed the workload, from our annotation).
+fn watch_workloads<K>(
+    client: &Client,
+    config: &watcher::Config,
+    facts: fn(&K) -> WorkloadFacts,
+) -> (Store<Cached<K>>, impl Stream<Item = ObjectRef<FleetRollout>> + Send + 'static)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store::<Cached<K>>();
+    let events = watcher(Api::<K>::all(client.clone()), config.clone())
+        .default_backoff()
+        .map_ok(move |event| cached_event(event, facts));
+    let triggers = reflector::reflector(writer, events).touched_objects().filter_map(|touched| {
+        futures::future::ready(match touched {
+            Ok(c) => c.rollout().map(|(ns, name)| ObjectRef::new(name).within(ns)),
+            Err(e) => {
+                warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying with backoff");
+                None
+            }
+        })
+    });
+    (store, triggers)
 }
 
-/// Strips what the controller never reads, so a cache of 10,000 workloads stays small.
-fn slim<K: Resource>(obj: &mut K) {
-    let meta = obj.meta_mut();
-    meta.managed_fields = None;
-    if let Some(a) = meta.annotations.as_mut() {
-        a.retain(|k, _| k.starts_with("fleetroll.dev/"));
+fn cached_event<K: Resource>(
+    event: watcher::Event<K>,
+    facts: fn(&K) -> WorkloadFacts,
+) -> watcher::Event<Cached<K>> {
+    use watcher::Event;
+    match event {
+        Event::Apply(o) => Event::Apply(Cached::new(&o, facts)),
+        Event::Delete(o) => Event::Delete(Cached::new(&o, facts)),
+        Event::Init => Event::Init,
+        Event::InitApply(o) => Event::InitApply(Cached::new(&o, facts)),
+        Event::InitDone => Event::InitDone,
     }
 }
 
@@ -530,35 +519,24 @@ pub async fn run(
     rollouts.list(&ListParams::default().limit(1)).await.map_err(Error::CrdMissing)?;
 
     let watch_cfg = watcher::Config::default().any_semantic();
-    let (deployments, deployments_w) = reflector::store::<Deployment>();
-    let (statefulsets, statefulsets_w) = reflector::store::<StatefulSet>();
-    let (daemonsets, daemonsets_w) = reflector::store::<DaemonSet>();
+    let (deployments, deployment_triggers) = watch_workloads(&client, &watch_cfg, workload::deployment_facts);
+    let (statefulsets, statefulset_triggers) =
+        watch_workloads(&client, &watch_cfg, workload::statefulset_facts);
+    let (daemonsets, daemonset_triggers) = watch_workloads(&client, &watch_cfg, workload::daemonset_facts);
     let (namespaces, namespaces_w) = reflector::store::<Namespace>();
-    let deployment_events = watcher(Api::<Deployment>::all(client.clone()), watch_cfg.clone())
-        .default_backoff()
-        .modify(slim)
-        .reflect(deployments_w)
-        .touched_objects();
-    let statefulset_events = watcher(Api::<StatefulSet>::all(client.clone()), watch_cfg.clone())
-        .default_backoff()
-        .modify(slim)
-        .reflect(statefulsets_w)
-        .touched_objects();
-    let daemonset_events = watcher(Api::<DaemonSet>::all(client.clone()), watch_cfg.clone())
-        .default_backoff()
-        .modify(slim)
-        .reflect(daemonsets_w)
-        .touched_objects();
     let namespace_events = watcher(Api::<Namespace>::all(client.clone()), watch_cfg.clone())
         .default_backoff()
-        .modify(slim)
+        .modify(|n| {
+            n.metadata.managed_fields = None;
+            n.metadata.annotations = None;
+        })
         .reflect(namespaces_w)
         .touched_objects();
 
     let controller = Controller::new(rollouts, watch_cfg)
-        .watches_stream(deployment_events, |d| rollout_of(&d))
-        .watches_stream(statefulset_events, |s| rollout_of(&s))
-        .watches_stream(daemonset_events, |d| rollout_of(&d))
+        .reconcile_on(deployment_triggers)
+        .reconcile_on(statefulset_triggers)
+        .reconcile_on(daemonset_triggers)
         .watches_stream(namespace_events, |_| None);
     let stores = Stores::new(deployments, statefulsets, daemonsets, namespaces);
     let ctx = Arc::new(Context {
@@ -573,7 +551,7 @@ pub async fn run(
         stores: stores.clone(),
         prober: Prober::default(),
         metrics,
-        written: Mutex::new(HashMap::new()),
+        written: OwnWrites::default(),
     });
 
     let stop = shutdown.clone();

@@ -21,7 +21,7 @@ use crate::{
     error::{Error, Result, is_not_found},
     failpoint,
     metrics::Metrics,
-    workload::{self, WorkloadFacts},
+    workload::{self, Cached, WorkloadFacts},
 };
 
 /// How many target patches of one batch are in flight at once.
@@ -32,9 +32,9 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 /// The reflector caches the controller reads targets from.
 #[derive(Clone)]
 pub struct Stores {
-    pub deployments: Store<Deployment>,
-    pub statefulsets: Store<StatefulSet>,
-    pub daemonsets: Store<DaemonSet>,
+    pub deployments: Store<Cached<Deployment>>,
+    pub statefulsets: Store<Cached<StatefulSet>>,
+    pub daemonsets: Store<Cached<DaemonSet>>,
     pub namespaces: Store<Namespace>,
     ready: tokio::sync::watch::Receiver<bool>,
 }
@@ -42,9 +42,9 @@ pub struct Stores {
 impl Stores {
     /// Wraps the stores; they count as ready once each has been filled by its first list.
     pub fn new(
-        deployments: Store<Deployment>,
-        statefulsets: Store<StatefulSet>,
-        daemonsets: Store<DaemonSet>,
+        deployments: Store<Cached<Deployment>>,
+        statefulsets: Store<Cached<StatefulSet>>,
+        daemonsets: Store<Cached<DaemonSet>>,
         namespaces: Store<Namespace>,
     ) -> Self {
         let (tx, ready) = tokio::sync::watch::channel(false);
@@ -74,35 +74,32 @@ impl Stores {
     /// A target's facts from the cache.
     pub fn facts(&self, kind: TargetKind, namespace: &str, name: &str) -> Option<WorkloadFacts> {
         match kind {
-            TargetKind::Deployment => self
-                .deployments
-                .get(&ObjectRef::new(name).within(namespace))
-                .map(|d| workload::deployment_facts(&d)),
-            TargetKind::StatefulSet => self
-                .statefulsets
-                .get(&ObjectRef::new(name).within(namespace))
-                .map(|s| workload::statefulset_facts(&s)),
-            TargetKind::DaemonSet => self
-                .daemonsets
-                .get(&ObjectRef::new(name).within(namespace))
-                .map(|d| workload::daemonset_facts(&d)),
+            TargetKind::Deployment => {
+                self.deployments.get(&ObjectRef::new(name).within(namespace)).map(|c| c.facts.clone())
+            }
+            TargetKind::StatefulSet => {
+                self.statefulsets.get(&ObjectRef::new(name).within(namespace)).map(|c| c.facts.clone())
+            }
+            TargetKind::DaemonSet => {
+                self.daemonsets.get(&ObjectRef::new(name).within(namespace)).map(|c| c.facts.clone())
+            }
             // Node targets are not workloads; controller::nodes reads them.
             TargetKind::Node => None,
         }
     }
 
-    /// Every cached workload of a kind.
-    pub fn all(&self, kind: TargetKind) -> Vec<WorkloadFacts> {
+    /// The keys (`namespace/name`) of the cached workloads of a kind that `keep` accepts.
+    pub fn keys_where(&self, kind: TargetKind, keep: impl Fn(&WorkloadFacts) -> bool) -> Vec<String> {
+        fn keys<K>(store: &Store<Cached<K>>, keep: impl Fn(&WorkloadFacts) -> bool) -> Vec<String>
+        where
+            K: kube::Resource<DynamicType = ()> + Clone,
+        {
+            store.state().iter().filter(|c| keep(&c.facts)).map(|c| c.facts.key()).collect()
+        }
         match kind {
-            TargetKind::Deployment => {
-                self.deployments.state().iter().map(|d| workload::deployment_facts(d)).collect()
-            }
-            TargetKind::StatefulSet => {
-                self.statefulsets.state().iter().map(|s| workload::statefulset_facts(s)).collect()
-            }
-            TargetKind::DaemonSet => {
-                self.daemonsets.state().iter().map(|d| workload::daemonset_facts(d)).collect()
-            }
+            TargetKind::Deployment => keys(&self.deployments, keep),
+            TargetKind::StatefulSet => keys(&self.statefulsets, keep),
+            TargetKind::DaemonSet => keys(&self.daemonsets, keep),
             TargetKind::Node => Vec::new(),
         }
     }

@@ -3,6 +3,7 @@
 //! resource on every `tasks/get`: any replica, after any restart, gives the same answer.
 
 pub mod auth;
+mod cache;
 mod fixtures;
 pub mod task;
 pub mod tools;
@@ -69,6 +70,7 @@ pub struct FleetMcp {
 impl FleetMcp {
     pub fn new(client: Client, opts: &Options) -> Self {
         let ops = Ops {
+            rollouts: cache::Rollouts::watch(client.clone()),
             client,
             fleet_namespace: opts.fleet_namespace.clone(),
             retention_seconds: i64::try_from(opts.retention.as_secs()).unwrap_or(i64::MAX),

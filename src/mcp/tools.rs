@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, sync::Arc};
 use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, Client, ResourceExt,
-    api::{ListParams, ObjectMeta, PostParams},
+    api::{ObjectMeta, PostParams},
 };
 use rmcp::{
     handler::server::common::schema_for_input,
@@ -210,6 +210,8 @@ pub fn error(text: impl Into<String>) -> CallToolResult {
 #[derive(Clone)]
 pub struct Ops {
     pub client: Client,
+    /// Reads go through the watch cache; writes are recorded in it.
+    pub rollouts: super::cache::Rollouts,
     pub fleet_namespace: String,
     /// ttlSecondsAfterFinished of rollouts started over MCP (the task's retention).
     pub retention_seconds: i64,
@@ -292,7 +294,10 @@ impl Ops {
         };
         let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
         match api(&self.client, &args.namespace).create(&pp, &fr).await {
-            Ok(created) => Ok(Started::Created(created)),
+            Ok(created) => {
+                self.rollouts.wrote(&created);
+                Ok(Started::Created(created))
+            }
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 let name = name.unwrap_or_default();
                 let existing = api(&self.client, &args.namespace)
@@ -371,18 +376,22 @@ impl Ops {
         ))
     }
 
-    pub async fn get(&self, r: &RolloutRef) -> Result<FleetRollout, String> {
-        control::get(&self.client, &r.namespace, &r.name).await
+    pub async fn get(&self, r: &RolloutRef) -> Result<Arc<FleetRollout>, String> {
+        let what = format!("FleetRollout {}/{}", r.namespace, r.name);
+        match self.rollouts.get(&r.namespace, &r.name).await {
+            Ok(Some(fr)) => Ok(fr),
+            Ok(None) => Err(format!("{what}: not found")),
+            Err(e) => Err(explain(&e, &what)),
+        }
     }
 
     pub async fn list(&self, args: &ListArgs) -> Result<CallToolResult, String> {
-        let api: Api<FleetRollout> = match &args.namespace {
-            Some(ns) => Api::namespaced(self.client.clone(), ns),
-            None => Api::all(self.client.clone()),
-        };
-        let list =
-            api.list(&ListParams::default()).await.map_err(|e| explain(&e, "listing FleetRollouts"))?;
-        let summaries: Vec<task::Summary> = list.items.iter().map(task::summary).collect();
+        let list = self
+            .rollouts
+            .list(args.namespace.as_deref())
+            .await
+            .map_err(|e| explain(&e, "listing FleetRollouts"))?;
+        let summaries: Vec<task::Summary> = list.iter().map(|fr| task::summary(fr)).collect();
         let text = if summaries.is_empty() {
             "no FleetRollouts".to_string()
         } else {
@@ -393,12 +402,14 @@ impl Ops {
 
     /// Sets spec controls (paused, abort, rollback).
     pub async fn set(&self, r: &RolloutRef, spec: Value) -> Result<FleetRollout, String> {
-        control::set(&self.client, &r.namespace, &r.name, spec, FIELD_MANAGER).await
+        let fr = control::set(&self.client, &r.namespace, &r.name, spec, FIELD_MANAGER).await?;
+        self.rollouts.wrote(&fr);
+        Ok(fr)
     }
 
     /// Approves (batch, plan) as `who`: see [`crate::control::approve`].
     pub async fn approve(&self, args: &ApproveArgs, who: &Identity) -> Result<FleetRollout, String> {
-        control::approve(
+        let fr = control::approve(
             &self.client,
             &args.namespace,
             &args.name,
@@ -407,7 +418,9 @@ impl Ops {
             &who.username,
             FIELD_MANAGER,
         )
-        .await
+        .await?;
+        self.rollouts.wrote(&fr);
+        Ok(fr)
     }
 
     /// The rollout a task id names, if the caller may see it (its creator).
@@ -415,10 +428,9 @@ impl Ops {
         &self,
         id: &TaskId,
         who: &Identity,
-    ) -> Result<Option<FleetRollout>, kube::Error> {
-        let fr = match api(&self.client, &id.namespace).get_opt(&id.name).await? {
-            Some(fr) => fr,
-            None => return Ok(None),
+    ) -> Result<Option<Arc<FleetRollout>>, kube::Error> {
+        let Some(fr) = self.rollouts.get(&id.namespace, &id.name).await? else {
+            return Ok(None);
         };
         let owner = fr.annotations().get(CREATED_BY_ANNOTATION).cloned();
         Ok((id.matches(&fr)

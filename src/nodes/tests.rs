@@ -114,7 +114,7 @@ fn taking_control_saves_what_was_there_once_and_release_restores_it() {
     let tpl = &held.spec.template;
     assert_eq!(tpl.spec.as_ref().unwrap().containers[0].image.as_deref(), Some("agent:v2"));
     assert_eq!(tpl.metadata.as_ref().unwrap().annotations.as_ref().unwrap()[APPLIED_ANNOTATION], "u/1");
-    assert!(is_held(&held));
+    assert!(is_held(held.annotations()));
     assert_eq!(take_control(&held, None, "agent:v2", "u/1", "ops/r"), Ok(None), "not idempotent");
 
     // A second revision changes the template again but keeps what was saved before the first.
@@ -130,7 +130,7 @@ fn taking_control_saves_what_was_there_once_and_release_restores_it() {
 
     let released = release(&restored).unwrap();
     assert_eq!(released.spec.update_strategy, ds.spec.update_strategy);
-    assert!(!is_held(&released));
+    assert!(!is_held(released.annotations()));
     assert!(!released.annotations().contains_key(SAVED_TEMPLATE_ANNOTATION));
     assert_eq!(release(&released), None);
 }
