@@ -20,7 +20,7 @@ impl<K: Resource<DynamicType = ()>> Default for OwnWrites<K> {
 
 /// resourceVersions are opaque, but etcd's are one global counter: the larger is the newer, even across a
 /// delete and re-create. An unparsable one never wins.
-pub fn resource_version<K: Resource>(obj: &K) -> u64 {
+fn resource_version<K: Resource>(obj: &K) -> u64 {
     obj.resource_version().and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 

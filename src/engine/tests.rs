@@ -475,12 +475,17 @@ fn a_deleted_target_is_skipped_not_failed() {
     assert_eq!(sim.status.failures[0].reason, reason::TARGET_MISSING);
 }
 
-#[test]
-fn a_failing_http_check_fails_the_target_at_the_timeout() {
+/// Five targets, each with an HTTP check and a 30 s health timeout.
+fn http_checked() -> FleetRolloutSpec {
     let mut s = spec(5);
     s.health.timeout = "30s".into();
     s.health.http = Some(HttpCheck { url: "http://{name}/healthz".into(), expect_status: 200 });
-    let mut sim = Sim::new(s, 5);
+    s
+}
+
+#[test]
+fn a_failing_http_check_fails_the_target_at_the_timeout() {
+    let mut sim = Sim::new(http_checked(), 5);
     for st in sim.world.values_mut() {
         st.http = Some(Err("503 Service Unavailable".into()));
     }
@@ -493,10 +498,7 @@ fn a_failing_http_check_fails_the_target_at_the_timeout() {
 
 #[test]
 fn a_ready_target_is_never_healthy_before_its_http_check_has_run() {
-    let mut s = spec(5);
-    s.health.timeout = "30s".into();
-    s.health.http = Some(HttpCheck { url: "http://{name}/healthz".into(), expect_status: 200 });
-    let mut sim = Sim::new(s, 5);
+    let mut sim = Sim::new(http_checked(), 5);
     // Ready, but not probed yet (it became ready after this step's probes ran).
     let wait = sim.settle().expect("waits for the probe");
     assert!(wait <= Duration::from_millis(200), "the probe is due soon, not at the timeout: {wait:?}");

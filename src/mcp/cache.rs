@@ -2,8 +2,8 @@
 //! is answered from memory instead of costing the API server a request each time.
 //!
 //! The cache is a view of etcd, never a store of its own: it is used only while its watch is live, a
-//! rollout it does not hold is read from the API server (one just created by another replica, say), and our
-//! own writes are served until the watch delivers them, so a caller never sees a rollout go back in time.
+//! rollout it does not hold is read from the API server (one just created by another replica, say), and this
+//! server's own writes are served until the watch delivers them, so a caller sees its own change at once.
 
 use std::sync::{
     Arc,
