@@ -193,12 +193,20 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn init_tracing(level: &str, format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    let filter = EnvFilter::try_new(log_filter(std::env::var("RUST_LOG").ok(), level))
+        .unwrap_or_else(|_| EnvFilter::new(log_filter(None, level)));
     let registry = tracing_subscriber::registry().with(filter);
     let _ = match format {
         LogFormat::Text => registry.with(fmt::layer().with_writer(std::io::stderr)).try_init(),
         LogFormat::Json => registry.with(fmt::layer().json().with_writer(std::io::stderr)).try_init(),
     };
+}
+
+/// The log filter: `RUST_LOG` if set, else the level. rmcp logs three INFO lines for every stateless MCP
+/// request (one per `tasks/get` poll), so it is held to warnings unless the filter names it.
+fn log_filter(rust_log: Option<String>, level: &str) -> String {
+    let spec = rust_log.filter(|s| !s.trim().is_empty()).unwrap_or_else(|| level.to_string());
+    if spec.contains("rmcp") { spec } else { format!("{spec},rmcp=warn") }
 }
 
 fn default_identity() -> String {
@@ -269,5 +277,18 @@ fn block_on(f: impl std::future::Future<Output = crate::error::Result<()>>) -> E
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter;
+
+    #[test]
+    fn rmcp_is_held_to_warnings_unless_the_filter_names_it() {
+        assert_eq!(log_filter(None, "info"), "info,rmcp=warn");
+        assert_eq!(log_filter(Some("fleetroll=debug".into()), "info"), "fleetroll=debug,rmcp=warn");
+        assert_eq!(log_filter(Some(" ".into()), "debug"), "debug,rmcp=warn");
+        assert_eq!(log_filter(Some("info,rmcp=debug".into()), "info"), "info,rmcp=debug");
     }
 }
