@@ -22,7 +22,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::{
-    api::{BatchState, FleetRollout, Phase, PlanStorage},
+    api::{BatchState, FleetRollout, Phase},
     control,
     controller::{discovery, plans::PlanStore},
     plan::Plan,
@@ -366,8 +366,9 @@ async fn status(
     let deadline = tokio::time::Instant::now() + timeout.unwrap_or(Duration::from_secs(365 * 24 * 3600));
     let mut last = String::new();
     let mut current = fr;
+    let plans = PlanStore::default();
     loop {
-        let view = render_with(&current, batch_health(client, &current).await);
+        let view = render_with(&current, batch_health(client, &plans, &current).await);
         if view != last {
             let mut out = std::io::stdout().lock();
             if tty {
@@ -399,17 +400,18 @@ async fn status(
     }
 }
 
-/// How many targets of the batch being verified are healthy now: (batch index, healthy). Only for plans
-/// kept in status; a large plan's batch members are not re-read for a view.
-async fn batch_health(client: &Client, fr: &FleetRollout) -> Option<(u32, u32)> {
+/// How many targets of the batch being verified are healthy now: (batch index, healthy). The plan is read
+/// from status or its ConfigMaps (once per plan, through `plans`); a caller who may not read those
+/// ConfigMaps sees no count.
+async fn batch_health(client: &Client, plans: &PlanStore, fr: &FleetRollout) -> Option<(u32, u32)> {
     let s = fr.status.as_ref()?;
     let current =
         s.batches.iter().find(|b| Some(b.index) == s.current_batch && b.state == BatchState::Verifying)?;
-    let plan = s.plan.as_ref().filter(|p| p.storage == PlanStorage::Status)?;
+    let plan = plans.load(client, fr, s.plan.as_ref()?).await.ok()?;
     let image = s.revision.as_ref().map_or(fr.spec.image.as_str(), |r| r.inputs.image.as_str());
     let container = s.revision.as_ref().and_then(|r| r.inputs.container.as_deref());
     let mut healthy = 0;
-    for t in plan.batches.get(current.index as usize)?.iter().take(100) {
+    for t in plan.plan.batch(current.index).iter().take(100) {
         if let Ok(Some(f)) = crate::controller::targets::live_facts(client, fr.spec.targets.kind, t).await
             && f.container_image(container).is_ok_and(|(_, i)| i == image)
             && f.readiness() == crate::workload::Readiness::Ready
@@ -433,6 +435,8 @@ fn exit_for(fr: &FleetRollout) -> ExitCode {
 }
 
 const BAR: usize = 24;
+/// Rollouts with more batches than this list the ones with checkpoints, then say how many remain.
+const LISTED_BATCHES: u32 = 100;
 
 fn bar(done: u32, total: u32) -> String {
     let filled = if total == 0 { BAR } else { (done as usize * BAR) / total as usize };
@@ -456,8 +460,12 @@ fn render_with(fr: &FleetRollout, health: Option<(u32, u32)>) -> String {
         s.message.clone().unwrap_or_default()
     );
     let total = s.plan.as_ref().map_or(0, |p| p.total_batches);
-    let sizes: Vec<u32> = match &s.plan {
-        Some(p) if p.storage == PlanStorage::Status => p.batches.iter().map(|b| b.len() as u32).collect(),
+    // Batch sizes follow from the revision's inputs and the fleet's size, as the plan's did.
+    let sizes: Vec<u32> = match (&s.plan, &s.revision) {
+        (Some(p), Some(r)) if total <= LISTED_BATCHES => {
+            crate::plan::batch_sizes(p.total_targets, &r.inputs.steps, &r.inputs.batch_size)
+                .unwrap_or_default()
+        }
         _ => Vec::new(),
     };
     let first_shown = s.batches.first().map_or(0, |b| b.index);
@@ -493,7 +501,7 @@ fn render_with(fr: &FleetRollout, health: Option<(u32, u32)>) -> String {
             bar(done, size)
         ));
         if sizes.is_empty() && checkpoint.is_none() {
-            // Large plans: later batches are not in status; say how many remain instead of listing them.
+            // Many batches: say how many remain instead of listing them.
             let left = total - index;
             if left > 1 {
                 out.push_str(&format!("  … {} more batches pending\n", left - 1));
@@ -524,8 +532,9 @@ fn render_with(fr: &FleetRollout, health: Option<(u32, u32)>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{BatchStatus, FleetRolloutStatus, PendingApproval, PlanRef, PlannedTarget};
+    use crate::api::{BatchStatus, FleetRolloutStatus, PendingApproval, PlanRef, PlanStorage, Revision};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
     #[test]
     fn the_view_has_a_bar_per_batch_and_says_what_to_do() {
@@ -535,21 +544,26 @@ mod tests {
             "spec": {"image": "web:v2", "targets": {"kind": "Deployment", "selector": {"matchLabels": {"a": "b"}}}}
         }))
         .unwrap();
-        let t = |n: &str| PlannedTarget {
-            namespace: "shop".into(),
-            name: n.into(),
-            previous_image: "web:v1".into(),
-        };
+        // Sizes come from the revision (one, then twos), not from a plan kept in status.
+        let mut inputs = crate::api::RevisionInputs::of(&fr.spec);
+        inputs.steps = vec![IntOrString::Int(1)];
+        inputs.batch_size = IntOrString::Int(2);
         fr.status = Some(FleetRolloutStatus {
             phase: Phase::WaitingForApproval,
             message: Some("batch 2/3 waits".into()),
+            revision: Some(Revision {
+                number: 1,
+                spec_hash: "h".into(),
+                inputs,
+                started_at: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            }),
             plan: Some(PlanRef {
                 hash: "abc".into(),
                 total_targets: 5,
                 total_batches: 3,
-                storage: PlanStorage::Status,
-                batches: vec![vec![t("a")], vec![t("b"), t("c")], vec![t("d"), t("e")]],
-                shards: vec![],
+                storage: PlanStorage::ConfigMaps,
+                batches: vec![],
+                shards: vec!["web-plan-abc-0".into()],
             }),
             batches: vec![BatchStatus {
                 index: 0,

@@ -127,7 +127,7 @@ async fn sigkill_at_random_points_never_changes_a_target_twice() {
             s.batches
         );
         let uid = fr.uid().unwrap();
-        let plan = s.plan.unwrap();
+        let plan = fleet.plan(&fr).await;
         let deployments = fleet.all_deployments().await;
         for (i, batch) in plan.batches.iter().enumerate() {
             for t in batch {

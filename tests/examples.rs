@@ -104,8 +104,8 @@ async fn canary_with_approval_waits_for_the_plan_to_be_approved() {
                 phase(f) == Phase::WaitingForApproval
             })
             .await;
-        let s = fr.status.unwrap();
-        let plan = s.plan.unwrap();
+        let s = fr.status.clone().unwrap();
+        let plan = fleet.plan(&fr).await;
         assert_eq!(s.pending_approval.unwrap().plan_hash, plan.hash);
         let sizes: Vec<usize> = plan.batches.iter().map(Vec::len).collect();
         assert_eq!(sizes, [1, 2, 4, 1], "canary, 25%, then 50% waves");

@@ -77,7 +77,7 @@ async fn forty_nodes_in_batches_of_ten_each_pod_replaced_exactly_once() {
                 s.batches
             );
             // The plan: the pool's nodes in name order, ten per batch.
-            let plan = s.plan.clone().unwrap();
+            let plan = fleet.plan(&fr).await;
             let planned: Vec<String> = plan.batches.iter().flatten().map(|t| t.name.clone()).collect();
             assert_eq!(planned, names);
 

@@ -60,7 +60,7 @@ async fn forty_deployments_in_four_namespaces_roll_ten_at_a_time_each_changed_on
         assert_eq!(condition(&fr, "Complete").map(|c| c.status.as_str()), Some("True"));
 
         // Every Deployment's generation rose by exactly one, and each carries its batch's key.
-        let plan = status.plan.clone().unwrap();
+        let plan = fleet.plan(&fr).await;
         let batch_of: HashMap<String, usize> = plan
             .batches
             .iter()

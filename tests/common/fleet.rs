@@ -205,6 +205,13 @@ impl Fleet {
         out
     }
 
+    /// A rollout's frozen plan, from its status or its ConfigMaps, as the operator reads it.
+    pub async fn plan(&self, fr: &FleetRollout) -> fleetroll::plan::Plan {
+        let plan_ref = fr.status.as_ref().and_then(|s| s.plan.as_ref()).expect("the rollout has a plan");
+        let store = fleetroll::controller::plans::PlanStore::default();
+        store.load(&self.client, fr, plan_ref).await.expect("the plan is readable").plan.clone()
+    }
+
     /// The events recorded for a FleetRollout, as (reason, message).
     pub async fn events(&self, name: &str) -> Vec<(String, String)> {
         let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(self.client.clone(), &self.ns);
