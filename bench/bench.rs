@@ -282,11 +282,7 @@ async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, namespace
     transitions.sort_by(f64::total_cmp);
     report.rows.push(row(
         format!("batch transition, {} transitions of {b}-target batches: p50 / p99", transitions.len()),
-        format!(
-            "{:.1} ms / {:.1} ms",
-            support::percentile(&transitions, 50.0) * 1e3,
-            support::percentile(&transitions, 99.0) * 1e3
-        ),
+        support::p50_p99_ms(&transitions),
         "p99 ≤ 100 ms",
         Some(support::percentile(&transitions, 99.0) <= 0.1),
     ));
@@ -297,11 +293,7 @@ async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, namespace
             "bare client's gap between the same batches ({} transitions): p50 / p99",
             bare_transitions.len()
         ),
-        format!(
-            "{:.1} ms / {:.1} ms",
-            support::percentile(&bare_transitions, 50.0) * 1e3,
-            support::percentile(&bare_transitions, 99.0) * 1e3
-        ),
+        support::p50_p99_ms(&bare_transitions),
         "",
         None,
     ));
@@ -355,11 +347,7 @@ async fn transitions(client: &Client, sizes: &Sizes, report: &mut Report, namesp
     t.sort_by(f64::total_cmp);
     report.rows.push(row(
         format!("batch transition, {} transitions of 1-target batches (0 replicas): p50 / p99", t.len()),
-        format!(
-            "{:.1} ms / {:.1} ms",
-            support::percentile(&t, 50.0) * 1e3,
-            support::percentile(&t, 99.0) * 1e3
-        ),
+        support::p50_p99_ms(&t),
         "p99 ≤ 100 ms",
         Some(support::percentile(&t, 99.0) <= 0.1),
     ));
@@ -487,11 +475,7 @@ async fn mcp(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: &m
     starts.sort_by(f64::total_cmp);
     report.rows.push(row(
         format!("MCP rollout_fleet until the task handle returns ({} calls): p50 / p99", starts.len()),
-        format!(
-            "{:.1} ms / {:.1} ms",
-            support::percentile(&starts, 50.0) * 1e3,
-            support::percentile(&starts, 99.0) * 1e3
-        ),
+        support::p50_p99_ms(&starts),
         "",
         None,
     ));
@@ -519,17 +503,16 @@ async fn mcp(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: &m
     })
     .await;
     let total = (per_client * sizes.mcp_clients) as f64;
-    let (p50, p99) = (support::percentile(&tasks_latency, 50.0), support::percentile(&tasks_latency, 99.0));
-    let (r50, r99) = (support::percentile(&raw_latency, 50.0), support::percentile(&raw_latency, 99.0));
+    let (p99, r99) = (support::percentile(&tasks_latency, 99.0), support::percentile(&raw_latency, 99.0));
     report.rows.push(row(
         format!("MCP tasks/get, {} concurrent clients: p50 / p99, throughput", sizes.mcp_clients),
-        format!("{:.1} ms / {:.1} ms, {:.0} req/s", p50 * 1e3, p99 * 1e3, total / tasks_wall),
+        format!("{}, {:.0} req/s", support::p50_p99_ms(&tasks_latency), total / tasks_wall),
         "p99 ≤ 20 ms",
         Some(p99 <= 0.020),
     ));
     report.rows.push(row(
         "raw GET of the same FleetRollout from the API server, same concurrency",
-        format!("{:.1} ms / {:.1} ms, {:.0} req/s", r50 * 1e3, r99 * 1e3, total / raw_wall),
+        format!("{}, {:.0} req/s", support::p50_p99_ms(&raw_latency), total / raw_wall),
         "",
         None,
     ));

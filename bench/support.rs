@@ -279,6 +279,11 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.min(sorted.len()) - 1]
 }
 
+/// "p50 ms / p99 ms" of sorted latencies in seconds, as the tables print them.
+pub fn p50_p99_ms(sorted: &[f64]) -> String {
+    format!("{:.1} ms / {:.1} ms", percentile(sorted, 50.0) * 1e3, percentile(sorted, 99.0) * 1e3)
+}
+
 /// Facts about this machine and this code, for the results file.
 pub fn machine_facts() -> Vec<(String, String)> {
     let sh = |cmd: &str| {

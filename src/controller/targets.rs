@@ -73,16 +73,16 @@ impl Stores {
 
     /// A target's facts from the cache.
     pub fn facts(&self, kind: TargetKind, namespace: &str, name: &str) -> Option<WorkloadFacts> {
+        fn get<K>(store: &Store<Cached<K>>, namespace: &str, name: &str) -> Option<WorkloadFacts>
+        where
+            K: kube::Resource<DynamicType = ()> + Clone,
+        {
+            store.get(&ObjectRef::new(name).within(namespace)).map(|c| c.facts.clone())
+        }
         match kind {
-            TargetKind::Deployment => {
-                self.deployments.get(&ObjectRef::new(name).within(namespace)).map(|c| c.facts.clone())
-            }
-            TargetKind::StatefulSet => {
-                self.statefulsets.get(&ObjectRef::new(name).within(namespace)).map(|c| c.facts.clone())
-            }
-            TargetKind::DaemonSet => {
-                self.daemonsets.get(&ObjectRef::new(name).within(namespace)).map(|c| c.facts.clone())
-            }
+            TargetKind::Deployment => get(&self.deployments, namespace, name),
+            TargetKind::StatefulSet => get(&self.statefulsets, namespace, name),
+            TargetKind::DaemonSet => get(&self.daemonsets, namespace, name),
             // Node targets are not workloads; controller::nodes reads them.
             TargetKind::Node => None,
         }
