@@ -345,7 +345,7 @@ fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
     let timeout = duration::parse(&f.spec.health.timeout).unwrap_or(Duration::from_secs(600));
     let soak = duration::parse(&f.spec.health.soak).unwrap_or(Duration::ZERO);
     let applied_at = b.applied_at.as_ref().map_or(f.now, |t| t.0);
-    let deadline = applied_at + to_signed(timeout);
+    let deadline = later(applied_at, timeout);
     let timed_out = f.now >= deadline;
     let want_image = image(f);
 
@@ -414,8 +414,8 @@ fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
                 };
                 return write(f, s, vec![event]);
             }
-            Some(since) if f.now < since.0 + to_signed(soak) => {
-                let left = until(f.now, since.0 + to_signed(soak));
+            Some(since) if f.now < later(since.0, soak) => {
+                let left = until(f.now, later(since.0, soak));
                 return write_if_changed(f, s, Vec::new(), Some(left));
             }
             Some(_) => {}
@@ -621,12 +621,12 @@ fn next_batch(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: Vec<Event>) 
     let last_finished = s.batches.iter().filter_map(|b| b.finished_at.as_ref()).map(|t| t.0).max();
     if let Some(done) = last_finished
         && !pause.is_zero()
-        && f.now < done + to_signed(pause)
+        && f.now < later(done, pause)
     {
         s.phase = Phase::Progressing;
         s.reason = Some(reason::WAITING_BETWEEN_BATCHES.into());
         s.pending_approval = None;
-        let left = until(f.now, done + to_signed(pause));
+        let left = until(f.now, later(done, pause));
         return write_if_changed(f, s, events, Some(left));
     }
 
@@ -915,8 +915,11 @@ fn until(now: Timestamp, then: Timestamp) -> Duration {
     Duration::try_from(then.duration_since(now)).unwrap_or(Duration::ZERO)
 }
 
-fn to_signed(d: Duration) -> SignedDuration {
-    SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX)
+/// `t + d`, saturating at the end of time: a timestamp read back from the cluster is input too, and no
+/// input may make the arithmetic panic.
+fn later(t: Timestamp, d: Duration) -> Timestamp {
+    let d = SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
+    t.checked_add(d).unwrap_or(Timestamp::MAX)
 }
 
 fn count(n: usize) -> u32 {

@@ -31,6 +31,9 @@ pub enum Error {
 
     #[error("cannot change the target: {0}")]
     Target(String),
+
+    #[error("the reconcile panicked: {0}")]
+    Panicked(String),
 }
 
 impl Error {
@@ -47,6 +50,7 @@ impl Error {
             Error::Config(_) => "config",
             Error::Timeout(_) => "timeout",
             Error::Target(_) => "target",
+            Error::Panicked(_) => "panic",
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Crash-test hooks. `FLEETROLL_FAILPOINT=<name>:<n>` makes the process stop dead at the n-th time it
 //! reaches the named point: it prints `FAILPOINT <name> reached` on stderr and blocks, so the crash test can
 //! SIGKILL it at exactly that instant (for example between the intent write and the first patch).
+//! `<name>:<n>:panic` panics there instead, to prove a panicking reconcile fails that rollout's step only.
 //! Unset (always, outside tests), a hit costs one relaxed atomic load.
 
 use std::sync::{
@@ -22,6 +23,7 @@ pub const BETWEEN_RESTORES: &str = "between-restores";
 struct Armed {
     name: String,
     at: u64,
+    panic: bool,
     hits: AtomicU64,
 }
 
@@ -30,8 +32,11 @@ fn armed() -> Option<&'static Armed> {
     ARMED
         .get_or_init(|| {
             let spec = std::env::var("FLEETROLL_FAILPOINT").ok()?;
-            let (name, at) = spec.split_once(':').unwrap_or((spec.as_str(), "1"));
-            Some(Armed { name: name.to_string(), at: at.parse().ok()?, hits: AtomicU64::new(0) })
+            let mut parts = spec.split(':');
+            let name = parts.next()?.to_string();
+            let at = parts.next().unwrap_or("1").parse().ok()?;
+            let panic = parts.next() == Some("panic");
+            Some(Armed { name, at, panic, hits: AtomicU64::new(0) })
         })
         .as_ref()
 }
@@ -43,5 +48,8 @@ pub async fn hit(name: &str) {
         return;
     }
     eprintln!("FAILPOINT {name} reached");
+    if a.panic {
+        panic!("failpoint {name} panicked on purpose");
+    }
     std::future::pending::<()>().await;
 }

@@ -41,6 +41,8 @@ pub struct Metrics {
     pub batch_transition: Histogram,
     pub reconciles: Counter,
     pub reconcile_errors: Family<ErrorLabel, Counter>,
+    /// Reconciles that panicked: caught, so only that rollout's step failed.
+    pub reconcile_panics: Counter,
     pub reconcile_duration: Histogram,
     pub status_writes: Counter,
     pub target_patches: Counter,
@@ -58,6 +60,7 @@ impl Default for Metrics {
             batch_transition: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             reconciles: Counter::default(),
             reconcile_errors: Family::default(),
+            reconcile_panics: Counter::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             status_writes: Counter::default(),
             target_patches: Counter::default(),
@@ -81,6 +84,11 @@ impl Default for Metrics {
                 "reconcile_errors",
                 "Reconciles that failed, by error kind",
                 m.reconcile_errors.clone(),
+            );
+            r.register(
+                "reconcile_panics",
+                "Reconciles that panicked (caught: the rollout's step failed, the process kept running)",
+                m.reconcile_panics.clone(),
             );
             r.register("reconcile_duration_seconds", "Time per reconcile", m.reconcile_duration.clone());
             r.register("status_writes", "FleetRollout status writes", m.status_writes.clone());

@@ -57,8 +57,14 @@ async fn the_api_server_rejects_nonsense_with_a_clear_message() {
             ("strategy.pauseBetweenBatches", json!("5 minutes"), "pauseBetweenBatches must be a duration"),
             ("strategy.approval", json!("Sometimes"), "Unsupported value: \"Sometimes\": supported values: \"None\", \"FirstBatch\", \"EveryBatch\""),
             ("strategy.onFailure", json!("Explode"), "Unsupported value: \"Explode\": supported values: \"Pause\", \"Rollback\", \"Abort\""),
-            ("health.timeout", json!("10 minutes"), "timeout must be a duration such as 90s, 10m or 1h"),
-            ("health.soak", json!("-1s"), "soak must be a duration such as 0s, 30s or 5m"),
+            ("health.timeout", json!("10 minutes"), "timeout must be a duration of at most 720h (30 days), such as 90s, 10m or 1h"),
+            ("health.soak", json!("-1s"), "soak must be a duration of at most 720h (30 days), such as 0s, 30s or 5m"),
+            // Durations beyond 30 days, in every duration field: they once crashed the operator.
+            ("health.timeout", json!("99999999h"), "timeout must be a duration of at most 720h (30 days)"),
+            ("health.timeout", json!("721h"), "timeout must be a duration of at most 720h (30 days)"),
+            ("health.soak", json!("999999h999999m"), "soak must be a duration of at most 720h (30 days)"),
+            ("strategy.pauseBetweenBatches", json!("43201m"), "pauseBetweenBatches must be a duration of at most 720h (30 days)"),
+            ("ttlSecondsAfterFinished", json!(2_592_001), "should be less than or equal to 2592000"),
             ("health.http", json!({"url": "ftp://web"}), "http.url must be an http:// or https:// URL"),
             ("health.http", json!({"url": "http://web", "expectStatus": 99}), "should be greater than or equal to 100"),
             ("targets.kind", json!("Pod"), "Unsupported value: \"Pod\": supported values: \"Deployment\", \"StatefulSet\", \"DaemonSet\", \"Node\""),
@@ -94,6 +100,16 @@ async fn the_api_server_rejects_nonsense_with_a_clear_message() {
         .unwrap();
         let err = api.create(&PostParams::default(), &obj).await.unwrap_err();
         assert!(err.to_string().contains("spec.image: Required value"), "{err}");
+        // The longest durations are accepted, in the forms Go and CEL both read.
+        let mut longest = valid_spec();
+        set(&mut longest, "health.timeout", json!("720h"));
+        set(&mut longest, "health.soak", json!("719h59m59s999ms"));
+        set(&mut longest, "strategy.pauseBetweenBatches", json!("1h30m"));
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": "longest"}, "spec": longest,
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &obj).await.unwrap();
         // And the valid spec is accepted, with the documented defaults filled in.
         let obj: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": "good"}, "spec": valid_spec(),

@@ -79,10 +79,10 @@ pub struct FleetRolloutSpec {
     #[serde(default)]
     pub rollback: bool,
 
-    /// Deletes the FleetRollout (and its plan objects) this many seconds after it finishes. Unset: kept until
-    /// deleted. Rollouts started over MCP get the server's task retention.
+    /// Deletes the FleetRollout (and its plan objects) this many seconds after it finishes, at most 2592000
+    /// (30 days). Unset: kept until deleted. Rollouts started over MCP get the server's task retention.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 0, max = 2592000))]
     pub ttl_seconds_after_finished: Option<i64>,
 
     /// Approvals for gated batches, each bound to the plan it approves (status.plan.hash).
@@ -157,10 +157,10 @@ pub struct Strategy {
     #[x_kube(validation = Rule::new(MAX_FAILURES_RULE).message("maxFailures must be an integer of 0 or more, or a percentage from 0% to 100%, such as 2 or \"5%\""))]
     pub max_failures: IntOrString,
 
-    /// Wait between one batch finishing and the next starting, e.g. 30s, 5m, 1h30m.
+    /// Wait between one batch finishing and the next starting, e.g. 30s, 5m, 1h30m (at most 720h).
     #[serde(default = "zero_duration")]
     #[schemars(length(max = 32))]
-    #[x_kube(validation = Rule::new(DURATION_RULE).message("pauseBetweenBatches must be a duration such as 0s, 30s, 5m or 1h30m"))]
+    #[x_kube(validation = Rule::new(DURATION_RULE).message("pauseBetweenBatches must be a duration of at most 720h (30 days), such as 0s, 30s, 5m or 1h30m"))]
     pub pause_between_batches: String,
 
     /// Which batches wait for an approval.
@@ -180,7 +180,7 @@ const NODE_NAMESPACES_RULE: &str = "self.kind != 'Node' || !has(self.namespaceSe
 const BATCH_SIZE_RULE: &str = "type(self) == int ? self >= 1 : self.matches('^(100|[1-9][0-9]?)%$')";
 const STEPS_RULE: &str = "self.all(s, type(s) == int ? s >= 1 : s.matches('^(100|[1-9][0-9]?)%$'))";
 const MAX_FAILURES_RULE: &str = "type(self) == int ? self >= 0 : self.matches('^(100|[1-9]?[0-9])%$')";
-const DURATION_RULE: &str = "self.matches('^([0-9]+(ms|s|m|h))+$')";
+const DURATION_RULE: &str = crate::duration::SCHEMA_RULE;
 
 fn default_batch_size() -> IntOrString {
     IntOrString::String("25%".into())
@@ -239,16 +239,16 @@ pub enum FailurePolicy {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Health {
-    /// A target not healthy this long after its change has failed, e.g. 10m.
+    /// A target not healthy this long after its change has failed, e.g. 10m (at most 720h).
     #[serde(default = "default_timeout")]
     #[schemars(length(max = 32))]
-    #[x_kube(validation = Rule::new(DURATION_RULE).message("timeout must be a duration such as 90s, 10m or 1h"))]
+    #[x_kube(validation = Rule::new(DURATION_RULE).message("timeout must be a duration of at most 720h (30 days), such as 90s, 10m or 1h"))]
     pub timeout: String,
 
-    /// How long every target of a batch must stay healthy before the batch counts, e.g. 1m.
+    /// How long every target of a batch must stay healthy before the batch counts, e.g. 1m (at most 720h).
     #[serde(default = "zero_duration")]
     #[schemars(length(max = 32))]
-    #[x_kube(validation = Rule::new(DURATION_RULE).message("soak must be a duration such as 0s, 30s or 5m"))]
+    #[x_kube(validation = Rule::new(DURATION_RULE).message("soak must be a duration of at most 720h (30 days), such as 0s, 30s or 5m"))]
     pub soak: String,
 
     /// An HTTP check each target must also pass.

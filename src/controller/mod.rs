@@ -8,11 +8,12 @@ pub mod targets;
 
 use std::{
     collections::HashMap,
+    panic::AssertUnwindSafe,
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use futures::{Stream, StreamExt, TryStreamExt};
+use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
 use k8s_openapi::{api::core::v1::Namespace, jiff::Timestamp};
 use kube::{
     Api, Client, Resource, ResourceExt,
@@ -82,6 +83,8 @@ pub struct Context {
     metrics: Arc<Metrics>,
     /// The cache may lag behind our own writes, and acting on a stale status would only earn a conflict.
     written: OwnWrites<FleetRollout>,
+    /// Consecutive failed reconciles per rollout, for the retry backoff.
+    failures: std::sync::Mutex<HashMap<ObjectRef<FleetRollout>, u32>>,
 }
 
 fn api(ctx: &Context, fr: &FleetRollout) -> Api<FleetRollout> {
@@ -91,18 +94,29 @@ fn api(ctx: &Context, fr: &FleetRollout) -> Api<FleetRollout> {
 async fn reconcile(obj: Arc<FleetRollout>, ctx: Arc<Context>) -> Result<Action> {
     let started = Instant::now();
     ctx.metrics.reconciles.inc();
+    let key = ObjectRef::from_obj(&*obj);
     let span = info_span!("reconcile", rollout = %format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any()));
     // Every step survives being cut short, so a reconcile that hangs (a stuck connection, say) is cut short
-    // and retried rather than left to hold the rollout forever.
-    let result = match tokio::time::timeout(
-        RECONCILE_TIMEOUT,
-        run_steps(ctx.written.newest(obj), &ctx, started).instrument(span),
-    )
-    .await
-    {
-        Ok(r) => r,
+    // and retried rather than left to hold the rollout forever. A panic (a bug meeting some input) fails
+    // this rollout's step only: the process, its other rollouts and MCP keep running.
+    let steps = AssertUnwindSafe(run_steps(ctx.written.newest(obj), &ctx, started).instrument(span));
+    let result = match tokio::time::timeout(RECONCILE_TIMEOUT, steps.catch_unwind()).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(panic)) => {
+            ctx.metrics.reconcile_panics.inc();
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            error!(rollout = %key, %message, "reconcile panicked; this rollout will be retried with backoff");
+            Err(Error::Panicked(message))
+        }
         Err(_) => Err(Error::Timeout(RECONCILE_TIMEOUT)),
     };
+    if result.is_ok() {
+        ctx.forget_failures(&key);
+    }
     ctx.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
     update_gauges(&ctx);
     result
@@ -461,8 +475,37 @@ fn error_policy(fr: Arc<FleetRollout>, err: &Error, ctx: Arc<Context>) -> Action
         .reconcile_errors
         .get_or_create(&crate::metrics::ErrorLabel { error: err.metric_label().into() })
         .inc();
-    warn!(rollout = %fr.name_any(), error = %err, "reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(2))
+    let failures = ctx.count_failure(&ObjectRef::from_obj(&*fr));
+    let wait = retry_after(failures);
+    warn!(rollout = %fr.name_any(), error = %err, failures, retry_in = ?wait, "reconcile failed; retrying");
+    Action::requeue(wait)
+}
+
+/// First retry after a failed reconcile; each further failure doubles it, up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(500);
+/// A rollout failing for good (an API it may not use, say) is retried this often, not hammered.
+const RETRY_MAX: Duration = Duration::from_secs(300);
+
+/// How long to wait before retrying after `failures` consecutive failed reconciles (1 for the first).
+fn retry_after(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(20);
+    RETRY_FIRST.saturating_mul(1 << doublings).min(RETRY_MAX)
+}
+
+impl Context {
+    /// Counts one more consecutive failure of a rollout's reconcile; returns how many there have been.
+    fn count_failure(&self, key: &ObjectRef<FleetRollout>) -> u32 {
+        let Ok(mut failures) = self.failures.lock() else { return 1 };
+        let n = failures.entry(key.clone()).or_default();
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    fn forget_failures(&self, key: &ObjectRef<FleetRollout>) {
+        if let Ok(mut failures) = self.failures.lock() {
+            failures.remove(key);
+        }
+    }
 }
 
 /// Caches one workload kind as facts, and says which rollout each change concerns (the one that last
@@ -552,6 +595,7 @@ pub async fn run(
         prober: Prober::default(),
         metrics,
         written: OwnWrites::default(),
+        failures: Default::default(),
     });
 
     let stop = shutdown.clone();
@@ -580,4 +624,20 @@ pub async fn run(
     }
     info!("controller stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failing_reconciles_back_off_exponentially_up_to_a_cap() {
+        let waits: Vec<Duration> = (1..=12).map(retry_after).collect();
+        assert_eq!(waits[0], Duration::from_millis(500));
+        assert_eq!(waits[1], Duration::from_secs(1));
+        assert_eq!(waits[4], Duration::from_secs(8));
+        assert!(waits.windows(2).all(|w| w[0] <= w[1]), "{waits:?}");
+        assert_eq!(retry_after(11), RETRY_MAX);
+        assert_eq!(retry_after(u32::MAX), RETRY_MAX, "no overflow, however long it fails");
+    }
 }

@@ -194,7 +194,7 @@ impl Sim {
     }
 
     fn pass(&mut self, d: Duration) {
-        self.now += to_signed(d);
+        self.now = later(self.now, d);
     }
 
     fn changes_of(&self, target: &str) -> usize {
@@ -610,4 +610,29 @@ fn a_finished_rollout_with_a_ttl_expires_after_it() {
     sim.settle();
     let finished = sim.status.finished_at.clone().unwrap().0;
     assert_eq!(expires_at(&sim.spec, &sim.status), Some(finished + SignedDuration::from_secs(60)));
+}
+
+#[test]
+fn timestamps_at_the_end_of_time_saturate_instead_of_panicking() {
+    // The longest durations the schema admits, and checkpoints (read back from the cluster, so input too)
+    // at the very end of the representable time: every deadline saturates.
+    let mut s = spec(5);
+    s.health.timeout = duration::MAX_TEXT.into();
+    s.health.soak = duration::MAX_TEXT.into();
+    s.strategy.pause_between_batches = duration::MAX_TEXT.into();
+    let mut sim = Sim::new(s, 10);
+    sim.auto_ready = false;
+    // A day before the end: every deadline 30 days out lies past it.
+    sim.now = Timestamp::MAX - SignedDuration::from_hours(24);
+    sim.step(); // intent, stamped near the end of time
+    sim.step(); // applied
+    let waited = sim.settle();
+    assert!(waited.is_some(), "waits for health, never panics: {waited:?} {:#?}", sim.status);
+    let ready: Vec<String> = sim.not_ready.drain().collect();
+    for t in ready {
+        sim.world.get_mut(&t).unwrap().readiness = Readiness::Ready;
+    }
+    sim.settle(); // soaking from the end of time
+    assert!(sim.status.batches[0].healthy_since.is_some());
+    assert_eq!(sim.status.phase, Phase::Progressing);
 }
