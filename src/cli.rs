@@ -184,6 +184,20 @@ struct OperatorArgs {
     #[arg(long, hide = true, default_value_t = crate::controller::plans::SHARD_TARGETS)]
     plan_shard_targets: usize,
 
+    /// Namespaces whose workloads no rollout may change (comma-separated; "" for none).
+    #[arg(
+        long,
+        env = "FLEETROLL_PROTECTED_NAMESPACES",
+        value_delimiter = ',',
+        default_value = "kube-system"
+    )]
+    protected_namespaces: Vec<String>,
+
+    /// The operator's own workload, which no rollout may change, as Kind/namespace/name (comma-separated
+    /// or repeated). The Helm chart sets it.
+    #[arg(long = "self-workload", env = "FLEETROLL_SELF_WORKLOADS", value_delimiter = ',')]
+    self_workloads: Vec<crate::scope::WorkloadRef>,
+
     #[command(flatten)]
     mcp: McpArgs,
 }
@@ -250,6 +264,12 @@ pub fn run() -> ExitCode {
                         inline_max_bytes: args.plan_inline_max_bytes,
                         shard_targets: args.plan_shard_targets,
                     },
+                    protected_namespaces: args
+                        .protected_namespaces
+                        .into_iter()
+                        .filter(|n| !n.is_empty())
+                        .collect(),
+                    self_workloads: args.self_workloads,
                 },
             };
             block_on(operator::run(opts))

@@ -23,6 +23,7 @@ use crate::{
     conditions::{self, Desired},
     duration,
     plan::{self, Plan},
+    scope::Refusal,
     workload::Readiness,
 };
 
@@ -77,6 +78,8 @@ pub struct Facts<'a> {
     pub target: &'a dyn Fn(&PlannedTarget) -> Option<TargetState>,
     /// Matching targets outside the plan (asked only when a batch starts: it scans the cache).
     pub unplanned: &'a dyn Fn() -> Option<Unplanned>,
+    /// Whether a target may be changed (or restored) now: see [`crate::scope`].
+    pub scope: &'a dyn Fn(&PlannedTarget) -> Result<(), Refusal>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,8 +112,8 @@ pub enum Step {
     /// `after`.
     Apply { key: String, image: String, targets: Vec<PlannedTarget>, after: Transition },
     /// Restore each target's previous image, stamping `key` (the intent is already persisted), then call
-    /// [`restored`].
-    Restore { key: String, targets: Vec<PlannedTarget> },
+    /// [`restored`] with `refused`, the targets the scope rules keep from being restored.
+    Restore { key: String, targets: Vec<PlannedTarget>, refused: Vec<TargetFailure> },
     /// Nothing to do until something changes, or until `after` has passed.
     Wait { after: Option<Duration> },
 }
@@ -243,7 +246,9 @@ pub fn advance(f: &Facts<'_>) -> Step {
     if s.phase == Phase::RollingBack {
         return match &s.rollback {
             Some(rb) if rb.state == RollbackState::Restoring => {
-                Step::Restore { key: rb.idempotency_key.clone(), targets: changed_targets(f) }
+                let last = f.status.current_batch.unwrap_or_default();
+                let (targets, refused) = in_scope(f, changed_targets(f), last);
+                Step::Restore { key: rb.idempotency_key.clone(), targets, refused }
             }
             _ => write_if_changed(f, s, Vec::new(), None),
         };
@@ -256,6 +261,11 @@ pub fn advance(f: &Facts<'_>) -> Step {
     }
     if f.spec.rollback {
         return start_rollback(f, s, reason::ROLLBACK_REQUESTED, revision);
+    }
+    if s.phase == Phase::Pending {
+        // Halted (a refused plan, say) and now able to go on.
+        s.phase = Phase::Progressing;
+        s.reason = Some(reason::RESUMED.into());
     }
     if f.spec.abort {
         s.phase = Phase::Aborted;
@@ -274,13 +284,15 @@ pub fn advance(f: &Facts<'_>) -> Step {
     let current = s.current_batch.and_then(|i| s.batches.iter().find(|b| b.index == i)).cloned();
     match current {
         Some(b) if b.state == BatchState::Applying => {
-            let targets = f.plan.batch(b.index).to_vec();
+            // Refused targets are left alone here and reported when the batch settles (see `verify`).
+            let (targets, refused) = in_scope(f, f.plan.batch(b.index).to_vec(), b.index);
             let mut after = s.clone();
             if let Some(entry) = after.batches.iter_mut().find(|x| x.index == b.index) {
                 entry.state = BatchState::Verifying;
                 entry.applied_at = Some(time(f.now));
             }
-            after.counts.updated = f.status.counts.updated.saturating_add(b.size);
+            after.counts.updated =
+                f.status.counts.updated.saturating_add(b.size.saturating_sub(count(refused.len())));
             after.reason = Some(reason::BATCH_APPLIED.into());
             finish(&mut after, f.generation, f.now);
             let event = Event {
@@ -318,9 +330,14 @@ pub fn restored(
     status: &FleetRolloutStatus,
     restored: u32,
     skipped: u32,
+    refused: Vec<TargetFailure>,
 ) -> Transition {
     let mut s = status.clone();
     s.observed_generation = Some(generation);
+    let skipped = skipped.saturating_add(count(refused.len()));
+    s.counts.refused = s.counts.refused.saturating_add(count(refused.len()));
+    s.failures.extend(refused);
+    trim_front(&mut s.failures, FAILURE_DETAILS);
     if let Some(rb) = s.rollback.as_mut() {
         rb.state = RollbackState::Done;
         rb.finished_at = Some(time(now));
@@ -352,10 +369,19 @@ fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
     let mut healthy = 0u32;
     let mut failures: Vec<TargetFailure> = Vec::new();
     let mut skipped = 0u32;
+    let mut refused: Vec<TargetFailure> = Vec::new();
     let mut waiting: Option<String> = None;
     for t in f.plan.batch(b.index) {
         let http_required = f.spec.health.http.is_some();
-        match verdict(t, (f.target)(t), &b.idempotency_key, &want_image, http_required, timed_out) {
+        let state = (f.target)(t);
+        // A target the batch did not change because the scope rules refused it (its namespace opted out,
+        // it is protected, another rollout holds it) is reported as refused, not awaited.
+        let ours = state.as_ref().is_some_and(|s| s.applied.as_deref() == Some(b.idempotency_key.as_str()));
+        if !ours && let Err(r) = (f.scope)(t) {
+            refused.push(failure(t, b.index, r.reason, r.message));
+            continue;
+        }
+        match verdict(t, state, &b.idempotency_key, &want_image, http_required, timed_out) {
             Verdict::Healthy => healthy += 1,
             Verdict::Missing => {
                 skipped += 1;
@@ -426,7 +452,9 @@ fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
     s.counts.healthy += healthy;
     s.counts.failed += failed;
     s.counts.skipped += skipped;
+    s.counts.refused += count(refused.len());
     s.failures.extend(failures);
+    s.failures.extend(refused.iter().cloned());
     trim_front(&mut s.failures, FAILURE_DETAILS);
     let mut events = Vec::new();
     let entry_state = if over_budget(f, &s) { BatchState::Failed } else { BatchState::Succeeded };
@@ -451,14 +479,23 @@ fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
         });
         return apply_failure_policy(f, s, &b, events);
     }
+    for r in &refused {
+        events.push(Event {
+            batch: Some(b.index),
+            type_: EventType::Warning,
+            reason: static_reason(&r.reason),
+            message: r.message.clone(),
+        });
+    }
     events.push(Event {
         batch: Some(b.index),
         type_: EventType::Normal,
         reason: reason::BATCH_SUCCEEDED,
         message: format!(
-            "batch {}/{}: {healthy} healthy, {failed} failed, {skipped} skipped",
+            "batch {}/{}: {healthy} healthy, {failed} failed, {skipped} skipped, {} refused",
             b.index + 1,
-            total_batches(f)
+            total_batches(f),
+            refused.len()
         ),
     });
     next_batch(f, s, events)
@@ -734,6 +771,33 @@ fn start_rollback(f: &Facts<'_>, mut s: FleetRolloutStatus, why: &'static str, r
         ),
     };
     write(f, s, vec![event])
+}
+
+/// Splits targets into those the scope rules let this rollout change now and the refused ones, as failure
+/// records of batch `batch`.
+fn in_scope(
+    f: &Facts<'_>,
+    targets: Vec<PlannedTarget>,
+    batch: u32,
+) -> (Vec<PlannedTarget>, Vec<TargetFailure>) {
+    let mut refused = Vec::new();
+    let allowed = targets
+        .into_iter()
+        .filter(|t| match (f.scope)(t) {
+            Ok(()) => true,
+            Err(r) => {
+                refused.push(failure(t, batch, r.reason, r.message));
+                false
+            }
+        })
+        .collect();
+    (allowed, refused)
+}
+
+/// The event reason for a scope refusal (event reasons are static).
+fn static_reason(reason: &str) -> &'static str {
+    use crate::scope::reason::*;
+    [OUT_OF_SCOPE, NOT_OPTED_IN, PROTECTED, HELD].into_iter().find(|r| *r == reason).unwrap_or(OUT_OF_SCOPE)
 }
 
 /// Targets this revision changed: every target of every batch that got past Pending.

@@ -8,9 +8,6 @@ pub enum Error {
     #[error("the FleetRollout status changed while this replica was working on it")]
     Conflict,
 
-    #[error("the plan of {rollout} cannot be read: {reason}")]
-    PlanUnreadable { rollout: String, reason: String },
-
     #[error("cannot encode JSON: {0}")]
     Json(#[source] serde_json::Error),
 
@@ -42,7 +39,6 @@ impl Error {
         match self {
             Error::Kube(_) => "kube",
             Error::Conflict => "conflict",
-            Error::PlanUnreadable { .. } => "plan_unreadable",
             Error::Json(_) => "json",
             Error::CrdMissing(_) => "crd_missing",
             Error::Listen { .. } => "listen",

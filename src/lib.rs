@@ -21,4 +21,5 @@ pub mod operator;
 pub mod own_writes;
 pub mod plan;
 pub mod plugin;
+pub mod scope;
 pub mod workload;

@@ -293,6 +293,18 @@ pub fn is_held(annotations: &BTreeMap<String, String>) -> bool {
     annotations.contains_key(SAVED_STRATEGY_ANNOTATION)
 }
 
+/// The rollout (`namespace/name`) holding the DaemonSet's updates, when that is not `own`. Two node
+/// rollouts on one DaemonSet would each restore "the" saved strategy behind the other's back.
+pub fn held_by_other<'a>(annotations: &'a BTreeMap<String, String>, own: &str) -> Option<&'a str> {
+    let holder = annotations.get(ROLLOUT_ANNOTATION)?;
+    (is_held(annotations) && holder != own).then_some(holder.as_str())
+}
+
+/// Whether this rollout holds the DaemonSet (so its deletion must hand it back).
+pub fn held_by(annotations: &BTreeMap<String, String>, own: &str) -> bool {
+    is_held(annotations) && annotations.get(ROLLOUT_ANNOTATION).map(String::as_str) == Some(own)
+}
+
 fn strategy_type(s: Option<&DaemonSetUpdateStrategy>) -> &str {
     s.and_then(|s| s.type_.as_deref()).unwrap_or("RollingUpdate")
 }

@@ -45,8 +45,11 @@ impl Plan {
         self.batches.iter().take(last as usize + 1).flatten()
     }
 
-    pub fn contains(&self, namespace: &str, name: &str) -> bool {
-        self.batches.iter().flatten().any(|t| t.namespace == namespace && t.name == name)
+    /// Whether this plan is the one the operator froze for a revision with inputs hashed `spec_hash`: the
+    /// hash it carries (recorded in status when it was frozen) is recomputed from its content. A plan read
+    /// back from the cluster is input like any other; one edited since fails this.
+    pub fn is_authentic(&self, spec_hash: &str) -> bool {
+        plan_hash(spec_hash, &self.batches) == self.hash
     }
 }
 
@@ -237,6 +240,26 @@ mod tests {
             HashMap::from([(("tenant-0".to_string(), "web-000".to_string()), "web:v1".to_string())]);
         let plan = build(first, &inputs(int(10), vec![]), "h", &previous).unwrap();
         assert!(plan.batches[0].iter().all(|t| t.previous_image == "web:v1"));
+    }
+
+    #[test]
+    fn a_plan_edited_after_it_was_frozen_is_not_authentic() {
+        let plan = build(fleet(6), &inputs(int(2), vec![]), "h", &HashMap::new()).unwrap();
+        assert!(plan.is_authentic("h"));
+        assert!(!plan.is_authentic("another revision"));
+        let mut retargeted = plan.clone();
+        retargeted.batches[1][0].namespace = "kube-system".into();
+        assert!(!retargeted.is_authentic("h"));
+        let mut reimaged = plan.clone();
+        reimaged.batches[0][0].previous_image = "evil:latest".into();
+        assert!(!reimaged.is_authentic("h"));
+        let mut reordered = plan.clone();
+        reordered.batches.swap(0, 1);
+        assert!(!reordered.is_authentic("h"));
+        let mut padded = plan;
+        let extra = padded.batches[0][0].clone();
+        padded.batches[2].push(extra);
+        assert!(!padded.is_authentic("h"));
     }
 
     #[test]

@@ -285,6 +285,7 @@ async fn plan(
                         .load(client, &fr, &plan_ref)
                         .await
                         .map_err(|e| e.to_string())?
+                        .map_err(|refused| format!("{}: {}", refused.reason, refused.message))?
                         .plan
                         .clone(),
                 ),
@@ -407,7 +408,7 @@ async fn batch_health(client: &Client, plans: &PlanStore, fr: &FleetRollout) -> 
     let s = fr.status.as_ref()?;
     let current =
         s.batches.iter().find(|b| Some(b.index) == s.current_batch && b.state == BatchState::Verifying)?;
-    let plan = plans.load(client, fr, s.plan.as_ref()?).await.ok()?;
+    let plan = plans.load(client, fr, s.plan.as_ref()?).await.ok()?.ok()?;
     let image = s.revision.as_ref().map_or(fr.spec.image.as_str(), |r| r.inputs.image.as_str());
     let container = s.revision.as_ref().and_then(|r| r.inputs.container.as_deref());
     let mut healthy = 0;

@@ -268,6 +268,10 @@ pub struct Counts {
     /// Targets that disappeared during the rollout (not counted as failures).
     #[serde(default)]
     pub skipped: u32,
+    /// Targets left alone because the rollout may not change them now (their namespace opted out, they
+    /// are protected, another running rollout holds them); `failures` says which and why. Not failures.
+    #[serde(default)]
+    pub refused: u32,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -313,7 +317,8 @@ pub struct TargetFailure {
     pub namespace: String,
     pub name: String,
     pub batch: u32,
-    /// e.g. Timeout, TargetMissing, HttpCheckFailed, ProgressDeadlineExceeded
+    /// e.g. Timeout, TargetMissing, HttpCheckFailed, ProgressDeadlineExceeded, or a refusal:
+    /// NamespaceNotOptedIn, OutOfScope, TargetProtected, TargetHeldByAnotherRollout
     pub reason: String,
     pub message: String,
 }

@@ -37,7 +37,7 @@ use crate::{
     failpoint,
     metrics::{Metrics, PhaseLabel, StateLabel},
     own_writes::OwnWrites,
-    plan,
+    plan, scope,
     workload::{self, Cached, WorkloadFacts},
 };
 
@@ -69,12 +69,18 @@ pub struct Settings {
     pub identity: String,
     /// When plans move from status to ConfigMaps.
     pub plan_limits: plans::Limits,
+    /// Namespaces whose workloads no rollout changes.
+    pub protected_namespaces: Vec<String>,
+    /// The operator's own workloads, which no rollout changes.
+    pub self_workloads: Vec<scope::WorkloadRef>,
 }
 
 /// Shared by every reconcile.
 pub struct Context {
     client: Client,
     settings: Settings,
+    /// What rollouts may touch (from the settings).
+    rules: scope::Rules,
     stores: Stores,
     rollouts: Store<FleetRollout>,
     plans: PlanStore,
@@ -124,6 +130,7 @@ async fn reconcile(obj: Arc<FleetRollout>, ctx: Arc<Context>) -> Result<Action> 
 
 async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -> Result<Action> {
     if fr.meta().deletion_timestamp.is_some() {
+        nodes::finalize(&ctx.client, &fr).await?;
         return Ok(Action::await_change());
     }
     // Target health is read from the caches: never decide on a cache that has not been filled yet (every
@@ -153,8 +160,39 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
         let Some(plan_ref) = status.plan.clone() else {
             return Ok(Action::requeue(BLOCKED_RETRY));
         };
-        let loaded = ctx.plans.load(&ctx.client, &fr, &plan_ref).await?;
+        // A finished rollout needs its plan only to roll back.
+        let loaded = if status.phase.is_terminal() && !fr.spec.rollback {
+            plans::LoadedPlan::none()
+        } else {
+            match ctx.plans.load(&ctx.client, &fr, &plan_ref).await? {
+                Ok(loaded) => loaded,
+                // An abort needs no plan: honour it, so a halted rollout can still be stopped for good.
+                Err(_) if fr.spec.abort && status.phase != Phase::RollingBack => plans::LoadedPlan::none(),
+                Err(why) => {
+                    warn!(reason = why.reason, message = %why.message, "the stored plan is refused; nothing changes");
+                    match engine::blocked(now, generation, &status, &why) {
+                        Some(t) => {
+                            fr = match write_status(ctx, &fr, t).await {
+                                Ok(f) => f,
+                                Err(Error::Conflict) => refetch(ctx, &fr).await?,
+                                Err(e) => return Err(e),
+                            };
+                            continue;
+                        }
+                        None => return Ok(Action::requeue(BLOCKED_RETRY)),
+                    }
+                }
+            }
+        };
         let kind = fr.spec.targets.kind;
+        if kind == TargetKind::Node
+            && !status.phase.is_terminal()
+            && let Some(written) = nodes::set_finalizer(&ctx.client, &fr, true).await?
+        {
+            // From now until it hands its DaemonSet back, deleting the rollout releases the DaemonSet first.
+            fr = Arc::new(written);
+            continue;
+        }
         let container = status.revision.as_ref().and_then(|r| r.inputs.container.clone());
         // Node targets are read live (see controller::nodes), and only while there is something to do.
         let view = match kind == TargetKind::Node && !status.phase.is_terminal() {
@@ -174,6 +212,37 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
             Some(v) => Some(v.unplanned(&loaded.members)),
             None => discovery::unplanned(&fr, &ctx.settings.fleet_namespace, &ctx.stores, &loaded.members),
         };
+        let own_namespace = fr.namespace().unwrap_or_default();
+        let scope_of = scope::Rollout {
+            namespace: &own_namespace,
+            kind,
+            cross_namespace: status.revision.as_ref().is_some_and(|r| r.inputs.namespace_selector.is_some()),
+        };
+        let running = std::sync::OnceLock::new();
+        let rollout = format!("{own_namespace}/{}", fr.name_any());
+        // A node rollout's nodes are all held when another existing rollout holds the DaemonSet.
+        let daemonset_holder = view
+            .as_ref()
+            .and_then(|v| v.daemonset.as_ref())
+            .and_then(|ds| crate::nodes::held_by_other(ds.annotations(), &rollout))
+            .filter(|other| rollout_known(ctx, other))
+            .map(String::from);
+        let in_scope = |t: &PlannedTarget| {
+            let namespace = (t.namespace != own_namespace)
+                .then(|| ctx.stores.namespaces.get(&ObjectRef::new(&t.namespace)))
+                .flatten();
+            let held_by = match kind {
+                TargetKind::Node => daemonset_holder.clone(),
+                _ => ctx.stores.facts(kind, &t.namespace, &t.name).and_then(|f| f.applied).and_then(|key| {
+                    running.get_or_init(|| running_rollouts(ctx, &uid)).get(scope::key_owner(&key)).cloned()
+                }),
+            };
+            let seen = scope::Seen {
+                namespace_labels: namespace.as_ref().map(|n| n.labels()),
+                held_by: held_by.as_deref(),
+            };
+            ctx.rules.check(scope_of, t, seen)
+        };
         let step = engine::advance(&Facts {
             now,
             uid: &uid,
@@ -183,9 +252,9 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
             plan: &loaded.plan,
             target: &lookup,
             unplanned: &unplanned,
+            scope: &in_scope,
         });
 
-        let rollout = format!("{}/{}", fr.namespace().unwrap_or_default(), fr.name_any());
         let base_change =
             Change { kind, container: container.as_deref(), key: "", rollout: &rollout, between: "" };
         let outcome = match step {
@@ -225,7 +294,10 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
                 written
             }
             Step::Apply { key, image, targets, after } => {
-                let out = if kind == TargetKind::Node {
+                let out = if targets.is_empty() {
+                    // Every target of the batch was refused: there is nothing to take over or patch.
+                    targets::Outcome::default()
+                } else if kind == TargetKind::Node {
                     let revision = crate::nodes::revision_key(&uid, revision_number(&status));
                     nodes::apply(&ctx.client, &ctx.metrics, &fr, &revision, &image, &rollout, &targets)
                         .await?
@@ -243,8 +315,10 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
                 failpoint::hit(failpoint::AFTER_APPLY).await;
                 write_status(ctx, &fr, after).await
             }
-            Step::Restore { key, targets } => {
-                let out = if kind == TargetKind::Node {
+            Step::Restore { key, targets, refused } => {
+                let out = if targets.is_empty() {
+                    targets::Outcome::default()
+                } else if kind == TargetKind::Node {
                     nodes::restore(&ctx.client, &ctx.metrics, &fr, &targets).await?
                 } else {
                     let change = Change { key: &key, between: failpoint::BETWEEN_RESTORES, ..base_change };
@@ -254,7 +328,14 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
                     .await?
                 };
                 info!(key = %key, changed = out.changed, unchanged = out.unchanged, skipped = out.skipped, "rollback applied");
-                let t = engine::restored(now, generation, &status, out.changed + out.unchanged, out.skipped);
+                let t = engine::restored(
+                    now,
+                    generation,
+                    &status,
+                    out.changed + out.unchanged,
+                    out.skipped,
+                    refused,
+                );
                 write_status(ctx, &fr, t).await
             }
         };
@@ -304,14 +385,32 @@ async fn plan_revision(
         Ok(c) => c,
         Err(why) => return Ok(engine::blocked(now, generation, status, &why)),
     };
+    let namespace = fr.namespace().unwrap_or_default();
+    let rollout = scope::Rollout {
+        namespace: &namespace,
+        kind: fr.spec.targets.kind,
+        cross_namespace: fr.spec.targets.namespace_selector.is_some(),
+    };
+    if let Some(r) = ctx.rules.refuse_plan(rollout, fr.spec.targets.daemon_set.as_deref(), &candidates) {
+        let why = engine::Blocked { reason: r.reason, message: r.message };
+        return Ok(engine::blocked(now, generation, status, &why));
+    }
     let inputs = RevisionInputs::of(&fr.spec);
     let spec_hash = plan::sha256_hex(&inputs);
-    // A superseded revision's targets keep the image they had before this rollout first changed them.
+    // A superseded revision's targets keep the image they had before this rollout first changed them. A
+    // superseded plan that is not the one frozen is not believed: previous images then come from the
+    // targets as they are now (re-planning is how a rollout recovers from a tampered plan).
     let mut previous = HashMap::new();
     if let Some(old_ref) = &status.plan {
-        let old = ctx.plans.load(&ctx.client, fr, old_ref).await?;
-        for t in old.plan.batches.iter().flatten() {
-            previous.insert((t.namespace.clone(), t.name.clone()), t.previous_image.clone());
+        match ctx.plans.load(&ctx.client, fr, old_ref).await? {
+            Ok(old) => {
+                for t in old.plan.batches.iter().flatten() {
+                    previous.insert((t.namespace.clone(), t.name.clone()), t.previous_image.clone());
+                }
+            }
+            Err(why) => {
+                warn!(message = %why.message, "previous images of the superseded revision are not known")
+            }
         }
     }
     let plan = match plan::build(candidates, &inputs, &spec_hash, &previous) {
@@ -321,7 +420,10 @@ async fn plan_revision(
             return Ok(engine::blocked(now, generation, status, &why));
         }
     };
-    let plan_ref = ctx.plans.store(&ctx.client, fr, &plan).await?;
+    let plan_ref = match ctx.plans.store(&ctx.client, fr, &plan).await? {
+        Ok(r) => r,
+        Err(why) => return Ok(engine::blocked(now, generation, status, &why)),
+    };
     Ok(Some(engine::start_revision(
         now,
         generation,
@@ -389,6 +491,25 @@ fn node_states(
     view.states(&revision, &batch, &image, container)
 }
 
+/// Whether the rollout `namespace/name` exists (in this operator's view of the FleetRollouts).
+fn rollout_known(ctx: &Context, key: &str) -> bool {
+    key.split_once('/').is_some_and(|(ns, name)| ctx.rollouts.get(&ObjectRef::new(name).within(ns)).is_some())
+}
+
+/// The other rollouts still running, by uid (`namespace/name`): a target one of them changed last is held.
+fn running_rollouts(ctx: &Context, own_uid: &str) -> HashMap<String, String> {
+    ctx.rollouts
+        .state()
+        .iter()
+        .filter(|fr| !fr.status.as_ref().is_some_and(|s| s.phase.is_terminal()))
+        .filter_map(|fr| {
+            let uid = fr.uid()?;
+            (uid != own_uid)
+                .then(|| (uid, format!("{}/{}", fr.namespace().unwrap_or_default(), fr.name_any())))
+        })
+        .collect()
+}
+
 fn revision_number(status: &FleetRolloutStatus) -> u32 {
     status.revision.as_ref().map_or(0, |r| r.number)
 }
@@ -402,10 +523,10 @@ async fn release_daemonset(ctx: &Context, fr: &FleetRollout, status: &FleetRollo
     let name = fr.spec.targets.daemon_set.clone().unwrap_or_default();
     let cached =
         ctx.stores.daemonsets.get(&ObjectRef::new(&name).within(&fr.namespace().unwrap_or_default()));
-    if cached.is_some_and(|ds| !crate::nodes::is_held(&ds.annotations)) {
-        return Ok(());
+    if cached.is_none_or(|ds| crate::nodes::is_held(&ds.annotations)) {
+        nodes::release(&ctx.client, fr).await?;
     }
-    nodes::release(&ctx.client, fr).await
+    nodes::set_finalizer(&ctx.client, fr, false).await.map(drop)
 }
 
 /// Persists a status with the resourceVersion we read: if anything changed since, the API server refuses
@@ -590,6 +711,11 @@ pub async fn run(
         rollouts: controller.store(),
         client,
         plans: PlanStore::new(settings.plan_limits),
+        rules: scope::Rules {
+            fleet_namespace: settings.fleet_namespace.clone(),
+            protected_namespaces: settings.protected_namespaces.clone(),
+            self_workloads: settings.self_workloads.clone(),
+        },
         settings,
         stores: stores.clone(),
         prober: Prober::default(),

@@ -153,6 +153,18 @@ pub async fn discover(client: &Client, fr: &FleetRollout) -> Result<Result<Vec<C
             message: format!("DaemonSet {ns}/{name} (targets.daemonSet) does not exist; no pod was replaced"),
         }));
     };
+    let own = format!("{ns}/{}", fr.name_any());
+    if let Some(other) = nodes::held_by_other(ds.annotations(), &own)
+        && rollout_exists(client, other).await?
+    {
+        return Ok(Err(Blocked {
+            reason: crate::scope::reason::HELD,
+            message: format!(
+                "DaemonSet {ns}/{name} is held by FleetRollout {other} (it saved the DaemonSet's update strategy \
+                 and has not handed it back); no pod was replaced. Roll that one back, or delete it"
+            ),
+        }));
+    }
     if let Err(e) = workload::daemonset_facts(ds).container_image(fr.spec.container.as_deref()) {
         let reason = match e {
             ContainerError::NotFound { .. } => blocked_reason::CONTAINER_NOT_FOUND,
@@ -168,6 +180,50 @@ pub async fn discover(client: &Client, fr: &FleetRollout) -> Result<Result<Vec<C
         }));
     }
     Ok(Ok(found))
+}
+
+/// Whether the FleetRollout `namespace/name` exists.
+async fn rollout_exists(client: &Client, key: &str) -> Result<bool> {
+    let Some((ns, name)) = key.split_once('/') else { return Ok(false) };
+    Ok(Api::<FleetRollout>::namespaced(client.clone(), ns).get_opt(name).await?.is_some())
+}
+
+/// The finalizer a node rollout carries while it holds its DaemonSet, so that deleting the rollout (by hand,
+/// or by `ttlSecondsAfterFinished`) hands the DaemonSet back instead of leaving it on OnDelete for good.
+pub const FINALIZER: &str = "fleetroll.dev/release-daemonset";
+
+/// Adds or removes [`FINALIZER`], with the resourceVersion read (a concurrent change gets a conflict, not
+/// a lost update). Returns the rollout as written; unchanged when there is nothing to do.
+pub async fn set_finalizer(client: &Client, fr: &FleetRollout, on: bool) -> Result<Option<FleetRollout>> {
+    let mut finalizers = fr.finalizers().to_vec();
+    if finalizers.iter().any(|f| f == FINALIZER) == on {
+        return Ok(None);
+    }
+    finalizers.retain(|f| f != FINALIZER);
+    if on {
+        finalizers.push(FINALIZER.into());
+    }
+    let patch =
+        serde_json::json!({"metadata": {"resourceVersion": fr.resource_version(), "finalizers": finalizers}});
+    let params = kube::api::PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+    let api = Api::<FleetRollout>::namespaced(client.clone(), &fr.namespace().unwrap_or_default());
+    match api.patch(&fr.name_any(), &params, &kube::api::Patch::Merge(patch)).await {
+        Ok(written) => Ok(Some(written)),
+        // Deleted and finalized meanwhile: nothing left to hold.
+        Err(e) if is_not_found(&e) && !on => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A node rollout being deleted: hands its DaemonSet back if it still holds it, then lets it go.
+pub async fn finalize(client: &Client, fr: &FleetRollout) -> Result<()> {
+    if !fr.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(());
+    }
+    release(client, fr).await?;
+    set_finalizer(client, fr, false).await?;
+    info!("handed the DaemonSet back; the rollout may go");
+    Ok(())
 }
 
 /// One batch (or one replay of it): takes control of the DaemonSet and sets its template to the
@@ -187,6 +243,12 @@ pub async fn apply(
         info!("the DaemonSet is gone; the batch is skipped");
         return Ok(Outcome { skipped: count(targets.len()), ..Default::default() });
     };
+    if let Some(other) = nodes::held_by_other(ds.annotations(), rollout)
+        && rollout_exists(client, other).await?
+    {
+        // Planned while the other rollout had not taken it yet: its batches are refused (see `scope`).
+        return Err(Error::Target(format!("DaemonSet {} is held by FleetRollout {other}", ds.name_any())));
+    }
     let taken = nodes::take_control(&ds, fr.spec.container.as_deref(), image, revision, rollout)
         .map_err(Error::Target)?;
     if let Some(next) = taken {
@@ -295,6 +357,10 @@ pub async fn restore(
 pub async fn release(client: &Client, fr: &FleetRollout) -> Result<()> {
     let api = daemonsets(client, fr);
     let Some(ds) = api.get_opt(&daemonset_name(fr)).await? else { return Ok(()) };
+    let own = format!("{}/{}", fr.namespace().unwrap_or_default(), fr.name_any());
+    if !nodes::held_by(ds.annotations(), &own) {
+        return Ok(());
+    }
     if let Some(next) = nodes::release(&ds) {
         api.replace(&ds.name_any(), &post_params(), &next).await?;
         info!(daemonset = %ds.name_any(), "handed the DaemonSet's updates back");

@@ -1,5 +1,11 @@
 //! Where frozen plans live: in status while small, in immutable ConfigMaps owned by the rollout when large
-//! (so status stays small whatever the fleet size), and in a process cache keyed by plan hash either way.
+//! (so status stays small whatever the fleet size), and in a process cache keyed by rollout and plan hash
+//! either way.
+//!
+//! A plan read back is input like any other: the ConfigMaps sit in the rollout's namespace, where anyone who
+//! may edit ConfigMaps there can replace them. So every plan read from the cluster is checked against the
+//! hash recorded in status when it was frozen, and one that does not match is refused (`PlanTampered`):
+//! nothing is changed on its word.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -15,10 +21,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     api::{FleetRollout, PlanRef, PlanStorage, PlannedTarget},
-    error::{Error, Result},
+    engine::Blocked,
+    error::{Error, Result, is_not_found},
     failpoint,
     plan::Plan,
 };
+
+/// Why a stored plan was refused.
+pub const PLAN_TAMPERED: &str = "PlanTampered";
 
 /// Plans whose JSON is larger than this (about 20 targets) go to ConfigMaps. The API server validates and
 /// tracks every field of a structured status on every write: a 100-target plan inline made each status
@@ -51,16 +61,40 @@ pub struct LoadedPlan {
 }
 
 impl LoadedPlan {
+    /// No plan: for a finished rollout, which needs none to stay finished.
+    pub fn none() -> Arc<Self> {
+        Self::new(Plan { hash: String::new(), batches: Vec::new() })
+    }
+
     fn new(plan: Plan) -> Arc<Self> {
         let members = plan.batches.iter().flatten().map(|t| (t.namespace.clone(), t.name.clone())).collect();
         Arc::new(Self { plan, members })
     }
 }
 
+/// Cached plans by (rollout uid, plan hash): a status naming another rollout's plan hash must not borrow
+/// that rollout's plan.
+type CacheKey = (String, String);
+
 #[derive(Debug, Default)]
 pub struct PlanStore {
     limits: Limits,
-    cache: Mutex<HashMap<String, Arc<LoadedPlan>>>,
+    cache: Mutex<HashMap<CacheKey, Arc<LoadedPlan>>>,
+}
+
+fn tampered(fr: &FleetRollout, what: String) -> Blocked {
+    Blocked {
+        reason: PLAN_TAMPERED,
+        message: format!(
+            "the frozen plan of {}: {what}; nothing was changed on its word. Abort, or change the spec \
+             (image, targets, batch sizes) to plan anew",
+            fr.name_any()
+        ),
+    }
+}
+
+fn cache_key(fr: &FleetRollout, hash: &str) -> CacheKey {
+    (fr.uid().unwrap_or_default(), hash.to_string())
 }
 
 #[derive(Serialize, Deserialize)]
@@ -79,8 +113,14 @@ impl PlanStore {
         }
     }
 
-    /// Persists a plan (shards first, if it needs them) and returns the reference to put in status.
-    pub async fn store(&self, client: &Client, fr: &FleetRollout, plan: &Plan) -> Result<PlanRef> {
+    /// Persists a plan (shards first, if it needs them) and returns the reference to put in status. The inner
+    /// error: a shard of that name already exists with other content (planted before we planned).
+    pub async fn store(
+        &self,
+        client: &Client,
+        fr: &FleetRollout,
+        plan: &Plan,
+    ) -> Result<Result<PlanRef, Blocked>> {
         let encoded = serde_json::to_vec(&plan.batches).map_err(Error::Json)?;
         let mut plan_ref = PlanRef {
             hash: plan.hash.clone(),
@@ -94,14 +134,22 @@ impl PlanStore {
             plan_ref.batches = plan.batches.clone();
         } else {
             plan_ref.storage = PlanStorage::ConfigMaps;
-            plan_ref.shards = self.write_shards(client, fr, plan).await?;
+            plan_ref.shards = match self.write_shards(client, fr, plan).await? {
+                Ok(names) => names,
+                Err(b) => return Ok(Err(b)),
+            };
             failpoint::hit(failpoint::AFTER_PLAN_SHARDS).await;
         }
-        self.remember(plan.clone());
-        Ok(plan_ref)
+        self.remember(fr, plan.clone());
+        Ok(Ok(plan_ref))
     }
 
-    async fn write_shards(&self, client: &Client, fr: &FleetRollout, plan: &Plan) -> Result<Vec<String>> {
+    async fn write_shards(
+        &self,
+        client: &Client,
+        fr: &FleetRollout,
+        plan: &Plan,
+    ) -> Result<Result<Vec<String>, Blocked>> {
         let ns = fr.namespace().unwrap_or_default();
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
         let owner = fr.controller_owner_ref(&());
@@ -115,6 +163,7 @@ impl PlanStore {
         for (i, chunk) in entries.chunks(self.limits.shard_targets).enumerate() {
             // The name carries the plan hash, so a re-plan never collides with an older shard.
             let name = format!("{}-plan-{}-{i}", truncate_name(&fr.name_any(), 200), plan.hash);
+            let data = serde_json::to_string(chunk).map_err(Error::Json)?;
             let cm = ConfigMap {
                 metadata: ObjectMeta {
                     name: Some(name.clone()),
@@ -126,10 +175,7 @@ impl PlanStore {
                     ])),
                     ..Default::default()
                 },
-                data: Some(BTreeMap::from([(
-                    DATA_KEY.to_string(),
-                    serde_json::to_string(chunk).map_err(Error::Json)?,
-                )])),
+                data: Some(BTreeMap::from([(DATA_KEY.to_string(), data.clone())])),
                 immutable: Some(true),
                 ..Default::default()
             };
@@ -144,74 +190,99 @@ impl PlanStore {
                 .await
             {
                 Ok(_) => {}
-                // Written before a crash: same name, same hash, same content.
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                // Written before a crash (same name, same hash, same content), or planted by someone who
+                // predicted the name: read it back and compare.
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    let existing = api.get(&name).await?;
+                    if existing.data.as_ref().and_then(|d| d.get(DATA_KEY)) != Some(&data) {
+                        return Ok(Err(tampered(
+                            fr,
+                            format!("ConfigMap {ns}/{name} already exists and holds another plan"),
+                        )));
+                    }
+                }
                 Err(e) => return Err(Error::Kube(e)),
             }
             names.push(name);
         }
-        Ok(names)
+        Ok(Ok(names))
     }
 
-    /// The plan a status refers to.
+    /// The plan a status refers to, if it is the plan the operator froze. The outer error is an API
+    /// failure (retried); the inner one a plan that is gone or not the one recorded (`PlanTampered`).
     pub async fn load(
         &self,
         client: &Client,
         fr: &FleetRollout,
         plan_ref: &PlanRef,
-    ) -> Result<Arc<LoadedPlan>> {
-        if let Some(p) = self.cache.lock().ok().and_then(|c| c.get(&plan_ref.hash).cloned()) {
-            return Ok(p);
+    ) -> Result<Result<Arc<LoadedPlan>, Blocked>> {
+        if let Some(p) = self.cache.lock().ok().and_then(|c| c.get(&cache_key(fr, &plan_ref.hash)).cloned()) {
+            return Ok(Ok(p));
         }
-        let unreadable = |reason: String| Error::PlanUnreadable { rollout: fr.name_any(), reason };
         let plan = match plan_ref.storage {
             PlanStorage::Status => Plan { hash: plan_ref.hash.clone(), batches: plan_ref.batches.clone() },
-            PlanStorage::ConfigMaps => {
-                let api: Api<ConfigMap> =
-                    Api::namespaced(client.clone(), &fr.namespace().unwrap_or_default());
-                let mut batches: Vec<Vec<PlannedTarget>> = vec![Vec::new(); plan_ref.total_batches as usize];
-                for name in &plan_ref.shards {
-                    let cm = api.get(name).await.map_err(|e| unreadable(format!("ConfigMap {name}: {e}")))?;
-                    let data = cm
-                        .data
-                        .as_ref()
-                        .and_then(|d| d.get(DATA_KEY))
-                        .ok_or_else(|| unreadable(format!("ConfigMap {name} has no {DATA_KEY}")))?;
-                    let entries: Vec<ShardEntry> = serde_json::from_str(data)
-                        .map_err(|e| unreadable(format!("ConfigMap {name}: {e}")))?;
-                    for e in entries {
-                        let slot = batches.get_mut(e.batch as usize).ok_or_else(|| {
-                            unreadable(format!(
-                                "ConfigMap {name} names batch {} of {}",
-                                e.batch, plan_ref.total_batches
-                            ))
-                        })?;
-                        slot.push(e.target);
-                    }
-                }
-                Plan { hash: plan_ref.hash.clone(), batches }
-            }
+            PlanStorage::ConfigMaps => match read_shards(client, fr, plan_ref).await? {
+                Ok(batches) => Plan { hash: plan_ref.hash.clone(), batches },
+                Err(why) => return Ok(Err(tampered(fr, why))),
+            },
         };
-        if plan.total_targets() != plan_ref.total_targets {
-            return Err(unreadable(format!(
-                "{} targets found, {} recorded",
-                plan.total_targets(),
-                plan_ref.total_targets
+        let spec_hash = fr.status.as_ref().and_then(|s| s.revision.as_ref()).map(|r| r.spec_hash.as_str());
+        if plan.total_targets() != plan_ref.total_targets
+            || plan.total_batches() != plan_ref.total_batches
+            || !spec_hash.is_some_and(|h| plan.is_authentic(h))
+        {
+            return Ok(Err(tampered(
+                fr,
+                format!("its content does not match the hash {} recorded when it was frozen", plan_ref.hash),
             )));
         }
-        Ok(self.remember(plan))
+        Ok(Ok(self.remember(fr, plan)))
     }
 
-    fn remember(&self, plan: Plan) -> Arc<LoadedPlan> {
+    fn remember(&self, fr: &FleetRollout, plan: Plan) -> Arc<LoadedPlan> {
         let loaded = LoadedPlan::new(plan);
         if let Ok(mut c) = self.cache.lock() {
             if c.len() >= CACHE_LIMIT {
                 c.clear();
             }
-            c.insert(loaded.plan.hash.clone(), loaded.clone());
+            c.insert(cache_key(fr, &loaded.plan.hash), loaded.clone());
         }
         loaded
     }
+}
+
+/// The batches stored in a plan's ConfigMaps, or what is wrong with them.
+async fn read_shards(
+    client: &Client,
+    fr: &FleetRollout,
+    plan_ref: &PlanRef,
+) -> Result<Result<Vec<Vec<PlannedTarget>>, String>> {
+    let ns = fr.namespace().unwrap_or_default();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    // Bounded by what status recorded, so a forged total cannot make us allocate without limit.
+    let total_batches = plan_ref.total_batches.min(plan_ref.total_targets) as usize;
+    let mut batches: Vec<Vec<PlannedTarget>> = vec![Vec::new(); total_batches];
+    for name in &plan_ref.shards {
+        let cm = match api.get(name).await {
+            Ok(cm) => cm,
+            Err(e) if is_not_found(&e) => return Ok(Err(format!("ConfigMap {ns}/{name} is gone"))),
+            Err(e) => return Err(Error::Kube(e)),
+        };
+        let Some(data) = cm.data.as_ref().and_then(|d| d.get(DATA_KEY)) else {
+            return Ok(Err(format!("ConfigMap {ns}/{name} has no {DATA_KEY}")));
+        };
+        let entries: Vec<ShardEntry> = match serde_json::from_str(data) {
+            Ok(e) => e,
+            Err(e) => return Ok(Err(format!("ConfigMap {ns}/{name} does not hold a plan: {e}"))),
+        };
+        for e in entries {
+            let Some(slot) = batches.get_mut(e.batch as usize) else {
+                return Ok(Err(format!("ConfigMap {ns}/{name} names batch {} of {total_batches}", e.batch)));
+            };
+            slot.push(e.target);
+        }
+    }
+    Ok(Ok(batches))
 }
 
 fn truncate_name(name: &str, max: usize) -> &str {

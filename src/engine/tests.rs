@@ -49,6 +49,8 @@ struct Sim {
     /// Targets changed and not Ready yet (kept so a step need not scan the whole fleet).
     not_ready: std::collections::HashSet<String>,
     max_in_flight: usize,
+    /// Targets the scope rules refuse now, and why.
+    refused: HashMap<String, &'static str>,
 }
 
 fn key(t: &PlannedTarget) -> String {
@@ -111,12 +113,18 @@ impl Sim {
             broken: Vec::new(),
             not_ready: Default::default(),
             max_in_flight: 0,
+            refused: HashMap::new(),
         }
     }
 
     fn advance(&self) -> Step {
         let world = &self.world;
         let lookup = |t: &PlannedTarget| world.get(&key(t)).cloned();
+        let refused = &self.refused;
+        let scope = |t: &PlannedTarget| match refused.get(&key(t)) {
+            Some(reason) => Err(Refusal { reason, message: format!("{}: refused", key(t)) }),
+            None => Ok(()),
+        };
         advance(&Facts {
             now: self.now,
             uid: UID,
@@ -126,6 +134,7 @@ impl Sim {
             plan: &self.plan,
             target: &lookup,
             unplanned: &|| None,
+            scope: &scope,
         })
     }
 
@@ -144,13 +153,13 @@ impl Sim {
                 self.status = after.status.clone();
                 self.writes += 1;
             }
-            Step::Restore { key: k, targets } => {
+            Step::Restore { key: k, targets, refused } => {
                 let mut restored = 0;
                 for t in targets {
                     self.change(t, &t.previous_image.clone(), k);
                     restored += 1;
                 }
-                self.status = restored_status(self, restored);
+                self.status = restored_status(self, restored, refused.clone());
                 self.writes += 1;
             }
             Step::Wait { .. } => {}
@@ -202,8 +211,8 @@ impl Sim {
     }
 }
 
-fn restored_status(sim: &Sim, restored: u32) -> FleetRolloutStatus {
-    super::restored(sim.now, sim.generation, &sim.status, restored, 0).status
+fn restored_status(sim: &Sim, restored: u32, refused: Vec<TargetFailure>) -> FleetRolloutStatus {
+    super::restored(sim.now, sim.generation, &sim.status, restored, 0, refused).status
 }
 
 #[test]
@@ -213,7 +222,7 @@ fn forty_targets_ten_at_a_time_succeed_with_every_target_changed_once() {
     assert_eq!(sim.status.phase, Phase::Succeeded);
     assert_eq!(
         sim.status.counts,
-        crate::api::Counts { total: 40, updated: 40, healthy: 40, failed: 0, skipped: 0 }
+        crate::api::Counts { total: 40, updated: 40, healthy: 40, failed: 0, skipped: 0, refused: 0 }
     );
     assert_eq!(sim.changes.len(), 40);
     assert!(sim.world.keys().all(|t| sim.changes_of(t) == 1));
@@ -635,4 +644,57 @@ fn timestamps_at_the_end_of_time_saturate_instead_of_panicking() {
     sim.settle(); // soaking from the end of time
     assert!(sim.status.batches[0].healthy_since.is_some());
     assert_eq!(sim.status.phase, Phase::Progressing);
+}
+
+#[test]
+fn a_target_refused_at_its_batch_is_left_alone_and_reported_not_failed() {
+    // A namespace opts out after the plan was frozen: its targets in later batches are never changed.
+    let mut sim = Sim::new(spec(5), 10);
+    let opted_out: Vec<String> = sim.plan.batches[1].iter().take(2).map(key).collect();
+    for t in &opted_out {
+        sim.refused.insert(t.clone(), crate::scope::reason::NOT_OPTED_IN);
+    }
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    for t in &opted_out {
+        assert_eq!(sim.changes_of(t), 0, "{t} was changed");
+    }
+    let c = &sim.status.counts;
+    assert_eq!((c.updated, c.healthy, c.failed, c.refused), (8, 8, 0, 2));
+    let reported: Vec<&str> = sim.status.failures.iter().map(|f| f.reason.as_str()).collect();
+    assert_eq!(reported, [crate::scope::reason::NOT_OPTED_IN; 2]);
+    assert!(sim.status.failures.iter().all(|f| f.batch == 1));
+}
+
+#[test]
+fn a_target_changed_before_its_namespace_opted_out_is_judged_on_its_health() {
+    let mut sim = Sim::new(spec(5), 10);
+    sim.step(); // intent of batch 0
+    sim.step(); // applied
+    // Opted out after the change: the target carries the batch's key, so it counts as what it is.
+    let first = key(&sim.plan.batches[0][0]);
+    sim.refused.insert(first.clone(), crate::scope::reason::NOT_OPTED_IN);
+    sim.settle();
+    assert_eq!(sim.changes_of(&first), 1);
+    assert_eq!(sim.status.counts.refused, 0);
+    assert!(sim.status.batches.iter().any(|b| b.index == 0 && b.state == BatchState::Succeeded));
+}
+
+#[test]
+fn a_rollback_restores_only_what_is_still_in_scope() {
+    let mut s = spec(5);
+    s.strategy.on_failure = FailurePolicy::Rollback;
+    let mut sim = Sim::new(s, 10);
+    sim.broken.push(key(&sim.plan.batches[1][4]));
+    sim.settle();
+    sim.pass(Duration::from_secs(601));
+    // Meanwhile another rollout took over a target of batch 0.
+    let taken = key(&sim.plan.batches[0][2]);
+    sim.refused.insert(taken.clone(), crate::scope::reason::HELD);
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::RolledBack);
+    let rb = sim.status.rollback.clone().unwrap();
+    assert_eq!((rb.restored, rb.skipped), (9, 1));
+    assert_eq!(sim.changes_of(&taken), 1, "changed by the rollout, never restored");
+    assert!(sim.status.failures.iter().any(|f| f.reason == crate::scope::reason::HELD));
 }

@@ -154,3 +154,21 @@ fn candidates_are_the_nodes_that_run_a_pod() {
     assert_eq!(names, ["n1", "n3"]);
     assert!(found.iter().all(|c| c.namespace.is_empty() && c.current_image == "agent:v1"));
 }
+
+#[test]
+fn a_daemonset_held_by_another_rollout_is_recognised() {
+    let held = |by: &str| {
+        BTreeMap::from([
+            (SAVED_STRATEGY_ANNOTATION.to_string(), "{}".to_string()),
+            (ROLLOUT_ANNOTATION.to_string(), by.to_string()),
+        ])
+    };
+    assert_eq!(held_by_other(&held("ops/first"), "ops/second"), Some("ops/first"));
+    assert_eq!(held_by_other(&held("ops/second"), "ops/second"), None);
+    assert!(held_by(&held("ops/second"), "ops/second"));
+    assert!(!held_by(&held("ops/first"), "ops/second"));
+    // Changed once by a rollout that has handed it back since: not held.
+    let released = BTreeMap::from([(ROLLOUT_ANNOTATION.to_string(), "ops/first".to_string())]);
+    assert_eq!(held_by_other(&released, "ops/second"), None);
+    assert!(!held_by(&released, "ops/first"));
+}

@@ -209,7 +209,13 @@ impl Fleet {
     pub async fn plan(&self, fr: &FleetRollout) -> fleetroll::plan::Plan {
         let plan_ref = fr.status.as_ref().and_then(|s| s.plan.as_ref()).expect("the rollout has a plan");
         let store = fleetroll::controller::plans::PlanStore::default();
-        store.load(&self.client, fr, plan_ref).await.expect("the plan is readable").plan.clone()
+        store
+            .load(&self.client, fr, plan_ref)
+            .await
+            .expect("the plan is readable")
+            .expect("the plan is authentic")
+            .plan
+            .clone()
     }
 
     /// The events recorded for a FleetRollout, as (reason, message).
