@@ -15,10 +15,10 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::{
     api::{
-        ApprovalMode, ApprovalRecord, BATCH_WINDOW, BatchState, BatchStatus, FAILURE_DETAILS, FailurePolicy,
-        FleetRolloutSpec, FleetRolloutStatus, HISTORY, PendingApproval, Phase, PlanRef, PlannedTarget,
-        Revision, RevisionInputs, RollbackState, RollbackStatus, SupersededRevision, TargetFailure,
-        Unplanned, target_key, time,
+        ApprovalMode, ApprovalRecord, BATCH_WINDOW, BatchState, BatchStatus, DENIED_LISTED, FAILURE_DETAILS,
+        FailurePolicy, FleetRolloutSpec, FleetRolloutStatus, HISTORY, PendingApproval, Phase, PlanRef,
+        PlannedTarget, Revision, RevisionInputs, RollbackState, RollbackStatus, SupersededRevision,
+        TargetFailure, Unplanned, target_key, time,
     },
     conditions::{self, Desired},
     duration,
@@ -50,6 +50,8 @@ pub mod reason {
     pub const TARGET_MISSING: &str = "TargetMissing";
     pub const IMAGE_CHANGED: &str = "ImageChangedByOthers";
     pub const HTTP_CHECK_FAILED: &str = "HttpCheckFailed";
+    /// The API server refused the change (RBAC, an admission webhook or policy).
+    pub const CHANGE_DENIED: &str = "ChangeDenied";
     pub const INVALID_SPEC: &str = "InvalidSpec";
 }
 
@@ -323,6 +325,32 @@ pub fn advance(f: &Facts<'_>) -> Step {
     }
 }
 
+/// Records, in the status written after a batch was applied, the targets whose change the API server
+/// refused: each fails now, with the API server's message, and counts against the failure budget.
+pub fn denied(mut after: Transition, batch: u32, denied: Vec<(PlannedTarget, String)>) -> Transition {
+    let s = &mut after.status;
+    let Some(entry) = s.batches.iter_mut().find(|b| b.index == batch) else { return after };
+    for (t, message) in denied {
+        let key = target_key(&t.namespace, &t.name);
+        if entry.denied.len() >= DENIED_LISTED || entry.denied.contains(&key) {
+            continue;
+        }
+        entry.denied.push(key);
+        entry.failed += 1;
+        s.counts.failed += 1;
+        s.counts.updated = s.counts.updated.saturating_sub(1);
+        after.events.push(Event {
+            batch: Some(batch),
+            type_: EventType::Warning,
+            reason: reason::CHANGE_DENIED,
+            message: message.clone(),
+        });
+        s.failures.push(failure(&t, batch, reason::CHANGE_DENIED, message));
+    }
+    trim_front(&mut s.failures, FAILURE_DETAILS);
+    after
+}
+
 /// Finishes a rollback once the controller has restored what it could.
 pub fn restored(
     now: Timestamp,
@@ -336,7 +364,7 @@ pub fn restored(
     s.observed_generation = Some(generation);
     let skipped = skipped.saturating_add(count(refused.len()));
     s.counts.refused = s.counts.refused.saturating_add(count(refused.len()));
-    s.failures.extend(refused);
+    s.failures.extend(refused.into_iter().map(|f| TargetFailure { message: truncate(f.message, 512), ..f }));
     trim_front(&mut s.failures, FAILURE_DETAILS);
     if let Some(rb) = s.rollback.as_mut() {
         rb.state = RollbackState::Done;
@@ -377,6 +405,10 @@ fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
         // A target the batch did not change because the scope rules refused it (its namespace opted out,
         // it is protected, another rollout holds it) is reported as refused, not awaited.
         let ours = state.as_ref().is_some_and(|s| s.applied.as_deref() == Some(b.idempotency_key.as_str()));
+        if !ours && b.denied.contains(&target_key(&t.namespace, &t.name)) {
+            // Failed when its change was refused; counted then.
+            continue;
+        }
         if !ours && let Err(r) = (f.scope)(t) {
             refused.push(failure(t, b.index, r.reason, r.message));
             continue;
@@ -460,7 +492,7 @@ fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
     let entry_state = if over_budget(f, &s) { BatchState::Failed } else { BatchState::Succeeded };
     if let Some(entry) = s.batches.iter_mut().find(|x| x.index == b.index) {
         entry.state = entry_state;
-        entry.failed = failed;
+        entry.failed = entry.failed.saturating_add(failed);
         entry.finished_at = Some(time(f.now));
     }
     if entry_state == BatchState::Failed {
@@ -469,9 +501,10 @@ fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
             type_: EventType::Warning,
             reason: reason::BATCH_FAILED,
             message: format!(
-                "batch {}/{}: {failed} of {} targets failed; {} failed in total, budget {}",
+                "batch {}/{}: {} of {} targets failed; {} failed in total, budget {}",
                 b.index + 1,
                 total_batches(f),
+                failed.saturating_add(count(b.denied.len())),
                 b.size,
                 s.counts.failed,
                 budget(f)

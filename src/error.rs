@@ -66,3 +66,14 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
+
+/// The API server's words when it refused a change for good: RBAC (403), or an admission webhook or
+/// policy (400, 403, 422). Retrying would not help; the change fails with this message.
+pub fn denial(e: &kube::Error) -> Option<String> {
+    match e {
+        kube::Error::Api(s) if matches!(s.code, 400 | 403 | 422) => {
+            Some(format!("the API server refused the change ({} {}): {}", s.code, s.reason, s.message))
+        }
+        _ => None,
+    }
+}

@@ -309,7 +309,15 @@ pub struct BatchStatus {
     pub finished_at: Option<Time>,
     #[serde(default)]
     pub failed: u32,
+    /// Targets (`namespace/name`) whose change the API server refused (RBAC, an admission webhook or
+    /// policy): failed at once, with its message in `failures`. At most 100 are listed; any beyond fail at
+    /// the health timeout instead.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub denied: Vec<String>,
 }
+
+/// How many denied targets a batch checkpoint lists.
+pub const DENIED_LISTED: usize = 100;
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

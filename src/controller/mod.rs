@@ -31,7 +31,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::{
-    api::{BatchState, FleetRollout, FleetRolloutStatus, Phase, PlannedTarget, RevisionInputs, TargetKind},
+    api::{
+        BatchState, FleetRollout, FleetRolloutStatus, Phase, PlannedTarget, RevisionInputs, TargetFailure,
+        TargetKind,
+    },
     engine::{self, EventType, Facts, NewRevision, Step, Transition},
     error::{Error, Result},
     failpoint,
@@ -311,9 +314,10 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
                 if let Some(at) = batch_settled_at.take() {
                     ctx.metrics.batch_transition.observe(at.elapsed().as_secs_f64());
                 }
-                info!(key = %key, changed = out.changed, unchanged = out.unchanged, skipped = out.skipped, "batch applied");
+                info!(key = %key, changed = out.changed, unchanged = out.unchanged, skipped = out.skipped, denied = out.denied.len(), "batch applied");
                 failpoint::hit(failpoint::AFTER_APPLY).await;
-                write_status(ctx, &fr, after).await
+                let batch = after.status.current_batch.unwrap_or_default();
+                write_status(ctx, &fr, engine::denied(after, batch, out.denied)).await
             }
             Step::Restore { key, targets, refused } => {
                 let out = if targets.is_empty() {
@@ -328,13 +332,22 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
                     .await?
                 };
                 info!(key = %key, changed = out.changed, unchanged = out.unchanged, skipped = out.skipped, "rollback applied");
+                let batch = status.current_batch.unwrap_or_default();
+                let mut not_restored = refused;
+                not_restored.extend(out.denied.iter().map(|(t, message)| TargetFailure {
+                    namespace: t.namespace.clone(),
+                    name: t.name.clone(),
+                    batch,
+                    reason: engine::reason::CHANGE_DENIED.into(),
+                    message: message.clone(),
+                }));
                 let t = engine::restored(
                     now,
                     generation,
                     &status,
                     out.changed + out.unchanged,
                     out.skipped,
-                    refused,
+                    not_restored,
                 );
                 write_status(ctx, &fr, t).await
             }

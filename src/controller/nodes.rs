@@ -21,7 +21,7 @@ use super::{discovery::reason as blocked_reason, targets::Outcome};
 use crate::{
     api::{APPLIED_ANNOTATION, FIELD_MANAGER, FleetRollout, PlannedTarget, Unplanned},
     engine::{Blocked, TargetState},
-    error::{Error, Result, is_not_found},
+    error::{Error, Result, denial, is_not_found},
     failpoint,
     metrics::Metrics,
     nodes::{self, NodeAction},
@@ -252,41 +252,60 @@ pub async fn apply(
     let taken = nodes::take_control(&ds, fr.spec.container.as_deref(), image, revision, rollout)
         .map_err(Error::Target)?;
     if let Some(next) = taken {
-        api.replace(&ds.name_any(), &post_params(), &next).await?;
+        if let Err(e) = api.replace(&ds.name_any(), &post_params(), &next).await {
+            // Refused (an admission policy on DaemonSets, say): no node of the batch can change.
+            return match denial(&e) {
+                Some(message) => Ok(Outcome {
+                    denied: targets.iter().map(|t| (t.clone(), message.clone())).collect(),
+                    ..Default::default()
+                }),
+                None => Err(e.into()),
+            };
+        }
         info!(daemonset = %ds.name_any(), %revision, %image, "took over the DaemonSet's updates; template set");
     }
     let view = View::read(client, fr).await?;
     let pods = view.pods_by_node();
-    let actions: Vec<(usize, String, NodeAction)> = targets
+    let actions: Vec<(usize, PlannedTarget, NodeAction)> = targets
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            (
-                i,
-                t.name.clone(),
-                nodes::node_action(view.nodes.get(&t.name), pods.get(&t.name).copied(), revision),
-            )
+            (i, t.clone(), nodes::node_action(view.nodes.get(&t.name), pods.get(&t.name).copied(), revision))
         })
         .collect();
     let ns = fr.namespace().unwrap_or_default();
-    let results: Vec<Result<NodeAction>> = stream::iter(actions)
-        .map(|(i, node, action)| {
+    let results: Vec<(PlannedTarget, NodeAction, Result<()>)> = stream::iter(actions)
+        .map(|(i, target, action)| {
             let ns = ns.clone();
             async move {
                 if i > 0 {
                     failpoint::hit(failpoint::BETWEEN_PATCHES).await;
                 }
-                delete(client, metrics, &ns, &node, &action).await.map(|()| action)
+                let deleted = delete(client, metrics, &ns, &target.name, &action).await;
+                (target, action, deleted)
             }
         })
         .buffered(DELETE_CONCURRENCY)
         .collect()
         .await;
     let mut outcome = Outcome::default();
-    for r in results {
-        tally(&mut outcome, &r?);
+    for (target, action, deleted) in results {
+        record(&mut outcome, target, &action, deleted)?;
     }
     Ok(outcome)
+}
+
+/// Adds one node's action to the outcome: a deletion the API server refused fails that node.
+fn record(outcome: &mut Outcome, target: PlannedTarget, action: &NodeAction, done: Result<()>) -> Result<()> {
+    match done {
+        Ok(()) => tally(outcome, action),
+        Err(Error::Kube(e)) => match denial(&e) {
+            Some(message) => outcome.denied.push((target, message)),
+            None => return Err(Error::Kube(e)),
+        },
+        Err(e) => return Err(e),
+    }
+    Ok(())
 }
 
 async fn delete(client: &Client, metrics: &Metrics, ns: &str, node: &str, action: &NodeAction) -> Result<()> {
@@ -346,8 +365,8 @@ pub async fn restore(
         if i > 0 {
             failpoint::hit(failpoint::BETWEEN_RESTORES).await;
         }
-        delete(client, metrics, &ns, &t.name, &action).await?;
-        tally(&mut outcome, &action);
+        let deleted = delete(client, metrics, &ns, &t.name, &action).await;
+        record(&mut outcome, t.clone(), &action, deleted)?;
     }
     Ok(outcome)
 }

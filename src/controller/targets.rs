@@ -18,7 +18,7 @@ use tracing::{debug, info};
 use crate::{
     api::{FIELD_MANAGER, PlannedTarget, TargetKind},
     engine::TargetState,
-    error::{Error, Result, is_not_found},
+    error::{Error, Result, denial, is_not_found},
     failpoint,
     metrics::Metrics,
     workload::{self, Cached, WorkloadFacts},
@@ -123,13 +123,15 @@ impl Stores {
 }
 
 /// What happened to the targets of one patch round.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Outcome {
     pub changed: u32,
     /// Already carried the key: not changed again.
     pub unchanged: u32,
     /// Gone, or without the container.
     pub skipped: u32,
+    /// Refused by the API server, with its message.
+    pub denied: Vec<(PlannedTarget, String)>,
 }
 
 /// One image change to make.
@@ -154,22 +156,24 @@ pub async fn patch_all(
     // Owned items: a stream of borrowed ones trips the compiler's higher-ranked lifetime checks.
     let work: Vec<(usize, PlannedTarget, String)> =
         targets.iter().enumerate().map(|(i, t)| (i, t.clone(), image_of(t))).collect();
-    let results: Vec<Result<PatchResult>> = stream::iter(work)
+    let results: Vec<(PlannedTarget, Result<PatchResult>)> = stream::iter(work)
         .map(|(i, t, image)| async move {
             if i > 0 {
                 failpoint::hit(change.between).await;
             }
-            patch_one(client, stores, metrics, change, &t, &image).await
+            let result = patch_one(client, stores, metrics, change, &t, &image).await;
+            (t, result)
         })
         .buffered(PATCH_CONCURRENCY)
         .collect()
         .await;
     let mut outcome = Outcome::default();
-    for r in results {
+    for (t, r) in results {
         match r? {
             PatchResult::Changed => outcome.changed += 1,
             PatchResult::Unchanged => outcome.unchanged += 1,
             PatchResult::Skipped => outcome.skipped += 1,
+            PatchResult::Denied(message) => outcome.denied.push((t, message)),
         }
     }
     Ok(outcome)
@@ -179,6 +183,7 @@ enum PatchResult {
     Changed,
     Unchanged,
     Skipped,
+    Denied(String),
 }
 
 async fn patch_one(
@@ -243,7 +248,13 @@ async fn patch_one(
             Ok(PatchResult::Changed)
         }
         Err(e) if is_not_found(&e) => Ok(PatchResult::Skipped),
-        Err(e) => Err(Error::Kube(e)),
+        Err(e) => match denial(&e) {
+            Some(message) => {
+                info!(target = %format!("{}/{}", t.namespace, t.name), %message, "change denied");
+                Ok(PatchResult::Denied(message))
+            }
+            None => Err(Error::Kube(e)),
+        },
     }
 }
 

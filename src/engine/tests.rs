@@ -51,6 +51,8 @@ struct Sim {
     max_in_flight: usize,
     /// Targets the scope rules refuse now, and why.
     refused: HashMap<String, &'static str>,
+    /// Targets whose change the API server refuses.
+    denied: std::collections::HashSet<String>,
 }
 
 fn key(t: &PlannedTarget) -> String {
@@ -114,6 +116,7 @@ impl Sim {
             not_ready: Default::default(),
             max_in_flight: 0,
             refused: HashMap::new(),
+            denied: Default::default(),
         }
     }
 
@@ -147,10 +150,16 @@ impl Sim {
                 self.writes += 1;
             }
             Step::Apply { key: k, image, targets, after } => {
+                let mut refused = Vec::new();
                 for t in targets {
-                    self.change(t, image, k);
+                    if self.denied.contains(&key(t)) {
+                        refused.push((t.clone(), format!("admission webhook denied {}", key(t))));
+                    } else {
+                        self.change(t, image, k);
+                    }
                 }
-                self.status = after.status.clone();
+                let batch = after.status.current_batch.unwrap_or_default();
+                self.status = denied(after.clone(), batch, refused).status;
                 self.writes += 1;
             }
             Step::Restore { key: k, targets, refused } => {
@@ -697,4 +706,37 @@ fn a_rollback_restores_only_what_is_still_in_scope() {
     assert_eq!((rb.restored, rb.skipped), (9, 1));
     assert_eq!(sim.changes_of(&taken), 1, "changed by the rollout, never restored");
     assert!(sim.status.failures.iter().any(|f| f.reason == crate::scope::reason::HELD));
+}
+
+#[test]
+fn a_change_the_api_server_refuses_fails_that_target_at_once_with_its_message() {
+    let mut s = spec(5);
+    s.strategy.max_failures = IntOrString::Int(1);
+    let mut sim = Sim::new(s, 10);
+    let refused = key(&sim.plan.batches[0][1]);
+    sim.denied.insert(refused.clone());
+    sim.step(); // intent
+    sim.step(); // applied, one denied
+    let b = &sim.status.batches[0];
+    assert_eq!(b.denied, [refused.clone()]);
+    assert_eq!(sim.status.counts.failed, 1, "failed at once, not at the timeout");
+    let f = sim.status.failures.last().unwrap();
+    assert_eq!(
+        (f.reason.as_str(), f.message.as_str()),
+        (reason::CHANGE_DENIED, format!("admission webhook denied {refused}").as_str())
+    );
+    // The batch settles without waiting for it, and counts it once.
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    let c = &sim.status.counts;
+    assert_eq!((c.updated, c.healthy, c.failed), (9, 9, 1));
+    assert_eq!(sim.changes_of(&refused), 0);
+
+    // Over the budget, the failure policy applies as for any failure.
+    let mut sim = Sim::new(spec(5), 10);
+    sim.denied.insert(key(&sim.plan.batches[0][0]));
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Paused);
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::FAILURE_BUDGET_EXCEEDED));
+    assert_eq!(sim.status.batches[0].failed, 1);
 }
