@@ -718,7 +718,7 @@ fn a_change_the_api_server_refuses_fails_that_target_at_once_with_its_message() 
     sim.step(); // intent
     sim.step(); // applied, one denied
     let b = &sim.status.batches[0];
-    assert_eq!(b.denied, [refused.clone()]);
+    assert_eq!(b.denied, std::slice::from_ref(&refused));
     assert_eq!(sim.status.counts.failed, 1, "failed at once, not at the timeout");
     let f = sim.status.failures.last().unwrap();
     assert_eq!(
