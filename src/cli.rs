@@ -198,6 +198,11 @@ struct OperatorArgs {
     #[arg(long = "self-workload", env = "FLEETROLL_SELF_WORKLOADS", value_delimiter = ',')]
     self_workloads: Vec<crate::scope::WorkloadRef>,
 
+    /// Hosts, addresses or CIDRs health-check URLs may name besides their targets (comma-separated or
+    /// repeated; none by default). A CIDR also lets checks reach loopback or link-local addresses in it.
+    #[arg(long = "http-check-allow", env = "FLEETROLL_HTTP_CHECK_ALLOW", value_delimiter = ',')]
+    http_check_allow: Vec<crate::http_check::Allowed>,
+
     #[command(flatten)]
     mcp: McpArgs,
 }
@@ -270,6 +275,10 @@ pub fn run() -> ExitCode {
                         .filter(|n| !n.is_empty())
                         .collect(),
                     self_workloads: args.self_workloads,
+                    http_check: crate::http_check::Policy {
+                        allowed: args.http_check_allow,
+                        api_server: Vec::new(),
+                    },
                 },
             };
             block_on(operator::run(opts))

@@ -13,6 +13,7 @@ pub mod engine;
 pub mod error;
 pub mod failpoint;
 pub mod http;
+pub mod http_check;
 pub mod leader;
 pub mod mcp;
 pub mod metrics;

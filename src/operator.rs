@@ -37,6 +37,8 @@ pub struct Options {
 /// a shutdown signal.
 struct Serving {
     client: Client,
+    /// The API server's addresses (health checks may not reach them).
+    api_server: Vec<std::net::IpAddr>,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
@@ -50,6 +52,7 @@ async fn serve(listen: SocketAddr, mut mcp_opts: mcp::Options) -> Result<Serving
         mcp_opts.authorization_servers =
             vec![config.cluster_url.to_string().trim_end_matches('/').to_string()];
     }
+    let api_server = api_server_addresses(&config.cluster_url).await;
     let client = Client::try_from(config).map_err(Error::Kube)?;
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
@@ -78,7 +81,25 @@ async fn serve(listen: SocketAddr, mut mcp_opts: mcp::Options) -> Result<Serving
         .await
         .map_err(Error::CrdMissing)?;
     ready.store(true, Ordering::Relaxed);
-    Ok(Serving { client, metrics, shutdown, server })
+    Ok(Serving { client, api_server, metrics, shutdown, server })
+}
+
+/// Every address the API server answers on that the operator can know of: its URL's host (resolved) and,
+/// in a cluster, the `kubernetes` Service's address.
+async fn api_server_addresses(url: &axum::http::Uri) -> Vec<std::net::IpAddr> {
+    let mut hosts: Vec<String> =
+        url.host().map(|h| h.trim_matches(['[', ']']).to_string()).into_iter().collect();
+    hosts.extend(std::env::var("KUBERNETES_SERVICE_HOST").ok());
+    let mut addresses = Vec::new();
+    for host in hosts {
+        match tokio::net::lookup_host((host.as_str(), 443)).await {
+            Ok(found) => addresses.extend(found.map(|a| a.ip())),
+            Err(e) => warn!(%host, error = %e, "cannot resolve the API server's address"),
+        }
+    }
+    addresses.sort();
+    addresses.dedup();
+    addresses
 }
 
 /// `fleetroll mcp`: the MCP server alone.
@@ -90,14 +111,17 @@ pub async fn serve_mcp(listen: SocketAddr, mcp_opts: mcp::Options) -> Result<()>
 }
 
 pub async fn run(opts: Options) -> Result<()> {
-    let Serving { client, metrics, shutdown, server } = serve(opts.listen, opts.mcp.clone()).await?;
+    let Serving { client, api_server, metrics, shutdown, server } =
+        serve(opts.listen, opts.mcp.clone()).await?;
+    let mut settings = opts.settings;
+    settings.http_check.api_server = api_server;
 
     let elector = Arc::new(Elector::new(
         client.clone(),
         LeaseConfig {
             name: opts.lease_name.clone(),
             namespace: opts.lease_namespace.clone(),
-            identity: opts.settings.identity.clone(),
+            identity: settings.identity.clone(),
             duration: opts.lease_duration,
         },
     ));
@@ -106,7 +130,7 @@ pub async fn run(opts: Options) -> Result<()> {
         let elector = elector.clone();
         async move { elector.run().await }
     });
-    info!(identity = %opts.settings.identity, lease = %format!("{}/{}", opts.lease_namespace, opts.lease_name), "waiting for leadership");
+    info!(identity = %settings.identity, lease = %format!("{}/{}", opts.lease_namespace, opts.lease_name), "waiting for leadership");
     tokio::select! {
         _ = shutdown.cancelled() => {
             campaign.abort();
@@ -117,7 +141,7 @@ pub async fn run(opts: Options) -> Result<()> {
     metrics.leader.set(1);
 
     let result = tokio::select! {
-        r = controller::run(client, opts.settings, metrics.clone(), shutdown.clone()) => r,
+        r = controller::run(client, settings, metrics.clone(), shutdown.clone()) => r,
         _ = campaign => {
             error!("lost the leader lease; stopping so that no two replicas act");
             shutdown.cancel();

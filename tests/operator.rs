@@ -402,7 +402,8 @@ async fn a_failing_http_check_fails_its_target() {
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     with_fleet("http", 0, move |fleet| async move {
         fleet.deployments(&fleet.ns, 4, READY_IMAGE).await;
-        let _op = Operator::start(&fleet.ns, &[], &[]);
+        // The check server listens on loopback, which health checks reach only when the operator allows it.
+        let _op = Operator::start(&fleet.ns, &["--http-check-allow", "127.0.0.1"], &[]);
         fleet
             .rollout(
                 "checked",

@@ -262,13 +262,18 @@ impl Default for Health {
     }
 }
 
-/// An HTTP GET per target; `{name}` and `{namespace}` in the URL are replaced by the target's.
+/// An HTTP GET per target; `{name}` and `{namespace}` in the URL are replaced by the target's. The host must
+/// name the target (`{name}.{namespace}.svc`; node rollouts: `{node}`, `{podIP}`, `{hostIP}`) or be allowed
+/// by the operator (`--http-check-allow`); loopback, link-local and the API server are never probed unless
+/// allowed, and redirects are not followed.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct HttpCheck {
     /// e.g. http://{name}.{namespace}.svc:8080/healthz
     #[schemars(length(max = 2048))]
     #[x_kube(validation = Rule::new("self.matches('^https?://\\\\S+$')").message("http.url must be an http:// or https:// URL, such as http://{name}.{namespace}.svc:8080/healthz"))]
+    #[x_kube(validation = Rule::new("!self.matches('^https?://[^/?#]*@')").message("http.url must not carry user information (user@host): it would name another host than it seems to"))]
+    #[x_kube(validation = Rule::new("!self.matches('^https?://(169\\\\.254\\\\.|\\\\[[fF][eE][89abAB][0-9a-fA-F]:)')").message("http.url must not name a link-local address, where cloud metadata services answer"))]
     pub url: String,
 
     /// The status code that means healthy.

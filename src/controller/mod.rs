@@ -76,6 +76,9 @@ pub struct Settings {
     pub protected_namespaces: Vec<String>,
     /// The operator's own workloads, which no rollout changes.
     pub self_workloads: Vec<scope::WorkloadRef>,
+    /// Where health checks may go besides the targets (`--http-check-allow`), and the API server's
+    /// addresses, which they may not reach.
+    pub http_check: crate::http_check::Policy,
 }
 
 /// Shared by every reconcile.
@@ -146,6 +149,21 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
         let generation = fr.metadata.generation.unwrap_or(0);
         let now = Timestamp::now();
 
+        // A health check that may not go where it points halts the rollout before anything changes.
+        if let Some(check) = &fr.spec.health.http
+            && !status.phase.is_terminal()
+            && let Err(message) = ctx.prober.policy().check_template(&check.url, fr.spec.targets.kind)
+        {
+            let why = engine::Blocked { reason: crate::http_check::REFUSED, message };
+            match halt(ctx, &fr, &status, &why, now, generation).await? {
+                Some(written) => {
+                    fr = written;
+                    continue;
+                }
+                None => return Ok(Action::requeue(BLOCKED_RETRY)),
+            }
+        }
+
         if engine::needs_new_revision(&fr.spec, &status) {
             match plan_revision(ctx, &fr, &status, generation, now).await? {
                 Some(t) => {
@@ -173,13 +191,9 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
                 Err(_) if fr.spec.abort && status.phase != Phase::RollingBack => plans::LoadedPlan::none(),
                 Err(why) => {
                     warn!(reason = why.reason, message = %why.message, "the stored plan is refused; nothing changes");
-                    match engine::blocked(now, generation, &status, &why) {
-                        Some(t) => {
-                            fr = match write_status(ctx, &fr, t).await {
-                                Ok(f) => f,
-                                Err(Error::Conflict) => refetch(ctx, &fr).await?,
-                                Err(e) => return Err(e),
-                            };
+                    match halt(ctx, &fr, &status, &why, now, generation).await? {
+                        Some(written) => {
+                            fr = written;
                             continue;
                         }
                         None => return Ok(Action::requeue(BLOCKED_RETRY)),
@@ -362,6 +376,24 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
         };
     }
     Ok(Action::requeue(Duration::from_millis(100)))
+}
+
+/// Records that the rollout cannot go on (Pending, Degraded with `why`), unless the status says so already.
+/// Some: the rollout as it is now, to look at again; None: nothing was written.
+async fn halt(
+    ctx: &Context,
+    fr: &Arc<FleetRollout>,
+    status: &FleetRolloutStatus,
+    why: &engine::Blocked,
+    now: Timestamp,
+    generation: i64,
+) -> Result<Option<Arc<FleetRollout>>> {
+    let Some(t) = engine::blocked(now, generation, status, why) else { return Ok(None) };
+    match write_status(ctx, fr, t).await {
+        Ok(written) => Ok(Some(written)),
+        Err(Error::Conflict) => refetch(ctx, fr).await.map(Some),
+        Err(e) => Err(e),
+    }
 }
 
 /// A write that moves a batch to Applying: the intent before any target of it changes.
@@ -724,6 +756,7 @@ pub async fn run(
         rollouts: controller.store(),
         client,
         plans: PlanStore::new(settings.plan_limits),
+        prober: Prober::new(settings.http_check.clone()),
         rules: scope::Rules {
             fleet_namespace: settings.fleet_namespace.clone(),
             protected_namespaces: settings.protected_namespaces.clone(),
@@ -731,7 +764,6 @@ pub async fn run(
         },
         settings,
         stores: stores.clone(),
-        prober: Prober::default(),
         metrics,
         written: OwnWrites::default(),
         failures: Default::default(),

@@ -1,7 +1,7 @@
 //! The targets, as the controller sees and changes them: cached facts from the reflector stores, the
 //! idempotent image patches of a batch and of a rollback, and the optional HTTP checks.
 
-use std::{collections::HashMap, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use futures::{StreamExt, stream};
 use k8s_openapi::api::{
@@ -13,6 +13,7 @@ use kube::{
     api::{Patch, PatchParams},
     runtime::reflector::{ObjectRef, Store},
 };
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use tracing::{debug, info};
 
 use crate::{
@@ -20,6 +21,7 @@ use crate::{
     engine::TargetState,
     error::{Error, Result, denial, is_not_found},
     failpoint,
+    http_check::Policy,
     metrics::Metrics,
     workload::{self, Cached, WorkloadFacts},
 };
@@ -282,26 +284,36 @@ pub async fn live_facts(
     Ok(facts)
 }
 
-/// Runs the HTTP check against each target, like a kubelet probe (TLS certificates are not verified).
+/// Runs the HTTP check against each target, like a kubelet probe (TLS certificates are not verified: the
+/// host is the target's own), within the operator's rules for where checks may go (see
+/// [`crate::http_check`]): every address a name resolves to is checked, literal addresses too, and
+/// redirects are not followed.
 #[derive(Clone, Debug)]
 pub struct Prober {
     http: reqwest::Client,
-}
-
-impl Default for Prober {
-    fn default() -> Self {
-        let http = reqwest::Client::builder()
-            .timeout(HTTP_TIMEOUT)
-            .danger_accept_invalid_certs(true)
-            .redirect(reqwest::redirect::Policy::limited(3))
-            .build()
-            .unwrap_or_else(|_| reqwest::Client::new());
-        Self { http }
-    }
+    policy: Arc<Policy>,
 }
 
 impl Prober {
-    /// GETs each target's URL; the answer is keyed like the input.
+    pub fn new(policy: Policy) -> Self {
+        let policy = Arc::new(policy);
+        let http = reqwest::Client::builder()
+            .timeout(HTTP_TIMEOUT)
+            .danger_accept_invalid_certs(true)
+            .redirect(reqwest::redirect::Policy::none())
+            .dns_resolver(Arc::new(GuardedResolver { policy: policy.clone() }))
+            .build()
+            .unwrap_or_else(|_| reqwest::Client::new());
+        Self { http, policy }
+    }
+
+    /// The rules it probes by.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// GETs each target's URL; the answer is keyed like the input. Only the status code is read: a
+    /// failure never echoes what the endpoint answered.
     pub async fn check_all(
         &self,
         expect: u16,
@@ -309,15 +321,117 @@ impl Prober {
     ) -> HashMap<(String, String), Result<(), String>> {
         stream::iter(checks)
             .map(|(key, url)| async move {
-                let result = match self.http.get(&url).send().await {
-                    Ok(r) if r.status().as_u16() == expect => Ok(()),
-                    Ok(r) => Err(format!("GET {url} returned {}, expected {expect}", r.status().as_u16())),
-                    Err(e) => Err(format!("GET {url} failed: {e}")),
+                let result = match self.refusal(&url) {
+                    Some(why) => Err(format!("GET {url} refused: {why}")),
+                    None => match self.http.get(&url).send().await {
+                        Ok(r) if r.status().as_u16() == expect => Ok(()),
+                        Ok(r) => {
+                            Err(format!("GET {url} returned {}, expected {expect}", r.status().as_u16()))
+                        }
+                        Err(e) => Err(format!("GET {url} failed: {}", chain(&e))),
+                    },
                 };
                 (key, result)
             })
             .buffer_unordered(HTTP_CONCURRENCY)
             .collect()
             .await
+    }
+
+    /// Why a URL (placeholders substituted) may not be fetched: user information, or a literal address
+    /// the policy refuses (names are judged by the resolver, on every address they resolve to).
+    fn refusal(&self, url: &str) -> Option<String> {
+        let parsed = match reqwest::Url::parse(url) {
+            Ok(u) => u,
+            Err(e) => return Some(format!("not a URL: {e}")),
+        };
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            return Some("user information in the URL".into());
+        }
+        match parsed.host() {
+            Some(url::Host::Ipv4(ip)) => self.policy.check_address(ip.into()).err(),
+            Some(url::Host::Ipv6(ip)) => self.policy.check_address(ip.into()).err(),
+            Some(url::Host::Domain(_)) => None,
+            None => Some("no host".into()),
+        }
+    }
+}
+
+/// Resolves names for the prober and drops every address the policy refuses, so that a name pointing at
+/// loopback or the metadata service (an ExternalName Service, say) is never connected to.
+struct GuardedResolver {
+    policy: Arc<Policy>,
+}
+
+impl Resolve for GuardedResolver {
+    fn resolve(&self, name: Name) -> Resolving {
+        let policy = self.policy.clone();
+        let host = name.as_str().to_string();
+        Box::pin(async move {
+            let resolved: Vec<std::net::SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            if policy.trusts_host(&host) {
+                return Ok(Box::new(resolved.into_iter()) as Addrs);
+            }
+            let mut refusals = Vec::new();
+            let allowed: Vec<std::net::SocketAddr> = resolved
+                .into_iter()
+                .filter(|a| match policy.check_address(a.ip()) {
+                    Ok(()) => true,
+                    Err(why) => {
+                        refusals.push(why);
+                        false
+                    }
+                })
+                .collect();
+            if allowed.is_empty() {
+                let why = refusals.first().cloned().unwrap_or_else(|| "no address".into());
+                return Err(format!("{host} resolves to no address a health check may reach: {why}").into());
+            }
+            Ok(Box::new(allowed.into_iter()) as Addrs)
+        })
+    }
+}
+
+/// An error with its causes, for people: reqwest's own message leaves out why a connection failed.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let next = cause.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_name_that_resolves_to_loopback_is_never_connected_to() {
+        // The system resolver, for real: "localhost" is loopback on every machine.
+        let resolver = GuardedResolver { policy: Arc::new(Policy::default()) };
+        let refused = resolver.resolve("localhost".parse::<Name>().unwrap()).await.err().unwrap();
+        assert!(refused.to_string().contains("loopback"), "{refused}");
+        let trusted = GuardedResolver {
+            policy: Arc::new(Policy { allowed: vec!["localhost".parse().unwrap()], ..Default::default() }),
+        };
+        assert!(trusted.resolve("localhost".parse::<Name>().unwrap()).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn literal_addresses_and_user_information_are_refused_before_any_request() {
+        let prober = Prober::new(Policy::default());
+        let key = ("ns".to_string(), "web".to_string());
+        for url in ["http://127.0.0.1:1/x", "http://[::ffff:169.254.169.254]/", "http://user:pw@10.1.2.3/"] {
+            let result = prober.check_all(200, vec![(key.clone(), url.to_string())]).await;
+            let message = result[&key].clone().unwrap_err();
+            assert!(message.contains("refused"), "{url}: {message}");
+        }
     }
 }

@@ -1,0 +1,283 @@
+//! Where a health check may send the operator. Any creator of a FleetRollout chooses `health.http.url`, and
+//! the operator fetches it from inside the cluster and writes the outcome into status: left open, that is a
+//! port scanner and an oracle for loopback, the cloud metadata service, the API server and every internal
+//! service, with the operator's network position. So:
+//!
+//! - the URL's host must come from the target (`{name}.{namespace}[.svc[.<domain>]]`; for node rollouts
+//!   `{node}`, `{podIP}`, `{hostIP}`), or be allowed by the operator (`--http-check-allow`, empty by default);
+//! - whatever it resolves to must not be loopback, link-local, unspecified, multicast or the API server,
+//!   unless an allowed CIDR covers it;
+//! - redirects are not followed, and responses are judged by their status code only.
+//!
+//! Pure decisions; the resolver that applies them to every connection is in `controller::targets`.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::api::TargetKind;
+
+/// Why a rollout's check is refused (its status reason).
+pub const REFUSED: &str = "HttpCheckRefused";
+
+/// One entry of `--http-check-allow`: a CIDR (or a single address), or a host name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Allowed {
+    /// URLs may name, and reach, addresses in it (loopback or link-local ones too).
+    Net(IpNet),
+    /// URLs may name this host, and reach whatever it resolves to.
+    Host(String),
+}
+
+impl std::str::FromStr for Allowed {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        if let Ok(net) = s.parse::<IpNet>() {
+            return Ok(Allowed::Net(net));
+        }
+        if let Ok(ip) = s.parse::<IpAddr>() {
+            return Ok(Allowed::Net(IpNet::from(ip)));
+        }
+        let valid_host = !s.is_empty()
+            && s.len() <= 253
+            && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+        if valid_host {
+            Ok(Allowed::Host(s.to_ascii_lowercase()))
+        } else {
+            Err(format!("{s:?} is neither a CIDR, an IP address nor a host name"))
+        }
+    }
+}
+
+/// The operator's rules for health-check URLs.
+#[derive(Clone, Debug, Default)]
+pub struct Policy {
+    pub allowed: Vec<Allowed>,
+    /// The API server's addresses, never probed unless allowed.
+    pub api_server: Vec<IpAddr>,
+}
+
+impl Policy {
+    /// Whether the operator trusts a host name outright.
+    pub fn trusts_host(&self, host: &str) -> bool {
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        self.allowed.iter().any(|a| matches!(a, Allowed::Host(h) if *h == host))
+    }
+
+    fn allows_address(&self, ip: IpAddr) -> bool {
+        self.allowed.iter().any(|a| matches!(a, Allowed::Net(n) if n.contains(&ip)))
+    }
+
+    /// Whether a check may connect to `ip`, or why not.
+    pub fn check_address(&self, ip: IpAddr) -> Result<(), String> {
+        if self.allows_address(ip) {
+            return Ok(());
+        }
+        let ip = canonical(ip);
+        let kind = if ip.is_loopback() {
+            Some("loopback")
+        } else if is_link_local(ip) {
+            Some("link-local (cloud metadata services live there)")
+        } else if ip.is_unspecified() {
+            Some("unspecified")
+        } else if ip.is_multicast() || ip == IpAddr::from([255, 255, 255, 255]) {
+            Some("multicast or broadcast")
+        } else if self.api_server.iter().any(|a| canonical(*a) == ip) {
+            Some("the Kubernetes API server")
+        } else {
+            None
+        };
+        match kind {
+            Some(kind) => Err(format!("{ip} is {kind}; health checks may not reach it (--http-check-allow)")),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether a rollout's URL template names only its targets (or allowed hosts), or why not. Checked
+    /// before anything changes and again at every step (the check may change mid-rollout).
+    pub fn check_template(&self, url: &str, kind: TargetKind) -> Result<(), String> {
+        let host = host(url)?;
+        if from_target(host, kind) || self.trusts_host(host) {
+            return Ok(());
+        }
+        let literal = host.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(ip) = literal.parse::<IpAddr>() {
+            return match self.allows_address(ip) {
+                true => Ok(()),
+                false => Err(format!(
+                    "health.http.url names the address {ip}, which the operator does not allow (--http-check-allow)"
+                )),
+            };
+        }
+        let forms = match kind {
+            TargetKind::Node => "{node}, {podIP} or {hostIP}",
+            _ => "{name}.{namespace}, {name}.{namespace}.svc or {name}.{namespace}.svc.<cluster domain>",
+        };
+        Err(format!(
+            "health.http.url must name its target ({forms}) or a host the operator allows (--http-check-allow); \
+             {host:?} is neither"
+        ))
+    }
+}
+
+/// The host of a URL (brackets kept on IPv6 literals). User information is refused: `http://{name}@evil/`
+/// would name another host than it seems to.
+pub fn host(url: &str) -> Result<&str, String> {
+    let rest = url.split_once("://").map(|(_, r)| r).ok_or_else(|| format!("{url:?} is not a URL"))?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.contains('@') {
+        return Err("health.http.url must not carry user information (user@host)".into());
+    }
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').map(|(h, _)| &authority[..h.len() + 2]).unwrap_or(authority),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    if host.is_empty() {
+        return Err(format!("{url:?} has no host"));
+    }
+    Ok(host)
+}
+
+/// Whether a template's host is one of the forms that name the target itself.
+fn from_target(host: &str, kind: TargetKind) -> bool {
+    if kind == TargetKind::Node {
+        return matches!(host, "{node}" | "{name}" | "{podIP}" | "{hostIP}");
+    }
+    let Some(rest) = host.strip_prefix("{name}.{namespace}") else { return false };
+    let Some(rest) = (match rest {
+        "" => return true,
+        _ => rest.strip_prefix(".svc"),
+    }) else {
+        return false;
+    };
+    match rest {
+        "" => true,
+        // A cluster domain: plain DNS labels, no more placeholders.
+        domain => {
+            domain.starts_with('.')
+                && domain.len() > 1
+                && domain[1..]
+                    .split('.')
+                    .all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+        }
+    }
+}
+
+/// IPv4-mapped IPv6 addresses judged as the IPv4 address they carry.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+fn is_link_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(allowed: &[&str]) -> Policy {
+        Policy {
+            allowed: allowed.iter().map(|a| a.parse().unwrap()).collect(),
+            api_server: vec!["10.96.0.1".parse().unwrap(), "192.168.5.10".parse().unwrap()],
+        }
+    }
+
+    #[test]
+    fn a_template_must_name_its_target() {
+        let p = policy(&[]);
+        let deployment = TargetKind::Deployment;
+        for ok in [
+            "http://{name}.{namespace}:8080/healthz",
+            "http://{name}.{namespace}.svc:8080/healthz",
+            "https://{name}.{namespace}.svc.cluster.local/ready?x={name}",
+            "http://{name}.{namespace}.svc.corp-cluster.internal/",
+        ] {
+            assert_eq!(p.check_template(ok, deployment), Ok(()), "{ok}");
+        }
+        for bad in [
+            "http://127.0.0.1:8080/{namespace}/{name}",
+            "http://localhost/",
+            "http://169.254.169.254/latest/meta-data/",
+            "http://[::1]:80/",
+            "http://kubernetes.default.svc/api",
+            "http://metadata.google.internal/",
+            "http://{name}.evil.example.com/",
+            "http://{name}/",
+            "http://{name}.{namespace}.svc.{name}.evil/",
+            "http://{name}.{namespace}@evil.example.com/",
+            "http://evil.example.com/{name}.{namespace}.svc",
+            "http://{podIP}:8080/",
+        ] {
+            assert!(p.check_template(bad, deployment).is_err(), "{bad} was accepted");
+        }
+        let node = TargetKind::Node;
+        for ok in ["http://{podIP}:8080/healthz", "http://{hostIP}:9100/", "http://{node}:10250/"] {
+            assert_eq!(p.check_template(ok, node), Ok(()), "{ok}");
+        }
+        assert!(p.check_template("http://{name}.{namespace}.svc/", node).is_err());
+    }
+
+    #[test]
+    fn the_operator_may_allow_hosts_and_networks() {
+        let p = policy(&["127.0.0.1", "10.20.0.0/16", "Checks.Example.COM"]);
+        assert_eq!(
+            p.check_template("http://127.0.0.1:8080/{namespace}/{name}", TargetKind::Deployment),
+            Ok(())
+        );
+        assert_eq!(p.check_template("http://10.20.3.4/", TargetKind::Deployment), Ok(()));
+        assert_eq!(p.check_template("http://checks.example.com/{name}", TargetKind::Deployment), Ok(()));
+        assert!(p.check_template("http://10.21.0.1/", TargetKind::Deployment).is_err());
+        assert!(p.trusts_host("checks.example.com."));
+        assert!("not a host!".parse::<Allowed>().is_err());
+    }
+
+    #[test]
+    fn loopback_link_local_and_the_api_server_are_never_reached_unless_allowed() {
+        let p = policy(&[]);
+        for bad in [
+            "127.0.0.1",
+            "127.8.9.10",
+            "::1",
+            "169.254.169.254",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "0.0.0.0",
+            "::",
+            "224.0.0.1",
+            "255.255.255.255",
+            "10.96.0.1",
+            "192.168.5.10",
+        ] {
+            let refusal = p.check_address(bad.parse().unwrap());
+            assert!(refusal.is_err(), "{bad} was allowed");
+        }
+        for ok in ["10.244.1.7", "192.168.5.11", "fd00::7", "8.8.8.8"] {
+            assert_eq!(p.check_address(ok.parse().unwrap()), Ok(()), "{ok}");
+        }
+        let allowed = policy(&["127.0.0.0/8"]);
+        assert_eq!(allowed.check_address("127.0.0.1".parse().unwrap()), Ok(()));
+        assert!(
+            allowed.check_address("169.254.169.254".parse().unwrap()).unwrap_err().contains("link-local")
+        );
+    }
+
+    #[test]
+    fn hosts_are_read_the_way_a_client_reads_them() {
+        assert_eq!(host("http://web.ns.svc:8080/x"), Ok("web.ns.svc"));
+        assert_eq!(host("http://[::1]:8080/x"), Ok("[::1]"));
+        assert_eq!(host("https://web?x=@evil"), Ok("web"));
+        assert!(host("http://user@evil/").is_err());
+        assert!(host("http:///path").is_err());
+        assert!(host("web/path").is_err());
+    }
+}
