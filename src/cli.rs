@@ -198,6 +198,12 @@ struct OperatorArgs {
     #[arg(long = "self-workload", env = "FLEETROLL_SELF_WORKLOADS", value_delimiter = ',')]
     self_workloads: Vec<crate::scope::WorkloadRef>,
 
+    /// Whether node rollouts (targets.kind Node) are served. They need rights to delete pods and update
+    /// DaemonSets; the Helm chart grants those only when its nodeRollouts.enabled is set, and passes false
+    /// otherwise.
+    #[arg(long, env = "FLEETROLL_NODE_ROLLOUTS", default_value_t = true, action = clap::ArgAction::Set)]
+    node_rollouts: bool,
+
     /// Hosts, addresses or CIDRs health-check URLs may name besides their targets (comma-separated or
     /// repeated; none by default). A CIDR also lets checks reach loopback or link-local addresses in it.
     #[arg(long = "http-check-allow", env = "FLEETROLL_HTTP_CHECK_ALLOW", value_delimiter = ',')]
@@ -275,6 +281,7 @@ pub fn run() -> ExitCode {
                         .filter(|n| !n.is_empty())
                         .collect(),
                     self_workloads: args.self_workloads,
+                    node_rollouts: args.node_rollouts,
                     http_check: crate::http_check::Policy {
                         allowed: args.http_check_allow,
                         api_server: Vec::new(),

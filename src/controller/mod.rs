@@ -76,6 +76,8 @@ pub struct Settings {
     pub protected_namespaces: Vec<String>,
     /// The operator's own workloads, which no rollout changes.
     pub self_workloads: Vec<scope::WorkloadRef>,
+    /// Whether node rollouts are served (the installation granted the rights they need).
+    pub node_rollouts: bool,
     /// Where health checks may go besides the targets (`--http-check-allow`), and the API server's
     /// addresses, which they may not reach.
     pub http_check: crate::http_check::Policy,
@@ -149,12 +151,8 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
         let generation = fr.metadata.generation.unwrap_or(0);
         let now = Timestamp::now();
 
-        // A health check that may not go where it points halts the rollout before anything changes.
-        if let Some(check) = &fr.spec.health.http
-            && !status.phase.is_terminal()
-            && let Err(message) = ctx.prober.policy().check_template(&check.url, fr.spec.targets.kind)
-        {
-            let why = engine::Blocked { reason: crate::http_check::REFUSED, message };
+        // A rollout this installation may not run halts before anything changes.
+        if let Some(why) = (!status.phase.is_terminal()).then(|| not_served(ctx, &fr.spec)).flatten() {
             match halt(ctx, &fr, &status, &why, now, generation).await? {
                 Some(written) => {
                     fr = written;
@@ -377,6 +375,26 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
     }
     Ok(Action::requeue(Duration::from_millis(100)))
 }
+
+/// Why this installation will not run a spec at all: node rollouts it was not given the rights for, or a
+/// health check that may not go where it points.
+fn not_served(ctx: &Context, spec: &crate::api::FleetRolloutSpec) -> Option<engine::Blocked> {
+    if spec.targets.kind == TargetKind::Node && !ctx.settings.node_rollouts {
+        return Some(engine::Blocked {
+            reason: NODE_ROLLOUTS_DISABLED,
+            message:
+                "node rollouts (targets.kind Node) are disabled in this installation: the operator runs \
+                      with --node-rollouts=false (Helm value nodeRollouts.enabled); nothing was changed"
+                    .into(),
+        });
+    }
+    let check = spec.health.http.as_ref()?;
+    let message = ctx.prober.policy().check_template(&check.url, spec.targets.kind).err()?;
+    Some(engine::Blocked { reason: crate::http_check::REFUSED, message })
+}
+
+/// The reason of a node rollout in an installation without node rollouts.
+pub const NODE_ROLLOUTS_DISABLED: &str = "NodeRolloutsDisabled";
 
 /// Records that the rollout cannot go on (Pending, Degraded with `why`), unless the status says so already.
 /// Some: the rollout as it is now, to look at again; None: nothing was written.

@@ -740,3 +740,19 @@ fn a_change_the_api_server_refuses_fails_that_target_at_once_with_its_message() 
     assert_eq!(sim.status.reason.as_deref(), Some(reason::FAILURE_BUDGET_EXCEEDED));
     assert_eq!(sim.status.batches[0].failed, 1);
 }
+
+#[test]
+fn a_rollout_halted_mid_way_goes_on_where_it_stood_once_the_cause_is_gone() {
+    let mut sim = Sim::new(spec(5), 10);
+    sim.step(); // intent of batch 0
+    sim.step(); // applied
+    let why = Blocked { reason: "PlanTampered", message: "the plan does not match".into() };
+    sim.status = blocked(sim.now, sim.generation, &sim.status, &why).unwrap().status;
+    assert_eq!(sim.status.phase, Phase::Pending);
+    assert!(conditions::is_true(&sim.status.conditions, conditions::DEGRADED));
+    // The cause is gone (the controller calls advance again only then): nothing is applied twice.
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    assert!(!conditions::is_true(&sim.status.conditions, conditions::DEGRADED));
+    assert!(sim.world.keys().all(|t| sim.changes_of(t) == 1));
+}
