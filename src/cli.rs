@@ -38,7 +38,7 @@ enum Command {
         helm: bool,
     },
     /// Run the operator: the controller (when leader) and its HTTP listener (/healthz, /readyz, /metrics, /mcp).
-    Operator(OperatorArgs),
+    Operator(Box<OperatorArgs>),
     /// Run only the MCP server (and /healthz, /readyz, /metrics), without the controller.
     Mcp(McpServeArgs),
 }
