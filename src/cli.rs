@@ -213,6 +213,32 @@ struct OperatorArgs {
     mcp: McpArgs,
 }
 
+impl OperatorArgs {
+    fn options(self) -> operator::Options {
+        operator::Options {
+            listen: self.listen,
+            mcp: self.mcp.options(self.listen, &self.fleet_namespace),
+            lease_namespace: self.lease_namespace.unwrap_or_else(|| self.fleet_namespace.clone()),
+            lease_name: self.lease_name,
+            lease_duration: self.lease_duration,
+            settings: Settings {
+                fleet_namespace: self.fleet_namespace,
+                watch_namespace: self.namespace,
+                identity: self.identity.unwrap_or_else(default_identity),
+                plan_limits: crate::controller::plans::Limits {
+                    inline_max_bytes: self.plan_inline_max_bytes,
+                    shard_targets: self.plan_shard_targets,
+                },
+                // `--protected-namespaces=""` protects none.
+                protected_namespaces: self.protected_namespaces.into_iter().filter(|n| !n.is_empty()).collect(),
+                self_workloads: self.self_workloads,
+                node_rollouts: self.node_rollouts,
+                http_check: crate::http_check::Policy { allowed: self.http_check_allow, api_server: Vec::new() },
+            },
+        }
+    }
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     crate::duration::parse(s).map_err(|e| e.to_string())
 }
@@ -261,34 +287,7 @@ pub fn run() -> ExitCode {
         }
         Command::Operator(args) => {
             init_tracing(&cli.log_level, cli.log_format);
-            let opts = operator::Options {
-                listen: args.listen,
-                mcp: args.mcp.options(args.listen, &args.fleet_namespace),
-                lease_namespace: args.lease_namespace.unwrap_or_else(|| args.fleet_namespace.clone()),
-                lease_name: args.lease_name,
-                lease_duration: args.lease_duration,
-                settings: Settings {
-                    fleet_namespace: args.fleet_namespace,
-                    watch_namespace: args.namespace,
-                    identity: args.identity.unwrap_or_else(default_identity),
-                    plan_limits: crate::controller::plans::Limits {
-                        inline_max_bytes: args.plan_inline_max_bytes,
-                        shard_targets: args.plan_shard_targets,
-                    },
-                    protected_namespaces: args
-                        .protected_namespaces
-                        .into_iter()
-                        .filter(|n| !n.is_empty())
-                        .collect(),
-                    self_workloads: args.self_workloads,
-                    node_rollouts: args.node_rollouts,
-                    http_check: crate::http_check::Policy {
-                        allowed: args.http_check_allow,
-                        api_server: Vec::new(),
-                    },
-                },
-            };
-            block_on(operator::run(opts))
+            block_on(operator::run(args.options()))
         }
         Command::Mcp(args) => {
             init_tracing(&cli.log_level, cli.log_format);
@@ -318,7 +317,45 @@ fn block_on(f: impl std::future::Future<Output = crate::error::Result<()>>) -> E
 
 #[cfg(test)]
 mod tests {
-    use super::log_filter;
+    use clap::Parser;
+
+    use super::{Cli, Command, log_filter};
+
+    fn operator(args: &[&str]) -> crate::operator::Options {
+        let cli = Cli::try_parse_from(["fleetroll", "operator"].iter().chain(args)).expect("valid arguments");
+        match cli.command {
+            Command::Operator(args) => args.options(),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn by_default_kube_system_is_protected_node_rollouts_served_and_checks_reach_only_targets() {
+        let s = operator(&[]).settings;
+        assert_eq!(s.protected_namespaces, ["kube-system"]);
+        assert!(s.self_workloads.is_empty());
+        assert!(s.node_rollouts);
+        assert!(s.http_check.allowed.is_empty());
+    }
+
+    #[test]
+    fn the_security_flags_parse_strictly() {
+        let s = operator(&[
+            "--protected-namespaces=",
+            "--self-workload=Deployment/fleet/fleetroll",
+            "--node-rollouts=false",
+            "--http-check-allow=127.0.0.1,10.0.0.0/8",
+            "--http-check-allow=checks.example.com",
+        ])
+        .settings;
+        assert!(s.protected_namespaces.is_empty(), "an empty list protects nothing");
+        assert_eq!(s.self_workloads.len(), 1);
+        assert!(!s.node_rollouts);
+        assert_eq!(s.http_check.allowed.len(), 3);
+        for bad in [&["--self-workload=Pod/x/y"][..], &["--http-check-allow=not a host"], &["--node-rollouts=maybe"]] {
+            assert!(Cli::try_parse_from(["fleetroll", "operator"].iter().chain(bad)).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn rmcp_is_held_to_warnings_unless_the_filter_names_it() {
