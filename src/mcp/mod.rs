@@ -5,6 +5,7 @@
 pub mod auth;
 mod cache;
 mod fixtures;
+pub mod limits;
 pub mod task;
 pub mod tools;
 
@@ -29,7 +30,8 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use self::{
-    auth::{Authenticator, Granted, Identity},
+    auth::{Authenticator, Granted, Identity, Origins},
+    limits::InFlight,
     task::TaskId,
     tools::{ApproveArgs, ListArgs, Ops, PreviewArgs, RolloutFleetArgs, RolloutRef},
 };
@@ -49,7 +51,8 @@ pub struct Options {
     pub retention: Duration,
     /// Accepted `Host` headers (rmcp rejects others with 403).
     pub allowed_hosts: Vec<String>,
-    /// Accepted `Origin` headers; empty: requests with an `Origin` are not checked.
+    /// Accepted `Origin` headers besides localhost and the origin of `resource` (the guard rejects others
+    /// with 403; requests without an `Origin` pass).
     pub allowed_origins: Vec<String>,
     /// The Protected Resource Metadata document's `resource` (the canonical MCP URL) and its OAuth
     /// authorization servers.
@@ -325,24 +328,24 @@ async fn protected_resource(State(m): State<Metadata>) -> Json<Value> {
     }))
 }
 
-/// `/mcp` (behind the auth middleware) and the Protected Resource Metadata documents.
+/// `/mcp` (behind the request bounds and the auth middleware) and the Protected Resource Metadata
+/// documents.
 pub fn router(client: Client, opts: &Options) -> Router {
     let handler = FleetMcp::new(client.clone(), opts);
     let mut config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)
         .with_allowed_hosts(opts.allowed_hosts.clone());
+    // Origin is checked by our guard (auth::Origins), which knows the localhost and audience rules.
     config.max_request_body_bytes = MAX_BODY_BYTES;
-    if !opts.allowed_origins.is_empty() {
-        config = config.with_allowed_origins(opts.allowed_origins.clone());
-    }
     let service = StreamableHttpService::new(
         move || Ok(handler.clone()),
         Arc::new(NeverSessionManager::default()),
         config,
     );
     let metadata_url = format!("{}/.well-known/oauth-protected-resource/mcp", origin(&opts.resource));
-    let authenticator = Authenticator::new(client, opts.auth.clone(), metadata_url);
+    let origins = Origins::new(&opts.allowed_origins, &opts.resource);
+    let authenticator = Authenticator::new(client, opts.auth.clone(), metadata_url, origins);
     let metadata = Metadata {
         resource: opts.resource.clone(),
         authorization_servers: opts.authorization_servers.clone(),
@@ -354,6 +357,7 @@ pub fn router(client: Client, opts: &Options) -> Router {
     Router::new()
         .nest_service("/mcp", service)
         .layer(middleware::from_fn_with_state(authenticator, auth::guard))
+        .layer(middleware::from_fn_with_state(InFlight::default(), limits::bound))
         .merge(wellknown)
 }
 
