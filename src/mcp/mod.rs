@@ -162,18 +162,18 @@ impl ServerHandler for FleetMcp {
                     Ok(a) => a,
                     Err(e) => return Ok(tools::error(e).into()),
                 };
-                let (fr, replayed) = match self.ops.start(&args, &who).await {
-                    Ok(tools::Started::Created(fr)) => (fr, false),
-                    Ok(tools::Started::Replayed(fr)) => (fr, true),
+                let started = match self.ops.start(&args, &who).await {
+                    Ok(started) => started,
                     Err(e) => return Ok(tools::error(e).into()),
                 };
-                info!(rollout = %format!("{}/{}", args.namespace, fr.metadata.name.clone().unwrap_or_default()), user = %who.username, replayed, "rollout_fleet");
-                if tasks && let Some(id) = TaskId::of(&fr) {
+                let fr = &started.rollout;
+                info!(rollout = %format!("{}/{}", args.namespace, fr.metadata.name.clone().unwrap_or_default()), user = %who.username, replayed = started.replayed, "rollout_fleet");
+                if tasks && let Some(id) = started.task() {
                     // The FleetRollout is in etcd: tasks/get on any replica finds it from now on.
-                    let detailed = task::detailed(&fr, &id, false, tools::now());
+                    let detailed = task::detailed(fr, &id, false, tools::now());
                     return Ok(CallToolResponse::Task(CreateTaskResult::new(detailed.task)));
                 }
-                tools::started_result(&fr, replayed)
+                tools::started_result(fr, started.replayed)
             }
             "preview_rollout" => match tools::parse::<PreviewArgs>(&args) {
                 Ok(a) => self.ops.preview(&a).await.unwrap_or_else(tools::error),

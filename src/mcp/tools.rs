@@ -20,8 +20,8 @@ use serde_json::{Value, json};
 use super::{
     auth::Identity,
     task::{
-        self, CREATED_BY_ANNOTATION, IDEMPOTENCY_KEY_ANNOTATION, REQUEST_HASH_ANNOTATION,
-        TASK_TOKEN_ANNOTATION, TaskId,
+        self, CREATED_BY_ANNOTATION, IDEMPOTENCY_KEY_HASH_ANNOTATION, REQUEST_HASH_ANNOTATION,
+        TASK_TOKEN_HASH_ANNOTATION, TaskId,
     },
 };
 use crate::{
@@ -258,24 +258,41 @@ impl RolloutFleetArgs {
     }
 }
 
-/// The outcome of a start: the rollout (new, or the one a replayed key names).
-pub enum Started {
-    Created(FleetRollout),
-    Replayed(FleetRollout),
+/// The outcome of a start: the rollout (new, or the one a replayed key names) and its task's token.
+pub struct Started {
+    pub rollout: FleetRollout,
+    /// Known only here: the rollout stores its hash.
+    pub token: String,
+    pub replayed: bool,
+}
+
+impl Started {
+    pub fn task(&self) -> Option<TaskId> {
+        TaskId::new(&self.rollout, self.token.clone())
+    }
 }
 
 impl Ops {
     /// Creates the FleetRollout of a rollout_fleet call. Err is a message for the caller.
     pub async fn start(&self, args: &RolloutFleetArgs, who: &Identity) -> Result<Started, String> {
+        let client = &self.client;
         let name = args.name_for(who);
         let hash = args.request_hash();
+        // With a key, the token can be derived again on a replay; without one, nothing needs it later.
+        let (token, key_hash) = match (&args.idempotency_key, &name) {
+            (Some(key), Some(name)) => (
+                task::keyed_token(key, &who.username, &args.namespace, name),
+                Some(task::key_hash(key, &who.username, &args.namespace)),
+            ),
+            _ => (task::new_token(), None),
+        };
         let mut annotations = BTreeMap::from([
-            (TASK_TOKEN_ANNOTATION.to_string(), task::new_token()),
+            (TASK_TOKEN_HASH_ANNOTATION.to_string(), task::token_hash(&token)),
             (CREATED_BY_ANNOTATION.to_string(), who.username.clone()),
             (REQUEST_HASH_ANNOTATION.to_string(), hash.clone()),
         ]);
-        if let Some(key) = &args.idempotency_key {
-            annotations.insert(IDEMPOTENCY_KEY_ANNOTATION.to_string(), key.clone());
+        if let Some(key_hash) = &key_hash {
+            annotations.insert(IDEMPOTENCY_KEY_HASH_ANNOTATION.to_string(), key_hash.clone());
         }
         let fr = FleetRollout {
             metadata: ObjectMeta {
@@ -293,23 +310,23 @@ impl Ops {
             status: None,
         };
         let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-        match api(&self.client, &args.namespace).create(&pp, &fr).await {
+        match api(client, &args.namespace).create(&pp, &fr).await {
             Ok(created) => {
                 self.rollouts.wrote(&created);
-                Ok(Started::Created(created))
+                Ok(Started { rollout: created, token, replayed: false })
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 let name = name.unwrap_or_default();
-                let existing = api(&self.client, &args.namespace)
+                let existing = api(client, &args.namespace)
                     .get(&name)
                     .await
                     .map_err(|e| explain(&e, &format!("FleetRollout {}/{name}", args.namespace)))?;
                 let a = existing.annotations();
-                let same_key = args.idempotency_key.is_some()
-                    && a.get(IDEMPOTENCY_KEY_ANNOTATION) == args.idempotency_key.as_ref();
+                let same_key =
+                    key_hash.is_some() && a.get(IDEMPOTENCY_KEY_HASH_ANNOTATION) == key_hash.as_ref();
                 let same_caller = a.get(CREATED_BY_ANNOTATION) == Some(&who.username);
                 match (same_key && same_caller, a.get(REQUEST_HASH_ANNOTATION) == Some(&hash)) {
-                    (true, true) => Ok(Started::Replayed(existing)),
+                    (true, true) => Ok(Started { rollout: existing, token, replayed: true }),
                     (true, false) => Err(format!(
                         "idempotencyKey {:?} was already used with different arguments (FleetRollout {}/{name}); \
                          use a new key for a new rollout",
