@@ -50,7 +50,8 @@ async fn serve(listen: SocketAddr, mut mcp_opts: mcp::Options) -> Result<Serving
         mcp_opts.authorization_servers =
             vec![config.cluster_url.to_string().trim_end_matches('/').to_string()];
     }
-    let client = Client::try_from(config).map_err(Error::Kube)?;
+    // The MCP server keeps the configuration: writes made for a caller derive an impersonating client.
+    let client = Client::try_from(config.clone()).map_err(Error::Kube)?;
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
     let shutdown = CancellationToken::new();
@@ -66,7 +67,7 @@ async fn serve(listen: SocketAddr, mut mcp_opts: mcp::Options) -> Result<Serving
         .await
         .map_err(|source| Error::Listen { addr: listen.to_string(), source })?;
     let app = http::router(http::Health { metrics: metrics.clone(), ready: ready.clone() })
-        .merge(mcp::router(client.clone(), &mcp_opts));
+        .merge(mcp::router(client.clone(), config, &mcp_opts));
     let stop = shutdown.clone();
     let server = tokio::spawn(async move {
         axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await
