@@ -320,7 +320,8 @@ pub async fn guard(State(auth): State<Authenticator>, request: Request, next: Ne
     if let Some(origin) = request.headers().get(header::ORIGIN)
         && !origin.to_str().is_ok_and(|o| auth.origins.allows(o))
     {
-        warn!(origin = ?origin, "refused a request from a foreign Origin (possible DNS rebinding)");
+        // debug, not warn: a flood of such requests must not become a flood of log lines.
+        debug!(origin = ?origin, "refused a request from a foreign Origin (possible DNS rebinding)");
         return rpc_error(StatusCode::FORBIDDEN, &Value::Null, -32600, "Forbidden: Origin is not allowed");
     }
     // Authenticate first: an anonymous caller learns nothing, not even whether its body parses.

@@ -436,8 +436,7 @@ mod tests {
         assert!(caller_of(None, false).is_err(), "no HTTP request at all");
         let (bare, ()) = axum::http::Request::new(()).into_parts();
         assert!(caller_of(Some(&bare), false).is_err(), "an HTTP request the middleware did not see");
-        let (only_identity, ()) = axum::http::Request::new(()).into_parts();
-        let mut only_identity = only_identity;
+        let (mut only_identity, ()) = axum::http::Request::new(()).into_parts();
         only_identity.extensions.insert(Identity::anonymous());
         assert!(caller_of(Some(&only_identity), false).is_err(), "an identity without a grant");
 
