@@ -61,7 +61,7 @@ struct McpServeArgs {
 enum AuthMode {
     /// Bearer tokens checked by TokenReview for the MCP audience; RBAC decides each operation.
     Serviceaccount,
-    /// No authentication: for local demos only.
+    /// No authentication: for local demos only, and only on a loopback --listen address.
     None,
 }
 
@@ -81,7 +81,8 @@ struct McpArgs {
     #[arg(long = "mcp-allowed-host", env = "FLEETROLL_MCP_ALLOWED_HOSTS", value_delimiter = ',')]
     mcp_allowed_hosts: Vec<String>,
 
-    /// Origin header values accepted on /mcp (browser clients); none set: Origin is not checked.
+    /// Origin header values accepted on /mcp (browser clients), as scheme://host[:port|:*]; localhost on any
+    /// port and the audience's origin are always accepted, any other Origin gets 403.
     #[arg(long = "mcp-allowed-origin", env = "FLEETROLL_MCP_ALLOWED_ORIGINS", value_delimiter = ',')]
     mcp_allowed_origins: Vec<String>,
 

@@ -44,7 +44,22 @@ struct Serving {
     server: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
+/// `--auth none` hands every permission to anyone who reaches `/mcp`: only on a loopback listener, where
+/// that is the local user.
+fn check_listener(listen: SocketAddr, auth: &mcp::auth::Mode) -> Result<()> {
+    if matches!(auth, mcp::auth::Mode::None) && !listen.ip().is_loopback() {
+        return Err(Error::Config(format!(
+            "--auth none serves MCP without authentication, so it listens only on loopback: \
+             --listen {listen} is reachable from other machines; use e.g. --listen 127.0.0.1:{}, \
+             or --auth serviceaccount",
+            listen.port()
+        )));
+    }
+    Ok(())
+}
+
 async fn serve(listen: SocketAddr, mut mcp_opts: mcp::Options) -> Result<Serving> {
+    check_listener(listen, &mcp_opts.auth)?;
     let config = kube::Config::infer()
         .await
         .map_err(|e| Error::Config(format!("no Kubernetes configuration: {e}")))?;
@@ -53,7 +68,8 @@ async fn serve(listen: SocketAddr, mut mcp_opts: mcp::Options) -> Result<Serving
             vec![config.cluster_url.to_string().trim_end_matches('/').to_string()];
     }
     let api_server = api_server_addresses(&config.cluster_url).await;
-    let client = Client::try_from(config).map_err(Error::Kube)?;
+    // The MCP server keeps the configuration: writes made for a caller derive an impersonating client.
+    let client = Client::try_from(config.clone()).map_err(Error::Kube)?;
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
     let shutdown = CancellationToken::new();
@@ -69,7 +85,7 @@ async fn serve(listen: SocketAddr, mut mcp_opts: mcp::Options) -> Result<Serving
         .await
         .map_err(|source| Error::Listen { addr: listen.to_string(), source })?;
     let app = http::router(http::Health { metrics: metrics.clone(), ready: ready.clone() })
-        .merge(mcp::router(client.clone(), &mcp_opts));
+        .merge(mcp::router(client.clone(), config, &mcp_opts));
     let stop = shutdown.clone();
     let server = tokio::spawn(async move {
         axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await
@@ -176,4 +192,23 @@ async fn stop_on_signal(shutdown: CancellationToken) {
     let _ = ctrl_c.await;
     info!("shutting down");
     shutdown.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_authentication_only_a_loopback_listener_is_allowed() {
+        let none = mcp::auth::Mode::None;
+        for ok in ["127.0.0.1:8080", "127.0.0.2:1", "[::1]:8080"] {
+            assert!(check_listener(ok.parse().unwrap(), &none).is_ok(), "{ok}");
+        }
+        for bad in ["0.0.0.0:8080", "[::]:8080", "10.1.2.3:8080", "192.168.1.1:80"] {
+            let e = check_listener(bad.parse().unwrap(), &none).unwrap_err().to_string();
+            assert!(e.contains("--auth none") && e.contains("127.0.0.1:"), "{bad}: {e}");
+        }
+        let sa = mcp::auth::Mode::ServiceAccount { audience: "https://x/mcp".into() };
+        assert!(check_listener("0.0.0.0:8080".parse().unwrap(), &sa).is_ok());
+    }
 }

@@ -12,17 +12,13 @@ use common::{
     fleet::{NEXT_IMAGE, READY_IMAGE, image_of, phase, with_fleet},
     mcp::drive,
     operator::Operator,
-    with_namespace,
+    serviceaccount_kubeconfig, with_namespace,
 };
 use fleetroll::api::Phase;
-use k8s_openapi::api::{
-    authentication::v1::{TokenRequest, TokenRequestSpec},
-    core::v1::ServiceAccount,
-};
+use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::{
     Api, Client,
     api::{ObjectMeta, PostParams},
-    config::Kubeconfig,
 };
 use serde_json::json;
 
@@ -104,31 +100,6 @@ async fn the_chart_lints_and_every_rendered_object_is_accepted() {
 
 /// A kubeconfig for the chart's ServiceAccount: the test cluster's server and CA, and a token from the
 /// TokenRequest API.
-async fn serviceaccount_kubeconfig(client: &Client, ns: &str, sa: &str) -> std::path::PathBuf {
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }),
-        ..Default::default()
-    };
-    let issued: TokenRequest =
-        sas.create_subresource("token", sa, &PostParams::default(), &request).await.unwrap();
-    let token = issued.status.and_then(|s| s.token).unwrap();
-    let admin = Kubeconfig::read_from(common::cluster().kubeconfig).unwrap();
-    let cluster = admin.clusters[0].cluster.clone().unwrap();
-    let kubeconfig = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "test", "cluster": {"server": cluster.server, "certificate-authority-data": cluster.certificate_authority_data}}],
-        "users": [{"name": sa, "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "test", "user": sa, "namespace": ns}}],
-        "current-context": "sa",
-    });
-    let path = std::path::PathBuf::from(repo_path("target/test-logs")).join(format!("{ns}-{sa}.kubeconfig"));
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(&path, kubeconfig.to_string()).unwrap();
-    path
-}
-
 #[tokio::test]
 async fn the_operator_runs_on_the_charts_rbac_and_nothing_more() {
     with_fleet("rbac", 0, |fleet| async move {

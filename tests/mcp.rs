@@ -6,21 +6,31 @@ mod common;
 
 use std::time::Duration;
 
+use futures::StreamExt;
+
 use common::{
+    Rng,
     fleet::{Fleet, NEXT_IMAGE, READY_IMAGE, image_of, phase, with_fleet},
     mcp::drive,
-    operator::Operator,
+    operator::{Operator, free_port},
+    serviceaccount_kubeconfig,
 };
-use fleetroll::api::Phase;
-use k8s_openapi::api::{
-    authentication::v1::{TokenRequest, TokenRequestSpec},
-    core::v1::ServiceAccount,
-    rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject},
+use fleetroll::api::{FleetRollout, Phase};
+use k8s_openapi::{
+    api::{
+        admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
+        authentication::v1::{TokenRequest, TokenRequestSpec},
+        authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
+        core::v1::{Namespace, ServiceAccount},
+        rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject},
+    },
+    apimachinery::pkg::apis::meta::v1::OwnerReference,
 };
 use kube::{
-    Api,
+    Api, Client, Resource, ResourceExt,
     api::{ObjectMeta, PostParams},
 };
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(180);
@@ -211,11 +221,13 @@ async fn the_same_idempotency_key_returns_the_same_task() {
         let a = task_id(&drive(&["start", &url, &args]).await);
         let b = task_id(&drive(&["start", &url, &args]).await);
         assert_eq!(a, b, "a replay returns the same task");
-        assert_eq!(
-            fleet.rollouts().list(&Default::default()).await.unwrap().items.len(),
-            1,
-            "and creates nothing new"
-        );
+        let rollouts = fleet.rollouts().list(&Default::default()).await.unwrap().items;
+        assert_eq!(rollouts.len(), 1, "and creates nothing new");
+        // Neither the task token nor the key is stored: only their hashes.
+        assert_task_secret_not_stored(&rollouts[0], &a);
+        let stored = rollouts[0].annotations();
+        assert!(!stored.values().any(|v| v.contains("deploy-42")), "the key in plain text: {stored:?}");
+        assert_eq!(stored["fleetroll.dev/idempotency-key-sha256"].len(), 64);
 
         let changed = rollout_args(
             &fleet.ns,
@@ -263,6 +275,7 @@ async fn clients_without_tasks_get_a_synchronous_answer() {
         assert_eq!(legacy["structuredContent"]["phase"], "Succeeded", "{legacy}");
         let list = drive(&["call", &url, "list_rollouts", &json!({"namespace": fleet.ns}).to_string(), "--no-tasks"]).await;
         assert_eq!(list["structuredContent"]["rollouts"].as_array().unwrap().len(), 1);
+        assert!(list["structuredContent"]["rollouts"][0].get("taskId").is_none(), "{list}");
         // Controls work synchronously as well.
         let paused = drive(&["call", &url, "pause_rollout", &json!({"namespace": fleet.ns, "name": "sync"}).to_string(), "--no-tasks"]).await;
         assert_eq!(paused["structuredContent"]["paused"], true, "{paused}");
@@ -327,6 +340,13 @@ async fn bad_requests_get_the_right_code_and_the_server_keeps_serving() {
         assert_eq!(code(&no_task), Some(-32602), "{no_task}");
         let rebinding = raw("tools/list", json!({}), vec!["--header", "Host=evil.example.com"]).await;
         assert_eq!(rebinding["status"], 403, "a Host outside the allow-list: {rebinding}");
+        // A page on another site, through the victim's browser (no --mcp-allowed-origin is set).
+        let forged = raw("tools/list", json!({}), vec!["--header", "Origin=https://evil.example.com"]).await;
+        assert_eq!(forged["status"], 403, "a foreign Origin: {forged}");
+        assert_eq!(forged["body"]["jsonrpc"], "2.0", "a JSON-RPC error body: {forged}");
+        assert!(forged["body"]["error"]["message"].as_str().unwrap().contains("Origin"), "{forged}");
+        let local = raw("tools/list", json!({}), vec!["--header", "Origin=http://localhost:6274"]).await;
+        assert_eq!(local["status"], 200, "a local tool such as the Inspector: {local}");
         let removed = raw("tasks/result", json!({"taskId": "x"}), vec![]).await;
         assert_eq!(code(&removed), Some(-32601), "{removed}");
         let no_tasks_ext = drive(&["call", &url, "get_rollout", "{\"namespace\": 5}", "--no-tasks"]).await;
@@ -488,7 +508,23 @@ async fn serviceaccount_tokens_and_rbac_decide_what_an_agent_may_do() {
         assert_eq!(done["status"], "completed", "{done}");
         let fr = fleet.rollouts().list(&Default::default()).await.unwrap().items.remove(0);
         let expected = format!("system:serviceaccount:{}:agent", fleet.ns);
-        assert_eq!(fr.status.unwrap().approvals[0].approved_by.as_deref(), Some(expected.as_str()));
+        assert_eq!(fr.status.clone().unwrap().approvals[0].approved_by.as_deref(), Some(expected.as_str()));
+        assert_task_secret_not_stored(&fr, &id);
+        let seen = drive(&[
+            "call",
+            &url,
+            "get_rollout",
+            &json!({"namespace": fleet.ns, "name": fr.name_any()}).to_string(),
+            "--no-tasks",
+            "--token",
+            &agent,
+        ])
+        .await;
+        assert_eq!(seen["isError"], false, "{seen}");
+        assert!(
+            !seen.to_string().contains(id.rsplit('/').next().unwrap()),
+            "the task token in a summary: {seen}"
+        );
 
         // Another identity, even one allowed to read rollouts, does not see the agent's task.
         grant(&fleet, "intruder", &["get"]).await;
@@ -507,4 +543,387 @@ async fn http_get_json(url: &str) -> Value {
     let out = tokio::process::Command::new("curl").args(["-fsS", url]).output().await.unwrap();
     serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{url}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The task id's secret part appears nowhere on the FleetRollout, which carries only its hash.
+fn assert_task_secret_not_stored(fr: &FleetRollout, task_id: &str) {
+    let token = task_id.rsplit('/').next().unwrap();
+    let stored = serde_json::to_string(fr).unwrap();
+    assert!(!stored.contains(token), "the task token is readable on the FleetRollout: {stored}");
+    assert!(fr.annotations().get("fleetroll.dev/task-token").is_none());
+    assert_eq!(fr.annotations()["fleetroll.dev/task-token-sha256"].len(), 64);
+}
+
+/// Makes a cluster-scoped object belong to the test's namespace, so that the garbage collector removes it
+/// with the namespace even when the test fails half-way.
+async fn owned_by_namespace<K: Resource<DynamicType = ()>>(client: &Client, ns: &str, obj: &mut K) {
+    let namespace = Api::<Namespace>::all(client.clone()).get(ns).await.unwrap();
+    obj.meta_mut().owner_references = Some(vec![OwnerReference {
+        api_version: "v1".into(),
+        kind: "Namespace".into(),
+        name: ns.into(),
+        uid: namespace.uid().unwrap(),
+        ..Default::default()
+    }]);
+}
+
+/// Creates a cluster-scoped object from JSON, owned by the test's namespace.
+async fn create_cluster_scoped<K>(client: &Client, ns: &str, value: Value) -> K
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + DeserializeOwned
+        + serde::Serialize,
+{
+    let mut obj: K = serde_json::from_value(value).unwrap();
+    owned_by_namespace(client, ns, &mut obj).await;
+    Api::<K>::all(client.clone()).create(&PostParams::default(), &obj).await.unwrap()
+}
+
+/// Whether `user` may `verb` fleetrollouts in `ns`, as the API server's authorizer says.
+async fn may(client: &Client, user: &str, verb: &str, ns: &str) -> bool {
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.into()),
+            groups: Some(vec!["system:serviceaccounts".into(), format!("system:serviceaccounts:{ns}")]),
+            resource_attributes: Some(ResourceAttributes {
+                group: Some("fleetroll.dev".into()),
+                resource: Some("fleetrollouts".into()),
+                verb: Some(verb.into()),
+                namespace: Some(ns.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let reviewed = Api::<SubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap();
+    reviewed.status.is_some_and(|s| s.allowed)
+}
+
+async fn service_accounts(fleet: &Fleet, names: &[&str]) {
+    let sas: Api<ServiceAccount> = Api::namespaced(fleet.client.clone(), &fleet.ns);
+    for name in names {
+        let sa = ServiceAccount {
+            metadata: ObjectMeta { name: Some(name.to_string()), ..Default::default() },
+            ..Default::default()
+        };
+        sas.create(&PostParams::default(), &sa).await.unwrap();
+    }
+}
+
+fn rule(group: &str, resources: &[&str], verbs: Value) -> Value {
+    json!({"apiGroups": [group], "resources": resources, "verbs": verbs})
+}
+
+/// The MCP server's own account for `writes_through_mcp_are_made_as_the_caller`: it may review tokens and
+/// permissions, read FleetRollouts and impersonate for them (the grants `src/mcp/impersonate.rs` lists),
+/// but not create or patch FleetRollouts itself.
+async fn mcp_server_account(client: &Client, ns: &str, sa: &str) {
+    let role = format!("{ns}-mcp-server");
+    let impersonate_on: Vec<String> = ["serviceaccount", "user-info"]
+        .iter()
+        .flat_map(|mode| ["get", "create", "patch"].map(|verb| format!("impersonate-on:{mode}:{verb}")))
+        .collect();
+    let rules = json!([
+        rule("fleetroll.dev", &["fleetrollouts"], json!(["get", "list", "watch"])),
+        rule("authentication.k8s.io", &["serviceaccounts"], json!(["impersonate:serviceaccount"])),
+        rule("authentication.k8s.io", &["*"], json!(["impersonate:user-info"])),
+        rule("fleetroll.dev", &["fleetrollouts"], json!(impersonate_on)),
+    ]);
+    let _: ClusterRole =
+        create_cluster_scoped(client, ns, json!({"metadata": {"name": role}, "rules": rules})).await;
+    for (binding, to) in
+        [(role.clone(), role.clone()), (format!("{role}-auth"), "system:auth-delegator".into())]
+    {
+        let binding = json!({
+            "metadata": {"name": binding},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": to},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}],
+        });
+        let _: ClusterRoleBinding = create_cluster_scoped(client, ns, binding).await;
+    }
+}
+
+/// An admission policy that sees who really asked: in `ns` only `user` may create or change a
+/// FleetRollout (as fleetroll's own policy checks the requesting user's rights). Returns once it applies.
+async fn only_this_user_may_write(fleet: &Fleet, user: &str) {
+    let (client, ns) = (&fleet.client, &fleet.ns);
+    let name = format!("{ns}-only-{}", user.rsplit(':').next().unwrap());
+    let rules = json!([{"apiGroups": ["fleetroll.dev"], "apiVersions": ["*"],
+        "operations": ["CREATE", "UPDATE"], "resources": ["fleetrollouts"]}]);
+    let validation = json!({
+        "expression": format!("request.userInfo.username == '{user}'"),
+        "messageExpression": format!("'only {user} may write here, not ' + request.userInfo.username"),
+        "reason": "Forbidden",
+    });
+    let spec = json!({"failurePolicy": "Fail", "matchConstraints": {"resourceRules": rules},
+        "validations": [validation]});
+    let _: ValidatingAdmissionPolicy =
+        create_cluster_scoped(client, ns, json!({"metadata": {"name": name}, "spec": spec})).await;
+    let only_ns = json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}});
+    let spec = json!({"policyName": name, "validationActions": ["Deny"], "matchResources": only_ns});
+    let _: ValidatingAdmissionPolicyBinding =
+        create_cluster_scoped(client, ns, json!({"metadata": {"name": name}, "spec": spec})).await;
+    // It applies once the API server has loaded it; nothing to watch for that, so try a dry-run create
+    // (as the admin, whom it refuses) until it is refused, up to a deadline.
+    let targets = json!({"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}});
+    let probe: FleetRollout = serde_json::from_value(json!({
+        "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": "probe"},
+        "spec": {"image": NEXT_IMAGE, "targets": targets}}))
+    .unwrap();
+    let dry = PostParams { dry_run: true, ..Default::default() };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match fleet.rollouts().create(&dry, &probe).await {
+            Err(kube::Error::Api(e)) if e.message.contains("may write here") => return,
+            other => assert!(std::time::Instant::now() < deadline, "the policy never applied: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn writes_through_mcp_are_made_as_the_caller() {
+    with_fleet("mcp-as-caller", 0, |fleet| async move {
+        let (client, ns) = (fleet.client.clone(), fleet.ns.clone());
+        service_accounts(&fleet, &["server", "agent", "other"]).await;
+        let user = |sa: &str| format!("system:serviceaccount:{ns}:{sa}");
+        mcp_server_account(&client, &ns, "server").await;
+        // Callers: create and get (the agent may also patch) in this namespace, nothing on Deployments.
+        grant(&fleet, "agent", &["create", "get", "patch"]).await;
+        grant(&fleet, "other", &["create", "get"]).await;
+        // A write made with the server's own identity would be refused; one made as "other" would pass RBAC.
+        assert!(!may(&client, &user("server"), "create", &ns).await, "the server itself cannot create");
+        assert!(!may(&client, &user("server"), "patch", &ns).await, "nor patch");
+        assert!(may(&client, &user("other"), "create", &ns).await, "RBAC lets the other caller create");
+        only_this_user_may_write(&fleet, &user("agent")).await;
+
+        let kubeconfig = serviceaccount_kubeconfig(&client, &ns, "server").await.display().to_string();
+        let op = Operator::start_mcp(
+            &ns,
+            &["--auth", "serviceaccount", "--mcp-audience", "http://127.0.0.1:{port}/mcp"],
+            &[("KUBECONFIG", &kubeconfig)],
+        );
+        op.ready().await;
+        let url = op.mcp_url();
+        let call = |tool: &'static str, args: Value, token: String| {
+            let url = url.clone();
+            async move {
+                let args = args.to_string();
+                drive(&["call", &url, tool, &args, "--no-tasks", "--token", &token]).await
+            }
+        };
+        let start = |name: &str| {
+            serde_json::from_str::<Value>(&rollout_args(&ns, json!({"name": name, "paused": true}))).unwrap()
+        };
+
+        // The agent starts a rollout: created by the server's MCP field manager, as the agent (the
+        // server could not have, and the policy would have refused anyone else).
+        let agent = token(&fleet, "agent", &url).await;
+        let started = call("rollout_fleet", start("as-agent"), agent.clone()).await;
+        assert_eq!(started["isError"], false, "{started}");
+        let fr = fleet.rollouts().get("as-agent").await.unwrap();
+        let managers: Vec<String> = fr.managed_fields().iter().filter_map(|m| m.manager.clone()).collect();
+        assert_eq!(managers, ["fleetroll-mcp"], "the MCP server's field manager made it");
+        assert_eq!(fr.annotations()["fleetroll.dev/created-by"], user("agent"));
+
+        // Its controls are patches made as the agent too.
+        let which = json!({"namespace": ns, "name": "as-agent"});
+        let resumed = call("resume_rollout", which, agent.clone()).await;
+        assert_eq!(resumed["isError"], false, "{resumed}");
+        assert_eq!(resumed["structuredContent"]["paused"], false, "{resumed}");
+        // So are a task's: started with the Tasks extension, then cancelled (spec.abort).
+        let args = rollout_args(&ns, json!({"idempotencyKey": "as-agent-task", "paused": true}));
+        let id = task_id(&drive(&["start", &url, &args, "--token", &agent]).await);
+        let cancelled = drive(&["cancel", &url, &id, "--token", &agent]).await;
+        assert_eq!(cancelled["acks"][0], json!({"resultType": "complete"}), "{cancelled}");
+        let fr = fleet.rollouts().get(id.split('/').nth(1).unwrap()).await.unwrap();
+        assert!(fr.spec.abort, "the cancel was written");
+        assert_task_secret_not_stored(&fr, &id);
+
+        // Another caller whom RBAC allows to create, but the policy does not: the API server refuses the
+        // write it sees coming from that caller, and the tool error says what it said.
+        let other = token(&fleet, "other", &url).await;
+        let refused = call("rollout_fleet", start("as-other"), other).await;
+        assert_eq!(refused["isError"], true, "{refused}");
+        let text = refused["content"][0]["text"].as_str().unwrap();
+        let said = format!("only {} may write here, not {}", user("agent"), user("other"));
+        assert!(text.contains(&said), "{text}");
+        assert!(fleet.rollouts().get_opt("as-other").await.unwrap().is_none(), "nothing was written");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn without_authentication_the_server_will_not_listen_beyond_loopback() {
+    for subcommand in ["operator", "mcp"] {
+        let listen = format!("0.0.0.0:{}", free_port());
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fleetroll"))
+            .args([subcommand, "--auth", "none", "--listen", &listen, "--fleet-namespace", "default"])
+            .env("KUBECONFIG", common::cluster().kubeconfig)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // Were it to start, it would serve until killed: the deadline is the failure.
+        let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("{subcommand} --auth none --listen {listen} kept running"))
+            .unwrap();
+        let mut stderr = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr)
+            .await
+            .unwrap();
+        assert!(!status.success(), "{subcommand}: {status}");
+        assert!(
+            stderr.contains("invalid configuration") && stderr.contains("--listen 127.0.0.1:"),
+            "{stderr}"
+        );
+    }
+}
+
+/// TokenReviews the API server has answered, from its own metrics.
+async fn token_reviews_served(client: &Client) -> f64 {
+    let text = client.request_text(http::Request::get("/metrics").body(Vec::new()).unwrap()).await.unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("resource=\"tokenreviews\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Resident memory of a process, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok())
+        .unwrap()
+}
+
+/// One modern (2026-07-28) JSON-RPC POST; the HTTP status.
+async fn post_status(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    method: &str,
+    name: &str,
+    params: Value,
+) -> u16 {
+    let mut params = params;
+    params["_meta"] = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}});
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    let response = http
+        .post(url)
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method)
+        .header("mcp-name", name)
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    if status == 429 {
+        assert!(response.headers().contains_key("retry-after"), "429 without Retry-After");
+    }
+    status
+}
+
+#[tokio::test]
+async fn a_flood_of_random_tokens_costs_a_bounded_number_of_token_reviews() {
+    use fleetroll::mcp::limits::{REVIEW_BURST, REVIEWS_PER_SECOND};
+    const FLOOD: usize = 10_000;
+    const CONCURRENCY: usize = 64;
+    with_fleet("mcp-flood", 0, |fleet| async move {
+        service_accounts(&fleet, &["agent"]).await;
+        grant(&fleet, "agent", &["list"]).await;
+        let op = Operator::start_mcp(
+            &fleet.ns,
+            &["--auth", "serviceaccount", "--mcp-audience", "http://127.0.0.1:{port}/mcp"],
+            &[("RUST_LOG", "warn")],
+        );
+        op.ready().await;
+        let url = op.mcp_url();
+        let http = reqwest::Client::builder().pool_max_idle_per_host(CONCURRENCY * 2).build().unwrap();
+        let agent = token(&fleet, "agent", &url).await;
+        let list = json!({"name": "list_rollouts", "arguments": {"namespace": fleet.ns}});
+        assert_eq!(post_status(&http, &url, &agent, "tools/call", "list_rollouts", list.clone()).await, 200);
+
+        let reviews_before = token_reviews_served(&fleet.client).await;
+        let rss_before = rss_kib(op.pid());
+        let started = std::time::Instant::now();
+        let flooding = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+
+        // The known caller keeps calling throughout; every call must be served.
+        let caller = {
+            let (http, url, flooding) = (http.clone(), url.clone(), flooding.clone());
+            tokio::spawn(async move {
+                let mut served = 0;
+                while flooding.load(std::sync::atomic::Ordering::Relaxed) {
+                    let status =
+                        post_status(&http, &url, &agent, "tools/call", "list_rollouts", list.clone()).await;
+                    assert_eq!(status, 200, "the known caller was refused during the flood");
+                    served += 1;
+                }
+                served
+            })
+        };
+        let mut rng = Rng(0x5eed_f100d);
+        let tokens: Vec<String> =
+            (0..FLOOD).map(|_| format!("{:016x}{:016x}", rng.next(), rng.next())).collect();
+        // Ten waves of 1,000, a second apart (pacing the load, not waiting for anything), so that the
+        // sustained rate shows and not only the burst.
+        let mut statuses: Vec<u16> = Vec::with_capacity(FLOOD);
+        for (i, wave) in tokens.chunks(FLOOD / 10).enumerate() {
+            tokio::time::sleep_until(tokio::time::Instant::from_std(started) + Duration::from_secs(i as u64))
+                .await;
+            let wave: Vec<u16> = futures::stream::iter(wave.to_vec())
+                .map(|t| {
+                    let (http, url) = (http.clone(), url.clone());
+                    async move { post_status(&http, &url, &t, "tools/list", "", json!({})).await }
+                })
+                .buffer_unordered(CONCURRENCY)
+                .collect()
+                .await;
+            statuses.extend(wave);
+        }
+        flooding.store(false, std::sync::atomic::Ordering::Relaxed);
+        let elapsed = started.elapsed().as_secs_f64();
+        let served = caller.await.unwrap();
+        let reviews = token_reviews_served(&fleet.client).await - reviews_before;
+        let rss_after = rss_kib(op.pid());
+
+        let count = |code: u16| statuses.iter().filter(|s| **s == code).count();
+        let (unauthorized, limited) = (count(401), count(429));
+        eprintln!(
+            "flood: {FLOOD} random tokens in {elapsed:.1} s (ten waves, {CONCURRENCY} at once): \
+             {unauthorized} x 401, {limited} x 429; {reviews} TokenReviews ({:.1}/s; bound {REVIEW_BURST} + \
+             {REVIEWS_PER_SECOND}/s); the known caller served {served} times, never refused; \
+             server RSS {} -> {} MiB",
+            reviews / elapsed,
+            rss_before / 1024,
+            rss_after / 1024,
+        );
+        assert_eq!(unauthorized + limited, FLOOD, "only 401 and 429");
+        assert!(limited > 0, "the flood never reached the budget: nothing was tested");
+        // Other tests of this binary may review a few tokens of their own meanwhile: a small allowance.
+        let bound = REVIEW_BURST + REVIEWS_PER_SECOND * elapsed + 20.0;
+        assert!(reviews <= bound, "{reviews} TokenReviews in {elapsed:.1} s, bound {bound:.0}");
+        assert!(served > 0, "the known caller was not served during the flood");
+        assert!(
+            rss_after < rss_before + 16 * 1024,
+            "RSS grew from {rss_before} to {rss_after} KiB over the flood"
+        );
+    })
+    .await;
 }

@@ -28,7 +28,7 @@ fn options() -> Options {
 async fn connect() -> rmcp::service::RunningService<rmcp::RoleClient, ()> {
     // Nothing listens here: a test that reached the API server would fail loudly.
     let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-    let server = FleetMcp::new(kube::Client::try_from(config).unwrap(), &options());
+    let server = FleetMcp::new(kube::Client::try_from(config.clone()).unwrap(), config, &options());
     let (server_io, client_io) = tokio::io::duplex(1 << 20);
     tokio::spawn(async move {
         if let Ok(running) = server.serve(server_io).await {

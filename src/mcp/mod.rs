@@ -5,6 +5,8 @@
 pub mod auth;
 mod cache;
 mod fixtures;
+pub mod impersonate;
+pub mod limits;
 pub mod task;
 pub mod tools;
 
@@ -29,7 +31,9 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use self::{
-    auth::{Authenticator, Granted, Identity},
+    auth::{Authenticator, Granted, Identity, Origins},
+    impersonate::Writer,
+    limits::InFlight,
     task::TaskId,
     tools::{ApproveArgs, ListArgs, Ops, PreviewArgs, RolloutFleetArgs, RolloutRef},
 };
@@ -49,7 +53,8 @@ pub struct Options {
     pub retention: Duration,
     /// Accepted `Host` headers (rmcp rejects others with 403).
     pub allowed_hosts: Vec<String>,
-    /// Accepted `Origin` headers; empty: requests with an `Origin` are not checked.
+    /// Accepted `Origin` headers besides localhost and the origin of `resource` (the guard rejects others
+    /// with 403; requests without an `Origin` pass).
     pub allowed_origins: Vec<String>,
     /// The Protected Resource Metadata document's `resource` (the canonical MCP URL) and its OAuth
     /// authorization servers.
@@ -64,13 +69,20 @@ pub struct Options {
 pub struct FleetMcp {
     ops: Ops,
     read_only: bool,
+    /// `--auth none`: there are no identities, and every caller may do everything.
+    auth_off: bool,
     fixtures: Option<fixtures::Fixtures>,
 }
 
 impl FleetMcp {
-    pub fn new(client: Client, opts: &Options) -> Self {
+    /// `client` is the server's own; `config` is what it was built from, from which writes made for an
+    /// authenticated caller derive a client that impersonates them.
+    pub fn new(client: Client, config: kube::Config, opts: &Options) -> Self {
+        let auth_off = matches!(opts.auth, auth::Mode::None);
+        let writer = if auth_off { Writer::Server(client.clone()) } else { Writer::Caller(Arc::new(config)) };
         let ops = Ops {
             rollouts: cache::Rollouts::watch(client.clone()),
+            writer,
             client,
             fleet_namespace: opts.fleet_namespace.clone(),
             retention_seconds: i64::try_from(opts.retention.as_secs()).unwrap_or(i64::MAX),
@@ -78,20 +90,29 @@ impl FleetMcp {
         Self {
             ops,
             read_only: opts.read_only,
+            auth_off,
             fixtures: opts.conformance_fixtures.then(fixtures::Fixtures::default),
         }
     }
 }
 
-/// The identity and grant the auth middleware attached to the HTTP request. A request that did not come
-/// through HTTP (in-process tests) is the anonymous caller with every permission.
-fn caller(cx: &RequestContext<RoleServer>) -> (Identity, Granted) {
-    let parts = cx.extensions.get::<axum::http::request::Parts>();
+/// The identity and grant the auth middleware attached to the HTTP request. Without them (a request that
+/// did not come through the middleware: in-process, or a routing mistake) the caller is refused, unless the
+/// server runs with `--auth none`, where every caller is the anonymous one with every permission.
+fn caller(cx: &RequestContext<RoleServer>, auth_off: bool) -> Result<(Identity, Granted), McpError> {
+    caller_of(cx.extensions.get::<axum::http::request::Parts>(), auth_off)
+}
+
+fn caller_of(
+    parts: Option<&axum::http::request::Parts>,
+    auth_off: bool,
+) -> Result<(Identity, Granted), McpError> {
     let identity = parts.and_then(|p| p.extensions.get::<Identity>()).cloned();
     let granted = parts.and_then(|p| p.extensions.get::<Granted>()).cloned();
     match (identity, granted) {
-        (Some(i), Some(g)) => (i, g),
-        _ => (Identity::anonymous(), Granted::All),
+        (Some(i), Some(g)) => Ok((i, g)),
+        _ if auth_off => Ok((Identity::anonymous(), Granted::All)),
+        _ => Err(McpError::invalid_request("no authenticated caller: this request was not authorized", None)),
     }
 }
 
@@ -105,6 +126,11 @@ fn forbidden() -> McpError {
 
 fn internal(e: impl std::fmt::Display) -> McpError {
     McpError::internal_error(format!("Kubernetes API: {e}"), None)
+}
+
+/// A write the API server (or impersonation) refused, with its reason.
+fn refused(e: String) -> McpError {
+    McpError::invalid_request(e, None)
 }
 
 impl ServerHandler for FleetMcp {
@@ -145,7 +171,7 @@ impl ServerHandler for FleetMcp {
         if self.read_only && !tools::is_read_only(&name) {
             return Ok(tools::error(format!("{name} is not available: this server is read-only")).into());
         }
-        let (who, granted) = caller(&cx);
+        let (who, granted) = caller(&cx, self.auth_off)?;
         // The middleware authorized exactly this operation: make sure it is the one about to run.
         if let Some(access) = auth::tool_access(&name, &Value::Object(args.clone()))
             && !granted.allows(&access)
@@ -159,18 +185,18 @@ impl ServerHandler for FleetMcp {
                     Ok(a) => a,
                     Err(e) => return Ok(tools::error(e).into()),
                 };
-                let (fr, replayed) = match self.ops.start(&args, &who).await {
-                    Ok(tools::Started::Created(fr)) => (fr, false),
-                    Ok(tools::Started::Replayed(fr)) => (fr, true),
+                let started = match self.ops.start(&args, &who).await {
+                    Ok(started) => started,
                     Err(e) => return Ok(tools::error(e).into()),
                 };
-                info!(rollout = %format!("{}/{}", args.namespace, fr.metadata.name.clone().unwrap_or_default()), user = %who.username, replayed, "rollout_fleet");
-                if tasks && let Some(id) = TaskId::of(&fr) {
+                let fr = &started.rollout;
+                info!(rollout = %format!("{}/{}", args.namespace, fr.metadata.name.clone().unwrap_or_default()), user = %who.username, replayed = started.replayed, "rollout_fleet");
+                if tasks && let Some(id) = started.task() {
                     // The FleetRollout is in etcd: tasks/get on any replica finds it from now on.
-                    let detailed = task::detailed(&fr, &id, false, tools::now());
+                    let detailed = task::detailed(fr, &id, false, tools::now());
                     return Ok(CallToolResponse::Task(CreateTaskResult::new(detailed.task)));
                 }
-                tools::started_result(&fr, replayed)
+                tools::started_result(fr, started.replayed)
             }
             "preview_rollout" => match tools::parse::<PreviewArgs>(&args) {
                 Ok(a) => self.ops.preview(&a).await.unwrap_or_else(tools::error),
@@ -196,7 +222,7 @@ impl ServerHandler for FleetMcp {
                 match tools::parse::<RolloutRef>(&args) {
                     Ok(r) => self
                         .ops
-                        .set(&r, spec)
+                        .set(&r, spec, &who)
                         .await
                         .map(|fr| tools::summary_result(&fr))
                         .unwrap_or_else(tools::error),
@@ -228,7 +254,7 @@ impl ServerHandler for FleetMcp {
             return t;
         }
         let id = TaskId::parse(&p.task_id).ok_or_else(not_found)?;
-        let (who, granted) = caller(&cx);
+        let (who, granted) = caller(&cx, self.auth_off)?;
         let access =
             auth::required_access("tasks/get", &json!({"taskId": p.task_id})).ok_or_else(not_found)?;
         if !granted.allows(&access) {
@@ -246,7 +272,7 @@ impl ServerHandler for FleetMcp {
             return r;
         }
         let id = TaskId::parse(&p.task_id).ok_or_else(not_found)?;
-        let (who, granted) = caller(&cx);
+        let (who, granted) = caller(&cx, self.auth_off)?;
         let access =
             auth::required_access("tasks/update", &json!({"taskId": p.task_id})).ok_or_else(not_found)?;
         if !granted.allows(&access) || self.read_only {
@@ -277,8 +303,8 @@ impl ServerHandler for FleetMcp {
                 plan_hash: Some(hash),
             };
             if let Err(e) = self.ops.approve(&args, &who).await {
-                warn!(error = %e, "approval through tasks/update failed");
-                return Err(McpError::internal_error(e, None));
+                warn!(error = %e, user = %who.username, "approval through tasks/update failed");
+                return Err(refused(e));
             }
         }
         Ok(())
@@ -291,7 +317,7 @@ impl ServerHandler for FleetMcp {
             return r;
         }
         let id = TaskId::parse(&p.task_id).ok_or_else(not_found)?;
-        let (who, granted) = caller(&cx);
+        let (who, granted) = caller(&cx, self.auth_off)?;
         let access =
             auth::required_access("tasks/cancel", &json!({"taskId": p.task_id})).ok_or_else(not_found)?;
         if !granted.allows(&access) || self.read_only {
@@ -302,7 +328,7 @@ impl ServerHandler for FleetMcp {
         let terminal = fr.status.as_ref().is_some_and(|s| s.phase.is_terminal());
         if !terminal && !fr.spec.abort {
             let r = RolloutRef { namespace: id.namespace.clone(), name: id.name.clone() };
-            self.ops.set(&r, json!({"abort": true})).await.map_err(|e| McpError::internal_error(e, None))?;
+            self.ops.set(&r, json!({"abort": true}), &who).await.map_err(refused)?;
             info!(task = %p.task_id, user = %who.username, "cancel requested: abort");
         }
         Ok(())
@@ -325,24 +351,24 @@ async fn protected_resource(State(m): State<Metadata>) -> Json<Value> {
     }))
 }
 
-/// `/mcp` (behind the auth middleware) and the Protected Resource Metadata documents.
-pub fn router(client: Client, opts: &Options) -> Router {
-    let handler = FleetMcp::new(client.clone(), opts);
-    let mut config = StreamableHttpServerConfig::default()
+/// `/mcp` (behind the request bounds and the auth middleware) and the Protected Resource Metadata
+/// documents. `config` is what `client` was built from (see [`FleetMcp::new`]).
+pub fn router(client: Client, config: kube::Config, opts: &Options) -> Router {
+    let handler = FleetMcp::new(client.clone(), config, opts);
+    let mut http = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)
         .with_allowed_hosts(opts.allowed_hosts.clone());
-    config.max_request_body_bytes = MAX_BODY_BYTES;
-    if !opts.allowed_origins.is_empty() {
-        config = config.with_allowed_origins(opts.allowed_origins.clone());
-    }
+    // Origin is checked by our guard (auth::Origins), which knows the localhost and audience rules.
+    http.max_request_body_bytes = MAX_BODY_BYTES;
     let service = StreamableHttpService::new(
         move || Ok(handler.clone()),
         Arc::new(NeverSessionManager::default()),
-        config,
+        http,
     );
     let metadata_url = format!("{}/.well-known/oauth-protected-resource/mcp", origin(&opts.resource));
-    let authenticator = Authenticator::new(client, opts.auth.clone(), metadata_url);
+    let origins = Origins::new(&opts.allowed_origins, &opts.resource);
+    let authenticator = Authenticator::new(client, opts.auth.clone(), metadata_url, origins);
     let metadata = Metadata {
         resource: opts.resource.clone(),
         authorization_servers: opts.authorization_servers.clone(),
@@ -354,6 +380,7 @@ pub fn router(client: Client, opts: &Options) -> Router {
     Router::new()
         .nest_service("/mcp", service)
         .layer(middleware::from_fn_with_state(authenticator, auth::guard))
+        .layer(middleware::from_fn_with_state(InFlight::default(), limits::bound))
         .merge(wellknown)
 }
 
@@ -401,6 +428,27 @@ mod tests {
         assert_eq!(super::invalid_params("tasks/get", Some(&json!({"taskId": "ns/r/u"}))), None);
         assert_eq!(super::invalid_params("tools/list", None), None);
         assert_eq!(super::invalid_params("x/unknown", Some(&bad)), None);
+    }
+
+    #[test]
+    fn a_request_without_an_identity_is_refused_unless_authentication_is_off() {
+        use super::{Granted, Identity, caller_of};
+        assert!(caller_of(None, false).is_err(), "no HTTP request at all");
+        let (bare, ()) = axum::http::Request::new(()).into_parts();
+        assert!(caller_of(Some(&bare), false).is_err(), "an HTTP request the middleware did not see");
+        let (mut only_identity, ()) = axum::http::Request::new(()).into_parts();
+        only_identity.extensions.insert(Identity::anonymous());
+        assert!(caller_of(Some(&only_identity), false).is_err(), "an identity without a grant");
+
+        let (who, granted) = caller_of(None, true).unwrap();
+        assert_eq!((who, granted), (Identity::anonymous(), Granted::All), "--auth none");
+
+        let mut authorized = bare;
+        let alice = Identity { username: "alice".into(), ..Identity::anonymous() };
+        authorized.extensions.insert(alice.clone());
+        authorized.extensions.insert(Granted::Only(None));
+        assert_eq!(caller_of(Some(&authorized), false).unwrap(), (alice.clone(), Granted::Only(None)));
+        assert_eq!(caller_of(Some(&authorized), true).unwrap().0, alice, "what the middleware found wins");
     }
 
     #[test]

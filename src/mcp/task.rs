@@ -9,14 +9,19 @@ use rmcp::model::{
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::api::{FleetRollout, FleetRolloutStatus, Phase};
+use crate::{
+    api::{FleetRollout, FleetRolloutStatus, Phase},
+    plan::sha256_hex,
+};
 
-/// Annotation holding the task's secret part (128 random bits, hex).
-pub const TASK_TOKEN_ANNOTATION: &str = "fleetroll.dev/task-token";
+/// Annotation holding a hash of the task's secret part ([`token_hash`]). The task id itself is shown only to
+/// the caller that started the rollout: anyone who can read the FleetRollout sees only this hash.
+pub const TASK_TOKEN_HASH_ANNOTATION: &str = "fleetroll.dev/task-token-sha256";
 /// Annotation naming the identity that created the rollout over MCP (tasks are bound to it).
 pub const CREATED_BY_ANNOTATION: &str = "fleetroll.dev/created-by";
-/// Annotation holding the client's idempotency key, and the hash of the arguments it was used with.
-pub const IDEMPOTENCY_KEY_ANNOTATION: &str = "fleetroll.dev/idempotency-key";
+/// Annotation holding a hash of the client's idempotency key ([`key_hash`]), and the hash of the
+/// arguments it was used with.
+pub const IDEMPOTENCY_KEY_HASH_ANNOTATION: &str = "fleetroll.dev/idempotency-key-sha256";
 pub const REQUEST_HASH_ANNOTATION: &str = "fleetroll.dev/request-hash";
 
 /// How often clients should poll while a rollout runs, and while it waits for a person.
@@ -44,16 +49,18 @@ impl TaskId {
         valid.then(|| TaskId { namespace: namespace.into(), name: name.into(), token: token.into() })
     }
 
-    /// The task of a rollout started over MCP (None for other rollouts: they have no task).
-    pub fn of(fr: &FleetRollout) -> Option<TaskId> {
-        let token = fr.annotations().get(TASK_TOKEN_ANNOTATION)?;
-        Some(TaskId { namespace: fr.namespace()?, name: fr.name_any(), token: token.clone() })
+    /// The task of `fr` whose secret part is `token`.
+    pub fn new(fr: &FleetRollout, token: String) -> Option<TaskId> {
+        Some(TaskId { namespace: fr.namespace()?, name: fr.name_any(), token })
     }
 
-    /// Whether this id names `fr`, compared without leaking where a guess went wrong.
+    /// Whether this id names `fr`: its token hashes to the stored hash, compared without leaking where a
+    /// guess went wrong.
     pub fn matches(&self, fr: &FleetRollout) -> bool {
-        let stored = fr.annotations().get(TASK_TOKEN_ANNOTATION).map(String::as_bytes).unwrap_or_default();
-        let given = self.token.as_bytes();
+        let stored =
+            fr.annotations().get(TASK_TOKEN_HASH_ANNOTATION).map(String::as_bytes).unwrap_or_default();
+        let given = token_hash(&self.token);
+        let given = given.as_bytes();
         stored.len() == given.len() && stored.iter().zip(given).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
     }
 }
@@ -64,9 +71,27 @@ impl std::fmt::Display for TaskId {
     }
 }
 
-/// A new random task token.
+/// A new random task token (128 bits, hex).
 pub fn new_token() -> String {
     uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// The token of a rollout started with an idempotency key: derived from the key, the caller and the
+/// rollout, so that a replay returns the same task id without the token being stored anywhere.
+pub fn keyed_token(key: &str, username: &str, namespace: &str, name: &str) -> String {
+    let mut token = sha256_hex(&("fleetroll.dev/task-token-from-key/v1", username, namespace, name, key));
+    token.truncate(32);
+    token
+}
+
+/// What is stored of a task token. The JSON array encoding keeps each purpose's hashes apart.
+pub fn token_hash(token: &str) -> String {
+    sha256_hex(&("fleetroll.dev/task-token/v1", token))
+}
+
+/// What is stored of an idempotency key: bound to the caller and namespace it was used by.
+pub fn key_hash(key: &str, username: &str, namespace: &str) -> String {
+    sha256_hex(&("fleetroll.dev/idempotency-key/v1", username, namespace, key))
 }
 
 /// The key of the input request asking to approve `batch` of plan `plan_hash` in revision `revision`;
@@ -106,8 +131,6 @@ pub struct Summary {
     pub pending_approval: Option<crate::api::PendingApproval>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub failures: Vec<crate::api::TargetFailure>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub task_id: Option<String>,
     pub paused: bool,
 }
 
@@ -127,7 +150,6 @@ pub fn summary(fr: &FleetRollout) -> Summary {
         plan_hash: s.plan.as_ref().map(|p| p.hash.clone()),
         pending_approval: s.pending_approval.clone(),
         failures: s.failures.iter().rev().take(5).cloned().collect(),
-        task_id: TaskId::of(fr).map(|t| t.to_string()),
         paused: fr.spec.paused,
     }
 }

@@ -1,6 +1,6 @@
 //! The MCP tools: typed arguments (their JSON schema is what agents see) and what each does to the
-//! FleetRollouts. Every write is made with the server's own credentials, after the caller's permission
-//! for exactly that operation was checked (see `auth`).
+//! FleetRollouts. Reads use the server's own credentials, after the caller's permission for exactly that
+//! operation was checked (see `auth`); writes are made as the caller (see `impersonate`).
 
 use std::{collections::BTreeMap, sync::Arc};
 
@@ -19,9 +19,10 @@ use serde_json::{Value, json};
 
 use super::{
     auth::Identity,
+    impersonate::Writer,
     task::{
-        self, CREATED_BY_ANNOTATION, IDEMPOTENCY_KEY_ANNOTATION, REQUEST_HASH_ANNOTATION,
-        TASK_TOKEN_ANNOTATION, TaskId,
+        self, CREATED_BY_ANNOTATION, IDEMPOTENCY_KEY_HASH_ANNOTATION, REQUEST_HASH_ANNOTATION,
+        TASK_TOKEN_HASH_ANNOTATION, TaskId,
     },
 };
 use crate::{
@@ -209,7 +210,10 @@ pub fn error(text: impl Into<String>) -> CallToolResult {
 /// What the MCP tools need of the world.
 #[derive(Clone)]
 pub struct Ops {
+    /// The server's own client, for reads (previews' discovery; the cache reads with it too).
     pub client: Client,
+    /// Who writes are made as.
+    pub writer: Writer,
     /// Reads go through the watch cache; writes are recorded in it.
     pub rollouts: super::cache::Rollouts,
     pub fleet_namespace: String,
@@ -258,24 +262,41 @@ impl RolloutFleetArgs {
     }
 }
 
-/// The outcome of a start: the rollout (new, or the one a replayed key names).
-pub enum Started {
-    Created(FleetRollout),
-    Replayed(FleetRollout),
+/// The outcome of a start: the rollout (new, or the one a replayed key names) and its task's token.
+pub struct Started {
+    pub rollout: FleetRollout,
+    /// Known only here: the rollout stores its hash.
+    pub token: String,
+    pub replayed: bool,
+}
+
+impl Started {
+    pub fn task(&self) -> Option<TaskId> {
+        TaskId::new(&self.rollout, self.token.clone())
+    }
 }
 
 impl Ops {
-    /// Creates the FleetRollout of a rollout_fleet call. Err is a message for the caller.
+    /// Creates the FleetRollout of a rollout_fleet call, as the caller. Err is a message for the caller.
     pub async fn start(&self, args: &RolloutFleetArgs, who: &Identity) -> Result<Started, String> {
+        let client = self.writer.client_for(who)?;
         let name = args.name_for(who);
         let hash = args.request_hash();
+        // With a key, the token can be derived again on a replay; without one, nothing needs it later.
+        let (token, key_hash) = match (&args.idempotency_key, &name) {
+            (Some(key), Some(name)) => (
+                task::keyed_token(key, &who.username, &args.namespace, name),
+                Some(task::key_hash(key, &who.username, &args.namespace)),
+            ),
+            _ => (task::new_token(), None),
+        };
         let mut annotations = BTreeMap::from([
-            (TASK_TOKEN_ANNOTATION.to_string(), task::new_token()),
+            (TASK_TOKEN_HASH_ANNOTATION.to_string(), task::token_hash(&token)),
             (CREATED_BY_ANNOTATION.to_string(), who.username.clone()),
             (REQUEST_HASH_ANNOTATION.to_string(), hash.clone()),
         ]);
-        if let Some(key) = &args.idempotency_key {
-            annotations.insert(IDEMPOTENCY_KEY_ANNOTATION.to_string(), key.clone());
+        if let Some(key_hash) = &key_hash {
+            annotations.insert(IDEMPOTENCY_KEY_HASH_ANNOTATION.to_string(), key_hash.clone());
         }
         let fr = FleetRollout {
             metadata: ObjectMeta {
@@ -293,23 +314,23 @@ impl Ops {
             status: None,
         };
         let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-        match api(&self.client, &args.namespace).create(&pp, &fr).await {
+        match api(&client, &args.namespace).create(&pp, &fr).await {
             Ok(created) => {
                 self.rollouts.wrote(&created);
-                Ok(Started::Created(created))
+                Ok(Started { rollout: created, token, replayed: false })
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 let name = name.unwrap_or_default();
-                let existing = api(&self.client, &args.namespace)
+                let existing = api(&client, &args.namespace)
                     .get(&name)
                     .await
                     .map_err(|e| explain(&e, &format!("FleetRollout {}/{name}", args.namespace)))?;
                 let a = existing.annotations();
-                let same_key = args.idempotency_key.is_some()
-                    && a.get(IDEMPOTENCY_KEY_ANNOTATION) == args.idempotency_key.as_ref();
+                let same_key =
+                    key_hash.is_some() && a.get(IDEMPOTENCY_KEY_HASH_ANNOTATION) == key_hash.as_ref();
                 let same_caller = a.get(CREATED_BY_ANNOTATION) == Some(&who.username);
                 match (same_key && same_caller, a.get(REQUEST_HASH_ANNOTATION) == Some(&hash)) {
-                    (true, true) => Ok(Started::Replayed(existing)),
+                    (true, true) => Ok(Started { rollout: existing, token, replayed: true }),
                     (true, false) => Err(format!(
                         "idempotencyKey {:?} was already used with different arguments (FleetRollout {}/{name}); \
                          use a new key for a new rollout",
@@ -400,17 +421,19 @@ impl Ops {
         Ok(ok(text, json!({"rollouts": summaries})))
     }
 
-    /// Sets spec controls (paused, abort, rollback).
-    pub async fn set(&self, r: &RolloutRef, spec: Value) -> Result<FleetRollout, String> {
-        let fr = control::set(&self.client, &r.namespace, &r.name, spec, FIELD_MANAGER).await?;
+    /// Sets spec controls (paused, abort, rollback), as `who`.
+    pub async fn set(&self, r: &RolloutRef, spec: Value, who: &Identity) -> Result<FleetRollout, String> {
+        let client = self.writer.client_for(who)?;
+        let fr = control::set(&client, &r.namespace, &r.name, spec, FIELD_MANAGER).await?;
         self.rollouts.wrote(&fr);
         Ok(fr)
     }
 
-    /// Approves (batch, plan) as `who`: see [`crate::control::approve`].
+    /// Approves (batch, plan) as `who`, recording them: see [`crate::control::approve`].
     pub async fn approve(&self, args: &ApproveArgs, who: &Identity) -> Result<FleetRollout, String> {
+        let client = self.writer.client_for(who)?;
         let fr = control::approve(
-            &self.client,
+            &client,
             &args.namespace,
             &args.name,
             args.batch,

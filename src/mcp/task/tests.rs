@@ -40,7 +40,7 @@ fn rollout(phase: Phase, reason: Option<&str>) -> FleetRollout {
     );
     fr.metadata.namespace = Some("team".into());
     fr.metadata.creation_timestamp = Some(Time(at(0)));
-    fr.metadata.annotations = Some([(TASK_TOKEN_ANNOTATION.to_string(), TOKEN.to_string())].into());
+    fr.metadata.annotations = Some([(TASK_TOKEN_HASH_ANNOTATION.to_string(), token_hash(TOKEN))].into());
     fr.status = Some(FleetRolloutStatus {
         phase,
         reason: reason.map(String::from),
@@ -88,6 +88,55 @@ fn task_ids_round_trip_and_reject_anything_else() {
     assert!(!wrong.matches(&fr));
     assert_ne!(new_token(), new_token());
     assert!(TaskId::parse(&format!("a/b/{}", new_token())).is_some());
+    assert_eq!(TaskId::new(&fr, TOKEN.into()), Some(id()));
+}
+
+#[test]
+fn only_a_hash_of_the_token_is_stored_and_a_stored_token_does_not_match() {
+    let fr = rollout(Phase::Progressing, None);
+    let annotations = fr.metadata.annotations.clone().unwrap();
+    let stored = &annotations[TASK_TOKEN_HASH_ANNOTATION];
+    assert_eq!(stored.len(), 64, "sha256, hex");
+    assert!(!annotations.values().any(|v| v.contains(TOKEN)), "the token itself is nowhere: {annotations:?}");
+    // The stored hash is not a token that works, whether whole or cut to a token's length.
+    assert!(!TaskId { token: stored[..32].to_string(), ..id() }.matches(&fr));
+    // Domain-separated: the same input under another purpose hashes differently.
+    assert_ne!(token_hash(TOKEN), key_hash(TOKEN, "", ""));
+    assert_ne!(token_hash(TOKEN), crate::plan::sha256_hex(&TOKEN));
+    let mut plain = fr.clone();
+    plain.metadata.annotations = Some([(TASK_TOKEN_HASH_ANNOTATION.to_string(), TOKEN.to_string())].into());
+    assert!(!id().matches(&plain), "a plain-text token in the annotation does not match");
+}
+
+#[test]
+fn keyed_tokens_are_stable_for_the_same_request_and_differ_for_any_other() {
+    let t = keyed_token("deploy-42", "alice", "team", "web");
+    assert_eq!(t, keyed_token("deploy-42", "alice", "team", "web"), "a replay derives the same token");
+    assert_eq!(t.len(), 32);
+    assert!(TaskId::parse(&format!("team/web/{t}")).is_some(), "it is a valid task token");
+    for other in [
+        keyed_token("deploy-43", "alice", "team", "web"),
+        keyed_token("deploy-42", "bob", "team", "web"),
+        keyed_token("deploy-42", "alice", "other", "web"),
+        keyed_token("deploy-42", "alice", "team", "api"),
+        // The encoding keeps the fields apart: moving a boundary changes the token.
+        keyed_token("deploy-42", "alice", "tea", "mweb"),
+    ] {
+        assert_ne!(t, other);
+    }
+    assert_eq!(key_hash("k", "alice", "team"), key_hash("k", "alice", "team"));
+    assert_ne!(key_hash("k", "alice", "team"), key_hash("k", "bob", "team"));
+    assert!(!key_hash("deploy-42", "alice", "team").contains("deploy-42"));
+}
+
+#[test]
+fn summaries_never_carry_the_task_id() {
+    let fr = rollout(Phase::Progressing, None);
+    let s = serde_json::to_value(summary(&fr)).unwrap();
+    assert!(s.get("taskId").is_none(), "{s}");
+    assert!(!s.to_string().contains(TOKEN));
+    let result = serde_json::to_value(result_of(&fr)).unwrap();
+    assert!(!result.to_string().contains(TOKEN), "{result}");
 }
 
 #[test]
