@@ -126,3 +126,4 @@ pub mod fleet;
 pub mod mcp;
 pub mod nodes;
 pub mod operator;
+pub mod tenant;
