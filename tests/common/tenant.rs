@@ -9,14 +9,15 @@ use std::{
 };
 
 use k8s_openapi::api::{
+    admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
     authentication::v1::{TokenRequest, TokenRequestSpec},
     authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
     core::v1::ServiceAccount,
-    rbac::v1::{ClusterRole, PolicyRule, Role, RoleBinding, RoleRef, Subject},
+    rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject},
 };
 use kube::{
     Api, Client, Config,
-    api::{ObjectMeta, PostParams},
+    api::{ObjectMeta, Patch, PatchParams, PostParams},
     config::{KubeConfigOptions, Kubeconfig},
 };
 use serde_json::json;
@@ -265,52 +266,89 @@ async fn apply_chart_templates(templates: &[&str]) {
 }
 
 /// Installs (or updates) the chart's admission policy once per test process, and waits until the API server
-/// enforces it: a dry-run create by a user who may create FleetRollouts but patch nothing is denied.
+/// enforces this version of it: a dry-run create by a user who may create FleetRollouts but patch nothing
+/// is denied.
 pub async fn ensure_admission_policy(client: &Client) {
     static DONE: OnceCell<()> = OnceCell::const_new();
     DONE.get_or_init(|| async {
+        let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+        let before =
+            policies.get_opt(POLICY).await.expect("read the policy").and_then(|p| p.metadata.generation);
         apply_chart_templates(&["templates/admission-policy.yaml"]).await;
-        let probe = "fleetroll-tests:policy-probe";
-        let role = ClusterRole {
-            metadata: ObjectMeta { name: Some("fleetroll-tests-policy-probe".into()), ..Default::default() },
-            rules: Some(vec![rule("fleetroll.dev", &["fleetrollouts"], &["create"])]),
-            ..Default::default()
-        };
-        let pp = kube::api::PatchParams::apply("fleetroll-tests").force();
-        Api::<ClusterRole>::all(client.clone())
-            .patch("fleetroll-tests-policy-probe", &pp, &kube::api::Patch::Apply(&role))
-            .await
-            .expect("the probe's ClusterRole");
-        let binding = json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": "fleetroll-tests-policy-probe"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "fleetroll-tests-policy-probe"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": probe}],
-        });
-        Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(client.clone())
-            .patch("fleetroll-tests-policy-probe", &pp, &kube::api::Patch::Apply(&binding))
-            .await
-            .expect("the probe's ClusterRoleBinding");
-        let as_probe = client_from(&super::cluster().kubeconfig, Some(probe)).await;
-        let rollouts: Api<fleetroll::api::FleetRollout> = Api::namespaced(as_probe, "default");
-        let fr: fleetroll::api::FleetRollout = serde_json::from_value(json!({
-            "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": "policy-probe"},
-            "spec": {"image": "registry.k8s.io/pause:3.10", "targets": {"kind": "Deployment", "selector": {"matchLabels": {"probe": "x"}}}},
-        }))
-        .expect("a FleetRollout");
+        let after = policies.get(POLICY).await.expect("the policy").metadata.generation;
+        let probe = policy_probe(client).await;
+        if before.is_some() && before != after {
+            // The admission plugin rebuilds its policies from its informers every second, so a denial right
+            // after a change may come from the old version. Take the binding away until the probe passes,
+            // then bring it back: the denial that follows comes from a rebuild after the change.
+            let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+            bindings.delete(POLICY, &Default::default()).await.expect("delete the policy's binding");
+            probe.until(false).await;
+            apply_chart_templates(&["templates/admission-policy.yaml"]).await;
+        }
+        probe.until(true).await;
+    })
+    .await;
+}
+
+/// A user who may create FleetRollouts and nothing else, and the rollout it tries to create (dry run).
+struct PolicyProbe {
+    rollouts: Api<fleetroll::api::FleetRollout>,
+    rollout: fleetroll::api::FleetRollout,
+}
+
+async fn policy_probe(client: &Client) -> PolicyProbe {
+    let probe = "fleetroll-tests:policy-probe";
+    let pp = PatchParams::apply("fleetroll-tests").force();
+    let role = ClusterRole {
+        metadata: ObjectMeta { name: Some("fleetroll-tests-policy-probe".into()), ..Default::default() },
+        rules: Some(vec![rule("fleetroll.dev", &["fleetrollouts"], &["create"])]),
+        ..Default::default()
+    };
+    Api::<ClusterRole>::all(client.clone())
+        .patch("fleetroll-tests-policy-probe", &pp, &Patch::Apply(&role))
+        .await
+        .expect("the probe's ClusterRole");
+    let binding = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "fleetroll-tests-policy-probe"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "fleetroll-tests-policy-probe"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": probe}],
+    });
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .patch("fleetroll-tests-policy-probe", &pp, &Patch::Apply(&binding))
+        .await
+        .expect("the probe's ClusterRoleBinding");
+    let as_probe = client_from(&super::cluster().kubeconfig, Some(probe)).await;
+    let rollout = serde_json::from_value(json!({
+        "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": "policy-probe"},
+        "spec": {"image": "registry.k8s.io/pause:3.10", "targets": {"kind": "Deployment", "selector": {"matchLabels": {"probe": "x"}}}},
+    }))
+    .expect("a FleetRollout");
+    PolicyProbe { rollouts: Api::namespaced(as_probe, "default"), rollout }
+}
+
+impl PolicyProbe {
+    /// Waits until the policy denies the probe (`enforced`), or no longer does.
+    async fn until(&self, enforced: bool) {
         let dry_run = PostParams { dry_run: true, ..Default::default() };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
-            let last = match rollouts.create(&dry_run, &fr).await {
-                Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(POLICY) => return,
-                other => format!("{other:?}"),
-            };
-            assert!(tokio::time::Instant::now() < deadline, "the admission policy is not enforced: {last}");
-            // The policy reaches the admission plugin through an informer inside the API server: poll it.
+            let outcome = self.rollouts.create(&dry_run, &self.rollout).await;
+            let denied =
+                matches!(&outcome, Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(POLICY));
+            if denied == enforced {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the admission policy is {}enforced after 60 s: {outcome:?}",
+                if enforced { "not " } else { "still " }
+            );
+            // The policy reaches the admission plugin inside the API server, where nothing can be watched.
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-    })
-    .await;
+    }
 }
 
 /// Installs (or updates) the chart's roles for people once per test process, and waits until Kubernetes has
