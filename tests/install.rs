@@ -5,11 +5,11 @@
 
 mod common;
 
-use std::time::Duration;
+use std::{future::Future, time::Duration};
 
 use common::{
     cli::{helm, kubectl, kubectl_as, repo_path},
-    fleet::{NEXT_IMAGE, READY_IMAGE, image_of, phase, with_fleet},
+    fleet::{Fleet, NEXT_IMAGE, READY_IMAGE, image_of, phase, with_fleet},
     mcp::drive,
     operator::Operator,
     tenant::{Grant, Tenant, client_from, rule, serviceaccount_kubeconfig},
@@ -267,31 +267,37 @@ async fn the_charts_rbac_follows_its_values() {
     );
 }
 
-#[tokio::test]
-async fn the_operator_runs_on_the_charts_rbac_and_nothing_more() {
-    with_fleet("rbac", 0, |fleet| async move {
+/// Runs `body` with the chart installed as release `<fleet namespace>` with `sets` (`{ns}` stands for that
+/// namespace), then uninstalls it whether the body passed or not: the release's cluster-scoped objects
+/// (ClusterRoles, the admission policy) outlive its namespace.
+async fn with_chart<F, Fut>(prefix: &str, sets: &'static [&'static str], body: F)
+where
+    F: FnOnce(Fleet, String) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    with_fleet(prefix, 0, move |fleet| async move {
         let ns = fleet.ns.clone();
-        let release = ns.clone();
-        let fullname = format!("{release}-fleetroll");
-        helm(&[
+        let fullname = format!("{ns}-fleetroll");
+        let chart = repo_path("charts/fleetroll");
+        let fleet_ns = format!("fleetNamespace={ns}");
+        let sets: Vec<String> = sets.iter().map(|s| s.replace("{ns}", &ns)).collect();
+        let mut args = vec![
             "install",
-            &release,
-            &repo_path("charts/fleetroll"),
+            &ns,
+            &chart,
             "--namespace",
             &ns,
             "--set",
             "crds.install=false",
             "--set",
-            &format!("fleetNamespace={ns}"),
-            "--set",
-            "nodeRollouts.enabled=true",
-        ])
-        .await
-        .ok();
-        // Uninstalled whether the body passes or not: the release's cluster-scoped objects (ClusterRoles,
-        // the admission policy) outlive its namespace.
-        let outcome = tokio::spawn(operator_on_the_charts_rbac(fleet, fullname)).await;
-        helm(&["uninstall", &release, "--namespace", &ns]).await.ok();
+            &fleet_ns,
+        ];
+        for set in &sets {
+            args.extend(["--set", set]);
+        }
+        helm(&args).await.ok();
+        let outcome = tokio::spawn(body(fleet, fullname)).await;
+        helm(&["uninstall", &ns, "--namespace", &ns]).await.ok();
         if let Err(e) = outcome {
             std::panic::resume_unwind(e.into_panic());
         }
@@ -299,7 +305,52 @@ async fn the_operator_runs_on_the_charts_rbac_and_nothing_more() {
     .await;
 }
 
-async fn operator_on_the_charts_rbac(fleet: common::fleet::Fleet, fullname: String) {
+#[tokio::test]
+async fn the_operator_runs_on_the_charts_rbac_and_nothing_more() {
+    with_chart("rbac", &["nodeRollouts.enabled=true"], operator_on_the_charts_rbac).await;
+}
+
+#[tokio::test]
+async fn with_watch_namespace_the_operator_writes_only_there() {
+    with_chart("scoped", &["watchNamespace={ns}"], |fleet, fullname| async move {
+        let ns = fleet.ns.clone();
+        let kubeconfig = serviceaccount_kubeconfig(&fleet.client, &ns, &fullname).await;
+        let kubeconfig_str = kubeconfig.display().to_string();
+        // Plans in ConfigMaps (two targets each), so every write the Role grants is exercised.
+        let _op = Operator::start(
+            &ns,
+            &["--lease-name", &fullname, "--plan-inline-max-bytes", "0", "--plan-shard-targets", "2"],
+            &[("KUBECONFIG", &kubeconfig_str)],
+        );
+        fleet.deployments(&ns, 4, READY_IMAGE).await;
+        let spec = json!({"image": NEXT_IMAGE, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}}, "strategy": {"batchSize": 2}});
+        fleet.rollout("web", spec).await;
+        let fr = fleet
+            .wait_rollout("web", "the rollout to succeed", Duration::from_secs(180), |f| phase(f) == Phase::Succeeded)
+            .await;
+        assert_eq!(fr.status.unwrap().plan.unwrap().shards.len(), 2, "the plan is in ConfigMaps");
+        assert!(fleet.all_deployments().await.iter().all(|d| image_of(d) == NEXT_IMAGE));
+        for (verb, resource, allowed) in [
+            ("create", "configmaps", "yes"),
+            ("update", "fleetrollouts.fleetroll.dev --subresource=status", "yes"),
+            ("create", "events.events.k8s.io", "yes"),
+            ("create", "configmaps", "no"),
+            ("update", "fleetrollouts.fleetroll.dev --subresource=status", "no"),
+            ("create", "events.events.k8s.io", "no"),
+            ("create", "fleetrollouts.fleetroll.dev", "no"),
+        ] {
+            // The first three in the watched namespace, the rest anywhere else.
+            let where_ = if allowed == "yes" { ns.as_str() } else { "default" };
+            let mut args = vec!["auth", "can-i", verb, "-n", where_];
+            args.extend(resource.split(' '));
+            let can = kubectl_as(&kubeconfig, &args).await;
+            assert_eq!(can.stdout.trim(), allowed, "{verb} {resource} in {where_}: {can:?}");
+        }
+    })
+    .await;
+}
+
+async fn operator_on_the_charts_rbac(fleet: Fleet, fullname: String) {
     let ns = fleet.ns.clone();
     // The operator, out of cluster, with only the chart's ServiceAccount.
     let kubeconfig = serviceaccount_kubeconfig(&fleet.client, &ns, &fullname).await;
