@@ -16,7 +16,10 @@ use common::{
     with_namespace,
 };
 use fleetroll::api::{FleetRollout, Phase};
-use kube::{Api, Client, api::PostParams};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams, PostParams},
+};
 use serde_json::{Value, json};
 
 #[tokio::test]
@@ -433,6 +436,13 @@ async fn operator_on_the_charts_rbac(fleet: Fleet, fullname: String) {
     let as_agent: Api<FleetRollout> =
         Api::namespaced(client_from(&kubeconfig, Some(&agent.username)).await, &ns);
     as_agent.create(&PostParams::default(), &rollout).await.expect("created as the agent");
+    // ... read and controlled (pause) the same way, as the MCP server's tools do.
+    as_agent.get("as-caller").await.expect("read as the agent");
+    let pause = json!({"spec": {"paused": true}});
+    as_agent
+        .patch("as-caller", &PatchParams::default(), &Patch::Merge(&pause))
+        .await
+        .expect("paused as the agent");
     let as_creator: Api<FleetRollout> =
         Api::namespaced(client_from(&kubeconfig, Some(&creator.username)).await, &ns);
     match as_creator.create(&PostParams::default(), &rollout).await {
