@@ -5,22 +5,22 @@
 
 mod common;
 
-use std::time::Duration;
+use std::{future::Future, time::Duration};
 
 use common::{
     cli::{helm, kubectl, kubectl_as, repo_path},
-    fleet::{NEXT_IMAGE, READY_IMAGE, image_of, phase, with_fleet},
+    fleet::{Fleet, NEXT_IMAGE, READY_IMAGE, image_of, phase, with_fleet},
     mcp::drive,
     operator::Operator,
-    serviceaccount_kubeconfig, with_namespace,
+    tenant::{Grant, Tenant, client_from, rule, serviceaccount_kubeconfig},
+    with_namespace,
 };
-use fleetroll::api::Phase;
-use k8s_openapi::api::core::v1::ServiceAccount;
+use fleetroll::api::{FleetRollout, Phase};
 use kube::{
     Api, Client,
-    api::{ObjectMeta, PostParams},
+    api::{Patch, PatchParams, PostParams},
 };
-use serde_json::json;
+use serde_json::{Value, json};
 
 #[tokio::test]
 async fn the_chart_lints_and_every_rendered_object_is_accepted() {
@@ -40,9 +40,34 @@ async fn the_chart_lints_and_every_rendered_object_is_accepted() {
         "mcp.allowedHosts={fleet.example.com}",
         "--set",
         "crds.install=false",
+        "--set",
+        "nodeRollouts.enabled=true",
+        "--set",
+        "httpCheck.allow={10.0.0.0/8,status.example.com}",
+        "--set",
+        "protectedNamespaces={kube-system,platform}",
     ])
     .await
     .ok();
+    helm(&[
+        "lint",
+        &chart,
+        "--strict",
+        "--set",
+        "mcp.impersonation=legacy",
+        "--set",
+        "admissionPolicy.enabled=false",
+        "--set",
+        "protectedNamespaces=null",
+    ])
+    .await
+    .ok();
+    // MCP without authentication is for local demos on loopback, never for an installation.
+    let unauthenticated = helm(&["template", "fr", &chart, "--set", "mcp.auth=none"]).await;
+    assert!(
+        unauthenticated.code != 0 && unauthenticated.stderr.contains("mcp.auth must be serviceaccount"),
+        "{unauthenticated:?}"
+    );
 
     with_namespace("chart", |_client: Client, ns: String| async move {
         let rendered =
@@ -67,6 +92,10 @@ async fn the_chart_lints_and_every_rendered_object_is_accepted() {
             "clusterrole.rbac.authorization.k8s.io/fr-fleetroll",
             "deployment.apps/fr-fleetroll",
             "service/fr-fleetroll",
+            "clusterrole.rbac.authorization.k8s.io/fr-fleetroll-impersonate",
+            "clusterrole.rbac.authorization.k8s.io/fr-fleetroll-fleet-admin",
+            "validatingadmissionpolicy.admissionregistration.k8s.io/fr-fleetroll-creator-rights",
+            "validatingadmissionpolicybinding.admissionregistration.k8s.io/fr-fleetroll-creator-rights",
         ] {
             assert!(
                 applied.stdout.contains(&format!("{object} created (server dry run)")),
@@ -98,91 +127,387 @@ async fn the_chart_lints_and_every_rendered_object_is_accepted() {
     );
 }
 
-/// A kubeconfig for the chart's ServiceAccount: the test cluster's server and CA, and a token from the
-/// TokenRequest API.
+/// The chart rendered as release `fr` in namespace `ns` with `--set` values, one JSON value per object.
+async fn render(sets: &[&str]) -> Vec<Value> {
+    let chart = repo_path("charts/fleetroll");
+    let mut args = vec!["template", "fr", chart.as_str(), "--namespace", "ns"];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    let yaml = helm(&args).await.ok().stdout;
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&yaml).unwrap();
+    docs.into_iter().filter(|d| !d.is_null()).collect()
+}
+
+fn object<'a>(objects: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
+    objects.iter().find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+}
+
+/// Whether a ClusterRole or Role grants `verb` on `resource` (which may be `res/sub`) in API group `group`.
+fn grants(role: &Value, group: &str, resource: &str, verb: &str) -> bool {
+    let has =
+        |list: &Value, want: &str| list.as_array().is_some_and(|l| l.iter().any(|x| x == want || x == "*"));
+    role["rules"].as_array().is_some_and(|rules| {
+        rules
+            .iter()
+            .any(|r| has(&r["apiGroups"], group) && has(&r["resources"], resource) && has(&r["verbs"], verb))
+    })
+}
+
+fn args(objects: &[Value]) -> Vec<String> {
+    let deployment = object(objects, "Deployment", "fr-fleetroll").expect("the Deployment");
+    serde_json::from_value(deployment["spec"]["template"]["spec"]["containers"][0]["args"].clone()).unwrap()
+}
+
+#[tokio::test]
+async fn the_charts_rbac_follows_its_values() {
+    // Defaults: no node rights, the admission policy, constrained impersonation, the operator's flags.
+    let objects = render(&[]).await;
+    let role = object(&objects, "ClusterRole", "fr-fleetroll").expect("the operator's ClusterRole");
+    assert!(
+        !grants(role, "", "pods", "delete") && !grants(role, "", "pods", "list"),
+        "pod rights by default: {role}"
+    );
+    assert!(!grants(role, "apps", "daemonsets", "update"), "DaemonSet update by default");
+    assert!(!grants(role, "", "nodes", "list"), "node rights by default");
+    assert!(grants(role, "apps", "deployments", "patch"));
+    assert!(grants(role, "", "configmaps", "create") && grants(role, "", "configmaps", "get"));
+    for verb in ["list", "update", "patch", "delete", "watch"] {
+        assert!(!grants(role, "", "configmaps", verb), "configmaps {verb}");
+    }
+    let policy =
+        object(&objects, "ValidatingAdmissionPolicy", "fr-fleetroll-creator-rights").expect("the policy");
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    assert_eq!(policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"], json!(["fleetrollouts"]));
+    let validations = policy["spec"]["validations"].as_array().unwrap();
+    assert!(validations.iter().all(|v| v["reason"] == "Forbidden" && v["messageExpression"].is_string()));
+    let binding =
+        object(&objects, "ValidatingAdmissionPolicyBinding", "fr-fleetroll-creator-rights").expect("binding");
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    assert_eq!(binding["spec"]["policyName"], "fr-fleetroll-creator-rights");
+    let impersonate =
+        object(&objects, "ClusterRole", "fr-fleetroll-impersonate").expect("impersonation rights");
+    assert!(grants(impersonate, "authentication.k8s.io", "serviceaccounts", "impersonate:serviceaccount"));
+    assert!(grants(impersonate, "fleetroll.dev", "fleetrollouts", "impersonate-on:serviceaccount:create"));
+    assert!(!grants(impersonate, "fleetroll.dev", "fleetrollouts", "impersonate-on:serviceaccount:delete"));
+    assert!(
+        !grants(impersonate, "", "serviceaccounts", "impersonate")
+            && !grants(impersonate, "", "users", "impersonate")
+    );
+    for (view, verbs) in [
+        ("fr-fleetroll-view", &["get", "list", "watch"][..]),
+        ("fr-fleetroll-edit", &["create", "patch", "delete"]),
+    ] {
+        let people = object(&objects, "ClusterRole", view).expect(view);
+        assert!(verbs.iter().all(|v| grants(people, "fleetroll.dev", "fleetrollouts", v)), "{people}");
+        assert!(
+            !grants(people, "fleetroll.dev", "fleetrollouts", "span-namespaces"),
+            "{view} spans namespaces"
+        );
+        assert!(!grants(people, "fleetroll.dev", "fleetrollouts/status", "update"), "{view} writes status");
+    }
+    let fleet_admin = object(&objects, "ClusterRole", "fr-fleetroll-fleet-admin").unwrap();
+    assert!(grants(fleet_admin, "fleetroll.dev", "fleetrollouts", "span-namespaces"));
+    assert!(
+        !objects
+            .iter()
+            .any(|o| o["kind"] == "ClusterRoleBinding" && o["roleRef"]["name"] == "fr-fleetroll-fleet-admin")
+    );
+    let flags = args(&objects);
+    for flag in [
+        "--node-rollouts=false",
+        "--protected-namespaces=kube-system",
+        "--self-workload=Deployment/ns/fr-fleetroll",
+    ] {
+        assert!(flags.iter().any(|f| f == flag), "{flag} missing from {flags:?}");
+    }
+    assert!(!flags.iter().any(|f| f.starts_with("--http-check-allow")), "{flags:?}");
+
+    // Node rollouts on: exactly their rights, and the flag.
+    let objects =
+        render(&["nodeRollouts.enabled=true", "httpCheck.allow={10.0.0.0/8,status.example.com}"]).await;
+    let role = object(&objects, "ClusterRole", "fr-fleetroll").unwrap();
+    assert!(grants(role, "", "pods", "delete") && grants(role, "", "pods", "list"));
+    assert!(grants(role, "apps", "daemonsets", "update") && grants(role, "", "nodes", "list"));
+    assert!(!grants(role, "", "pods", "create") && !grants(role, "apps", "deployments", "update"));
+    let flags = args(&objects);
+    for flag in
+        ["--node-rollouts=true", "--http-check-allow=10.0.0.0/8", "--http-check-allow=status.example.com"]
+    {
+        assert!(flags.iter().any(|f| f == flag), "{flag} missing from {flags:?}");
+    }
+
+    // watchNamespace: rollouts, plans and events are written only there.
+    let objects = render(&["watchNamespace=team"]).await;
+    let role = object(&objects, "ClusterRole", "fr-fleetroll").unwrap();
+    assert!(
+        !grants(role, "", "configmaps", "create")
+            && !grants(role, "fleetroll.dev", "fleetrollouts/status", "update")
+    );
+    assert!(
+        !grants(role, "fleetroll.dev", "fleetrollouts", "create")
+            && !grants(role, "events.k8s.io", "events", "create")
+    );
+    let scoped = object(&objects, "Role", "fr-fleetroll").expect("a Role in the watched namespace");
+    assert_eq!(scoped["metadata"]["namespace"], "team");
+    assert!(
+        grants(scoped, "", "configmaps", "create")
+            && grants(scoped, "fleetroll.dev", "fleetrollouts/status", "update")
+    );
+    let bound = object(&objects, "RoleBinding", "fr-fleetroll").unwrap();
+    assert_eq!(bound["metadata"]["namespace"], "team");
+
+    // Off switches, legacy impersonation, and nonsense.
+    let objects = render(&["admissionPolicy.enabled=false", "mcp.impersonation=legacy"]).await;
+    assert!(!objects.iter().any(|o| o["kind"] == "ValidatingAdmissionPolicy"));
+    let impersonate = object(&objects, "ClusterRole", "fr-fleetroll-impersonate").unwrap();
+    assert!(
+        grants(impersonate, "", "serviceaccounts", "impersonate")
+            && grants(impersonate, "", "users", "impersonate")
+    );
+    let chart = repo_path("charts/fleetroll");
+    let bad = helm(&["template", "fr", &chart, "--set", "mcp.impersonation=sometimes"]).await;
+    assert!(
+        bad.code != 0 && bad.stderr.contains("mcp.impersonation must be constrained or legacy"),
+        "{bad:?}"
+    );
+}
+
+/// Runs `body` with the chart installed as release `<fleet namespace>` with `sets` (`{ns}` stands for that
+/// namespace), then uninstalls it whether the body passed or not: the release's cluster-scoped objects
+/// (ClusterRoles, the admission policy) outlive its namespace.
+async fn with_chart<F, Fut>(prefix: &str, sets: &'static [&'static str], body: F)
+where
+    F: FnOnce(Fleet, String) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    with_fleet(prefix, 0, move |fleet| async move {
+        let ns = fleet.ns.clone();
+        let fullname = format!("{ns}-fleetroll");
+        let chart = repo_path("charts/fleetroll");
+        let fleet_ns = format!("fleetNamespace={ns}");
+        let sets: Vec<String> = sets.iter().map(|s| s.replace("{ns}", &ns)).collect();
+        let mut args = vec![
+            "install",
+            &ns,
+            &chart,
+            "--namespace",
+            &ns,
+            "--set",
+            "crds.install=false",
+            "--set",
+            &fleet_ns,
+        ];
+        for set in &sets {
+            args.extend(["--set", set]);
+        }
+        helm(&args).await.ok();
+        let outcome = tokio::spawn(body(fleet, fullname)).await;
+        helm(&["uninstall", &ns, "--namespace", &ns]).await.ok();
+        if let Err(e) = outcome {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn the_operator_runs_on_the_charts_rbac_and_nothing_more() {
-    with_fleet("rbac", 0, |fleet| async move {
-        let ns = fleet.ns.clone();
-        let release = ns.clone();
-        let fullname = format!("{release}-fleetroll");
-        helm(&[
-            "install", &release, &repo_path("charts/fleetroll"), "--namespace", &ns, "--set", "crds.install=false",
-            "--set", &format!("fleetNamespace={ns}"),
-        ])
-        .await
-        .ok();
+    with_chart("rbac", &["nodeRollouts.enabled=true"], operator_on_the_charts_rbac).await;
+}
 
-        // The operator, out of cluster, with only the chart's ServiceAccount.
+#[tokio::test]
+async fn with_watch_namespace_the_operator_writes_only_there() {
+    with_chart("scoped", &["watchNamespace={ns}"], |fleet, fullname| async move {
+        let ns = fleet.ns.clone();
         let kubeconfig = serviceaccount_kubeconfig(&fleet.client, &ns, &fullname).await;
         let kubeconfig_str = kubeconfig.display().to_string();
-        let op = Operator::start(
+        // Plans in ConfigMaps (two targets each), so every write the Role grants is exercised.
+        let _op = Operator::start(
             &ns,
-            &["--lease-name", &fullname, "--auth", "serviceaccount", "--mcp-audience", "http://127.0.0.1:{port}/mcp"],
+            &["--lease-name", &fullname, "--plan-inline-max-bytes", "0", "--plan-shard-targets", "2"],
             &[("KUBECONFIG", &kubeconfig_str)],
         );
-
-        // Sufficient: a rollout completes (watch, plan, patch targets, write status, events, lease).
         fleet.deployments(&ns, 4, READY_IMAGE).await;
-        fleet
+        let spec = json!({"image": NEXT_IMAGE, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}}, "strategy": {"batchSize": 2}});
+        fleet.rollout("web", spec).await;
+        let fr = fleet
+            .wait_rollout("web", "the rollout to succeed", Duration::from_secs(180), |f| phase(f) == Phase::Succeeded)
+            .await;
+        assert_eq!(fr.status.unwrap().plan.unwrap().shards.len(), 2, "the plan is in ConfigMaps");
+        assert!(fleet.all_deployments().await.iter().all(|d| image_of(d) == NEXT_IMAGE));
+        for (verb, resource, allowed) in [
+            ("create", "configmaps", "yes"),
+            ("update", "fleetrollouts.fleetroll.dev --subresource=status", "yes"),
+            ("create", "events.events.k8s.io", "yes"),
+            ("create", "configmaps", "no"),
+            ("update", "fleetrollouts.fleetroll.dev --subresource=status", "no"),
+            ("create", "events.events.k8s.io", "no"),
+            ("create", "fleetrollouts.fleetroll.dev", "no"),
+        ] {
+            // The first three in the watched namespace, the rest anywhere else.
+            let where_ = if allowed == "yes" { ns.as_str() } else { "default" };
+            let mut args = vec!["auth", "can-i", verb, "-n", where_];
+            args.extend(resource.split(' '));
+            let can = kubectl_as(&kubeconfig, &args).await;
+            assert_eq!(can.stdout.trim(), allowed, "{verb} {resource} in {where_}: {can:?}");
+        }
+    })
+    .await;
+}
+
+async fn operator_on_the_charts_rbac(fleet: Fleet, fullname: String) {
+    let ns = fleet.ns.clone();
+    // The operator, out of cluster, with only the chart's ServiceAccount.
+    let kubeconfig = serviceaccount_kubeconfig(&fleet.client, &ns, &fullname).await;
+    let kubeconfig_str = kubeconfig.display().to_string();
+    let op = Operator::start(
+        &ns,
+        &[
+            "--lease-name",
+            &fullname,
+            "--auth",
+            "serviceaccount",
+            "--mcp-audience",
+            "http://127.0.0.1:{port}/mcp",
+        ],
+        &[("KUBECONFIG", &kubeconfig_str)],
+    );
+
+    // Sufficient: a rollout completes (watch, plan, patch targets, write status, events, lease).
+    fleet.deployments(&ns, 4, READY_IMAGE).await;
+    fleet
             .rollout(
                 "web",
                 json!({"image": NEXT_IMAGE, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}}, "strategy": {"batchSize": 2}}),
             )
             .await;
-        let fr = fleet.wait_rollout("web", "the rollout to succeed", Duration::from_secs(180), |f| phase(f) == Phase::Succeeded).await;
-        assert_eq!(fr.status.unwrap().counts.healthy, 4);
-        assert!(fleet.all_deployments().await.iter().all(|d| image_of(d) == NEXT_IMAGE));
-        let events = fleet.events("web").await;
-        assert!(events.iter().any(|(r, _)| r == "Succeeded"), "events need the chart's grant: {events:?}");
-
-        // A node rollout too (the DaemonSet taken over and handed back, pods deleted node by node).
-        let (client, pool) = (fleet.client.clone(), ns.clone());
-        common::nodes::with_pool(client.clone(), pool.clone(), 2, |_| async {
-            common::nodes::daemonset(&client, &ns, &pool, READY_IMAGE, 2).await;
-            let targets = json!({"kind": "Node", "daemonSet": common::nodes::DAEMONSET,
-                "nodeSelector": {"matchLabels": {common::nodes::POOL_LABEL: pool}}});
-            fleet.rollout("agents", json!({"image": NEXT_IMAGE, "targets": targets, "strategy": {"batchSize": 1}})).await;
-            let fr = fleet.wait_rollout("agents", "the node rollout to succeed", Duration::from_secs(120), |f| phase(f) == Phase::Succeeded).await;
-            assert_eq!(fr.status.unwrap().counts.healthy, 2);
+    let fr = fleet
+        .wait_rollout("web", "the rollout to succeed", Duration::from_secs(180), |f| {
+            phase(f) == Phase::Succeeded
         })
         .await;
+    assert_eq!(fr.status.unwrap().counts.healthy, 4);
+    assert!(fleet.all_deployments().await.iter().all(|d| image_of(d) == NEXT_IMAGE));
+    let events = fleet.events("web").await;
+    assert!(events.iter().any(|(r, _)| r == "Succeeded"), "events need the chart's grant: {events:?}");
 
-        // ... and MCP authentication works with it too (TokenReview and SubjectAccessReview: auth-delegator).
-        let sas: Api<ServiceAccount> = Api::namespaced(fleet.client.clone(), &ns);
-        let agent = ServiceAccount { metadata: ObjectMeta { name: Some("agent".into()), ..Default::default() }, ..Default::default() };
-        sas.create(&PostParams::default(), &agent).await.unwrap();
-        kubectl(&["create", "role", "agent", "-n", &ns, "--verb=get,create,patch,list", "--resource=fleetrollouts.fleetroll.dev"]).await.ok();
-        kubectl(&["create", "rolebinding", "agent", "-n", &ns, "--role=agent", &format!("--serviceaccount={ns}:agent")]).await.ok();
-        let token = kubectl(&["create", "token", "agent", "-n", &ns, "--audience", &op.mcp_url()]).await.ok().stdout;
-        let args = json!({"namespace": ns, "image": "registry.k8s.io/pause:3.8",
-            "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}}});
-        let created = drive(&["start", &op.mcp_url(), &args.to_string(), "--token", token.trim()]).await;
-        let id = created["taskId"].as_str().unwrap_or_else(|| panic!("{created}")).to_string();
-        let done = drive(&["wait", &op.mcp_url(), &id, "--token", token.trim()]).await;
-        assert_eq!(done["status"], "completed", "{done}");
-
-        // Minimal: what the operator never does, the chart does not allow.
-        let sa = |args: &'static [&'static str]| {
-            let kubeconfig = kubeconfig.clone();
-            let ns = ns.clone();
-            async move {
-                let mut full: Vec<&str> = args.to_vec();
-                full.extend(["-n", &ns]);
-                kubectl_as(&kubeconfig, &full).await
-            }
-        };
-        for denied in [&["get", "secrets"][..], &["delete", "deployment", "web-00"], &["get", "configmaps"]] {
-            let ran = sa(denied).await;
-            assert_ne!(ran.code, 0, "{denied:?} was allowed");
-            assert!(ran.stderr.contains("forbidden"), "{denied:?}: {}", ran.stderr);
-        }
-        let can = sa(&["auth", "can-i", "create", "pods"]).await;
-        assert_eq!(can.stdout.trim(), "no");
-        let can = sa(&["auth", "can-i", "patch", "deployments.apps"]).await;
-        assert_eq!(can.stdout.trim(), "yes", "the grant it needs is there");
-
-        helm(&["uninstall", &release, "--namespace", &ns]).await.ok();
+    // A node rollout too (the DaemonSet taken over and handed back, pods deleted node by node).
+    let (client, pool) = (fleet.client.clone(), ns.clone());
+    common::nodes::with_pool(client.clone(), pool.clone(), 2, |_| async {
+        common::nodes::daemonset(&client, &ns, &pool, READY_IMAGE, 2).await;
+        let targets = json!({"kind": "Node", "daemonSet": common::nodes::DAEMONSET,
+                "nodeSelector": {"matchLabels": {common::nodes::POOL_LABEL: pool}}});
+        fleet
+            .rollout("agents", json!({"image": NEXT_IMAGE, "targets": targets, "strategy": {"batchSize": 1}}))
+            .await;
+        let fr = fleet
+            .wait_rollout("agents", "the node rollout to succeed", Duration::from_secs(120), |f| {
+                phase(f) == Phase::Succeeded
+            })
+            .await;
+        assert_eq!(fr.status.unwrap().counts.healthy, 2);
     })
     .await;
+
+    // ... and MCP authentication works with it too (TokenReview and SubjectAccessReview: auth-delegator).
+    // The agent may change the namespace's workloads (edit), so the admission policy admits its rollouts
+    // whether the MCP server writes as itself or as its caller.
+    let agent = Tenant::create(&fleet.client, &ns, "agent", &[Grant::cluster_role("edit")]).await;
+    let token =
+        kubectl(&["create", "token", &agent.name, "-n", &ns, "--audience", &op.mcp_url()]).await.ok().stdout;
+    let args = json!({"namespace": ns, "image": "registry.k8s.io/pause:3.8",
+            "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}}});
+    let created = drive(&["start", &op.mcp_url(), &args.to_string(), "--token", token.trim()]).await;
+    let id = created["taskId"].as_str().unwrap_or_else(|| panic!("{created}")).to_string();
+    let done = drive(&["wait", &op.mcp_url(), &id, "--token", token.trim()]).await;
+    assert_eq!(done["status"], "completed", "{done}");
+
+    // Constrained impersonation: with the chart's token, a request as a caller is judged as that caller
+    // (RBAC and the admission policy), and the operator may impersonate for nothing but FleetRollouts.
+    let creator = Tenant::create(
+        &fleet.client,
+        &ns,
+        "creator",
+        &[Grant::rules(vec![rule("fleetroll.dev", &["fleetrollouts"], &["create", "get"])])],
+    )
+    .await;
+    let rollout: FleetRollout = serde_json::from_value(json!({
+            "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": "as-caller"},
+            "spec": {"image": NEXT_IMAGE, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "none"}}}},
+        })).unwrap();
+    let as_agent: Api<FleetRollout> =
+        Api::namespaced(client_from(&kubeconfig, Some(&agent.username)).await, &ns);
+    as_agent.create(&PostParams::default(), &rollout).await.expect("created as the agent");
+    // ... read and controlled (pause) the same way, as the MCP server's tools do.
+    as_agent.get("as-caller").await.expect("read as the agent");
+    let pause = json!({"spec": {"paused": true}});
+    as_agent
+        .patch("as-caller", &PatchParams::default(), &Patch::Merge(&pause))
+        .await
+        .expect("paused as the agent");
+    let as_creator: Api<FleetRollout> =
+        Api::namespaced(client_from(&kubeconfig, Some(&creator.username)).await, &ns);
+    match as_creator.create(&PostParams::default(), &rollout).await {
+        Err(kube::Error::Api(e)) => assert!(
+            e.code == 403
+                && e.message
+                    .contains(&format!("{} may not patch deployments in namespace {ns}", creator.username)),
+            "not judged as the impersonated caller: {e:?}"
+        ),
+        other => panic!(
+            "a caller without rights over the targets created a rollout through impersonation: {other:?}"
+        ),
+    }
+    let operator_as = |who: String, args: &'static [&'static str]| {
+        let (kubeconfig, ns) = (kubeconfig.clone(), ns.clone());
+        async move {
+            let mut full = vec![format!("--as={who}"), "-n".into(), ns];
+            full.extend(args.iter().map(|a| a.to_string()));
+            kubectl_as(&kubeconfig, &full.iter().map(String::as_str).collect::<Vec<_>>()).await
+        }
+    };
+    for (who, args) in [
+        (agent.username.clone(), &["get", "secrets"][..]),
+        (agent.username.clone(), &["delete", "fleetrollout", "as-caller"]),
+        ("jane".to_string(), &["get", "configmaps", "x"]),
+        ("jane".to_string(), &["--as-group=system:masters", "get", "fleetrollout", "as-caller"]),
+        ("system:node:n1".to_string(), &["get", "fleetrollout", "as-caller"]),
+    ] {
+        let ran = operator_as(who.clone(), args).await;
+        assert!(
+            ran.code != 0
+                && ran
+                    .stderr
+                    .contains(&format!("User \"system:serviceaccount:{ns}:{fullname}\" cannot impersonate")),
+            "the chart's ServiceAccount impersonated {who} for {args:?}: {ran:?}"
+        );
+    }
+    // A user with an extra (as OIDC users have) is impersonated, and judged as that user.
+    let ran = operator_as(
+        "jane".into(),
+        &["--as-user-extra=acme.com/project=x", "get", "fleetrollout", "as-caller"],
+    )
+    .await;
+    assert!(ran.stderr.contains("User \"jane\" cannot get resource \"fleetrollouts\""), "{ran:?}");
+
+    // Minimal: what the operator never does, the chart does not allow.
+    let sa = |args: &'static [&'static str]| {
+        let kubeconfig = kubeconfig.clone();
+        let ns = ns.clone();
+        async move {
+            let mut full: Vec<&str> = args.to_vec();
+            full.extend(["-n", &ns]);
+            kubectl_as(&kubeconfig, &full).await
+        }
+    };
+    for denied in [&["get", "secrets"][..], &["delete", "deployment", "web-00"], &["get", "configmaps"]] {
+        let ran = sa(denied).await;
+        assert_ne!(ran.code, 0, "{denied:?} was allowed");
+        assert!(ran.stderr.contains("forbidden"), "{denied:?}: {}", ran.stderr);
+    }
+    let can = sa(&["auth", "can-i", "create", "pods"]).await;
+    assert_eq!(can.stdout.trim(), "no");
+    let can = sa(&["auth", "can-i", "patch", "deployments.apps"]).await;
+    assert_eq!(can.stdout.trim(), "yes", "the grant it needs is there");
 }

@@ -13,7 +13,7 @@ use common::{
     fleet::{Fleet, NEXT_IMAGE, READY_IMAGE, image_of, phase, with_fleet},
     mcp::drive,
     operator::{Operator, free_port},
-    serviceaccount_kubeconfig,
+    tenant::serviceaccount_kubeconfig,
 };
 use fleetroll::api::{FleetRollout, Phase};
 use k8s_openapi::{

@@ -33,8 +33,15 @@ pub const UNREADY_IMAGE: &str = "registry.invalid/fleetroll/web:v2-unready";
 /// Label on the tenant namespaces of one test, so its namespaceSelector matches nothing else.
 pub const FLEET_LABEL: &str = "fleetroll.dev/test-fleet";
 
-/// Installs (or updates) the CRD once per test process.
+/// Installs (or updates) the CRD once per test process, with the chart's admission policy and roles for
+/// people, so every test runs under the policy a real installation has.
 pub async fn ensure_crd(client: &Client) {
+    install_crd(client).await;
+    super::tenant::ensure_aggregated_roles(client).await;
+    super::tenant::ensure_admission_policy(client).await;
+}
+
+async fn install_crd(client: &Client) {
     static DONE: OnceCell<()> = OnceCell::const_new();
     DONE.get_or_init(|| async {
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());

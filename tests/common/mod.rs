@@ -7,10 +7,7 @@
 
 use std::{fmt::Debug, future::Future, path::PathBuf, time::Duration};
 
-use k8s_openapi::api::{
-    authentication::v1::{TokenRequest, TokenRequestSpec},
-    core::v1::{Namespace, ServiceAccount},
-};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::{
     Api, Client, Config, Resource, ResourceExt,
     api::{DeleteParams, ObjectMeta, PostParams},
@@ -48,33 +45,6 @@ pub async fn client() -> Client {
         Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.unwrap();
     Client::try_from(config).unwrap()
-}
-
-/// A kubeconfig that authenticates as ServiceAccount `ns/sa` (a token from the TokenRequest API), for
-/// running a process with exactly that account's permissions.
-pub async fn serviceaccount_kubeconfig(client: &Client, ns: &str, sa: &str) -> PathBuf {
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }),
-        ..Default::default()
-    };
-    let issued: TokenRequest =
-        sas.create_subresource("token", sa, &PostParams::default(), &request).await.unwrap();
-    let token = issued.status.and_then(|s| s.token).unwrap();
-    let admin = Kubeconfig::read_from(cluster().kubeconfig).unwrap();
-    let cluster = admin.clusters[0].cluster.clone().unwrap();
-    let kubeconfig = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "test", "cluster": {"server": cluster.server, "certificate-authority-data": cluster.certificate_authority_data}}],
-        "users": [{"name": sa, "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "test", "user": sa, "namespace": ns}}],
-        "current-context": "sa",
-    });
-    let path = PathBuf::from(cli::repo_path("target/test-logs")).join(format!("{ns}-{sa}.kubeconfig"));
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(&path, kubeconfig.to_string()).unwrap();
-    path
 }
 
 /// Runs `body` in a fresh namespace named `<prefix>-<random>`, then deletes the namespace, whether the
@@ -156,3 +126,4 @@ pub mod fleet;
 pub mod mcp;
 pub mod nodes;
 pub mod operator;
+pub mod tenant;

@@ -39,3 +39,24 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "fleetroll.audience" -}}
 {{- default (printf "http://%s.%s.svc:%d/mcp" (include "fleetroll.fullname" .) .Release.Namespace (int .Values.service.port)) .Values.mcp.audience }}
 {{- end }}
+
+{{/* What the operator writes in a rollout's namespace: cluster-wide, or only in watchNamespace. */}}
+{{- define "fleetroll.rolloutWriteRules" -}}
+# A node rollout carries a finalizer while it holds its DaemonSet (patch); finished rollouts past their
+# TTL are deleted (delete). The MCP server creates and changes rollouts as its caller, never as itself.
+- apiGroups: ["fleetroll.dev"]
+  resources: ["fleetrollouts"]
+  verbs: ["patch", "delete"]
+# The durable checkpoint, written with a resourceVersion precondition (PUT).
+- apiGroups: ["fleetroll.dev"]
+  resources: ["fleetrollouts/status"]
+  verbs: ["update"]
+# Large plans: immutable ConfigMaps owned by their rollout, written once and read back; nothing else.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["create", "get"]
+# An event on every transition, regarding the rollout (so in its namespace).
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
