@@ -231,10 +231,17 @@ impl OperatorArgs {
                     shard_targets: self.plan_shard_targets,
                 },
                 // `--protected-namespaces=""` protects none.
-                protected_namespaces: self.protected_namespaces.into_iter().filter(|n| !n.is_empty()).collect(),
+                protected_namespaces: self
+                    .protected_namespaces
+                    .into_iter()
+                    .filter(|n| !n.is_empty())
+                    .collect(),
                 self_workloads: self.self_workloads,
                 node_rollouts: self.node_rollouts,
-                http_check: crate::http_check::Policy { allowed: self.http_check_allow, api_server: Vec::new() },
+                http_check: crate::http_check::Policy {
+                    allowed: self.http_check_allow,
+                    api_server: Vec::new(),
+                },
             },
         }
     }
@@ -353,7 +360,9 @@ mod tests {
         assert_eq!(s.self_workloads.len(), 1);
         assert!(!s.node_rollouts);
         assert_eq!(s.http_check.allowed.len(), 3);
-        for bad in [&["--self-workload=Pod/x/y"][..], &["--http-check-allow=not a host"], &["--node-rollouts=maybe"]] {
+        for bad in
+            [&["--self-workload=Pod/x/y"][..], &["--http-check-allow=not a host"], &["--node-rollouts=maybe"]]
+        {
             assert!(Cli::try_parse_from(["fleetroll", "operator"].iter().chain(bad)).is_err(), "{bad:?}");
         }
     }

@@ -13,7 +13,17 @@
 //! `ATTACKS` (`attack!(my_attack, exclusive)` if it must not run alongside the others).
 #![allow(clippy::unwrap_used)]
 
+#[path = "security/admission.rs"]
+mod admission;
 mod common;
+#[path = "security/mcp.rs"]
+mod mcp_attacks;
+#[path = "security/operator.rs"]
+mod operator_attacks;
+
+use admission::*;
+use mcp_attacks::*;
+use operator_attacks::*;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -77,6 +87,22 @@ const ATTACKS: &[Entry] = &[
     attack!(oversized_health_timeout),
     attack!(oversized_health_soak),
     attack!(oversized_pause_between_batches),
+    attack!(tenant_replaces_a_frozen_plan),
+    attack!(tenant_preplants_a_plan),
+    attack!(rollout_aims_at_the_operator),
+    attack!(rollout_reaches_a_protected_namespace),
+    attack!(namespace_opts_out_mid_rollout),
+    attack!(two_rollouts_take_one_target),
+    attack!(node_rollouts_fight_over_a_daemonset),
+    attack!(health_check_aims_at_loopback),
+    attack!(health_check_aims_at_the_api_server),
+    attack!(health_check_aims_at_the_metadata_service),
+    attack!(health_check_redirects_elsewhere),
+    attack!(a_change_the_api_server_refuses),
+    attack!(a_reconcile_panics),
+    attack!(mcp_caller_rolls_what_it_may_not_patch),
+    attack!(a_foreign_page_calls_the_mcp_server),
+    attack!(a_flood_of_random_bearer_tokens, exclusive),
 ];
 
 /// What the attacks share: namespaces t1, t2 and a fleet namespace, and the identities acting in them.
@@ -97,6 +123,32 @@ pub struct Env {
     pub fleet_admin: Tenant,
     /// May create rollouts and update DaemonSets in t1, but not delete pods.
     pub no_pod_delete: Tenant,
+    /// Namespaces attacks made for themselves (each with an operator of its own), deleted at the end.
+    scratch: std::sync::Mutex<Vec<String>>,
+}
+
+impl Env {
+    /// A namespace of the attack's own, labelled `labels`, deleted after every attack has run.
+    pub async fn scratch_namespace(&self, prefix: &str, labels: &[(&str, &str)]) -> String {
+        let mut all: std::collections::BTreeMap<String, String> =
+            labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        all.insert(TEST_LABEL.to_string(), "true".to_string());
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{prefix}-")),
+                labels: Some(all),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let name = Api::<Namespace>::all(self.admin.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap()
+            .name_any();
+        self.scratch.lock().unwrap().push(name.clone());
+        name
+    }
 }
 
 fn main() {
@@ -149,6 +201,14 @@ async fn attack_all(admin: Client, namespaces: [String; 3]) -> Vec<Row> {
     }
     for a in chosen.iter().filter(|a| a.exclusive) {
         rows.push(finished(a.name, tokio::spawn((a.run)(env)).await));
+    }
+    let scratch = std::mem::take(&mut *env.scratch.lock().unwrap());
+    for ns in scratch {
+        if let Err(e) =
+            Api::<Namespace>::all(env.admin.clone()).delete(&ns, &DeleteParams::background()).await
+        {
+            eprintln!("warning: could not delete test namespace {ns}: {e}");
+        }
     }
     rows
 }
@@ -221,7 +281,19 @@ async fn setup(admin: Client, namespaces: &[String; 3]) -> Env {
         Tenant::create(&admin, &fleet, "platform", &fleet_admin),
         Tenant::create(&admin, &t1, "ds-updater", &no_pod_delete),
     );
-    Env { admin, t1, t2, fleet, dev1, dev2, creator, rollouts_only, fleet_admin, no_pod_delete }
+    Env {
+        admin,
+        t1,
+        t2,
+        fleet,
+        dev1,
+        dev2,
+        creator,
+        rollouts_only,
+        fleet_admin,
+        no_pod_delete,
+        scratch: Default::default(),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -332,7 +404,8 @@ fn contained(expect: &Expect, ran: &Ran) -> bool {
                 && err.contains(msg.as_str())
         }
         Expect::Schema(field) => {
-            ran.code != 0 && err.contains("(Invalid)") && err.contains(&format!("{field}: Invalid value"))
+            // kubectl create says `The FleetRollout "x" is invalid: <field>: Invalid value: ...`.
+            ran.code != 0 && err.contains("is invalid") && err.contains(&format!("{field}: Invalid value"))
         }
     }
 }
@@ -350,294 +423,4 @@ fn row(attack: &str, who: String, expect: Expect, ran: &Ran) -> Row {
 /// The policy's message for a missing right, as the user reads it.
 fn may_not(t: &Tenant, what: &str, ns: &str) -> String {
     format!("FleetRollout denied: {} may not {what} in namespace {ns}", t.username)
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// The attacks.
-
-async fn edit_tenant_rolls_its_own_deployments(env: &'static Env) -> Row {
-    let ran = create_as(&env.dev1, &env.t1, "own", deployments_spec()).await;
-    row(
-        "baseline: a tenant rolls its own namespace's Deployments",
-        who(&env.dev1, "edit in t1"),
-        Expect::Allowed,
-        &ran,
-    )
-}
-
-async fn create_only_caller_rolls_deployments(env: &'static Env) -> Row {
-    let ran = create_as(&env.creator, &env.t1, "creator", deployments_spec()).await;
-    let expect = Expect::Policy(format!(
-        "{}; a FleetRollout may change only what its creator could change",
-        may_not(&env.creator, "patch deployments", &env.t1)
-    ));
-    row(
-        "rolls Deployments it may not patch, through a FleetRollout",
-        who(&env.creator, "create/get fleetrollouts in t1"),
-        expect,
-        &ran,
-    )
-}
-
-async fn edit_tenant_rolls_across_namespaces(env: &'static Env) -> Row {
-    let mut spec = deployments_spec();
-    spec["targets"]["namespaceSelector"] = json!({"matchLabels": {"fleetroll.dev/rollouts": "enabled"}});
-    let ran = create_as(&env.dev1, &env.t1, "span", spec).await;
-    let expect = Expect::Policy(may_not(&env.dev1, "span-namespaces on fleetrollouts", &env.t1));
-    row(
-        "rolls across every opted-in namespace (namespaceSelector)",
-        who(&env.dev1, "edit in t1"),
-        expect,
-        &ran,
-    )
-}
-
-async fn fleet_admin_rolls_across_namespaces(env: &'static Env) -> Row {
-    let mut spec = deployments_spec();
-    spec["targets"]["namespaceSelector"] = json!({"matchLabels": {"fleetroll.dev/rollouts": "enabled"}});
-    let ran = create_as(&env.fleet_admin, &env.fleet, "span", spec).await;
-    row(
-        "baseline: a fleet admin rolls across opted-in namespaces",
-        who(&env.fleet_admin, "fleet-admin + edit in fleet"),
-        Expect::Allowed,
-        &ran,
-    )
-}
-
-async fn tenant_of_t2_creates_a_rollout_in_t1(env: &'static Env) -> Row {
-    let ran = create_as(&env.dev2, &env.t1, "from-t2", deployments_spec()).await;
-    let expect =
-        Expect::Rbac(format!("User \"{}\" cannot create resource \"fleetrollouts\"", env.dev2.username));
-    row("creates a FleetRollout in another tenant's namespace", who(&env.dev2, "edit in t2"), expect, &ran)
-}
-
-async fn edit_tenant_changes_an_admins_rollout(env: &'static Env) -> Row {
-    admin_rollout(env, &env.t1, "admins").await;
-    let ran = env
-        .dev1
-        .kubectl(&[
-            "patch",
-            "fleetrollout",
-            "admins",
-            "-n",
-            &env.t1,
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"image":"registry.k8s.io/pause:3.8","paused":true}}"#,
-        ])
-        .await;
-    row(
-        "baseline: a tenant changes (image, pause) a rollout an admin created in its namespace",
-        who(&env.dev1, "edit in t1"),
-        Expect::Allowed,
-        &ran,
-    )
-}
-
-async fn create_only_caller_changes_a_rollouts_spec(env: &'static Env) -> Row {
-    admin_rollout(env, &env.t1, "admins-2").await;
-    let ran = env
-        .creator
-        .kubectl(&[
-            "patch",
-            "fleetrollout",
-            "admins-2",
-            "-n",
-            &env.t1,
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"image":"registry.example.com/evil:1"}}"#,
-        ])
-        .await;
-    let expect =
-        Expect::Rbac(format!("User \"{}\" cannot patch resource \"fleetrollouts\"", env.creator.username));
-    row(
-        "changes the image of an existing rollout",
-        who(&env.creator, "create/get fleetrollouts in t1"),
-        expect,
-        &ran,
-    )
-}
-
-async fn rollouts_only_caller_pauses_a_rollout(env: &'static Env) -> Row {
-    admin_rollout(env, &env.t1, "admins-3").await;
-    let ran = env
-        .rollouts_only
-        .kubectl(&[
-            "patch",
-            "fleetrollout",
-            "admins-3",
-            "-n",
-            &env.t1,
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"paused":true}}"#,
-        ])
-        .await;
-    let expect = Expect::Policy(may_not(&env.rollouts_only, "patch deployments", &env.t1));
-    row(
-        "pauses a rollout of Deployments it may not patch (any spec change needs the target rights)",
-        who(&env.rollouts_only, "all verbs on fleetrollouts in t1, nothing else"),
-        expect,
-        &ran,
-    )
-}
-
-async fn rollouts_only_caller_labels_a_rollout(env: &'static Env) -> Row {
-    admin_rollout(env, &env.t1, "admins-4").await;
-    let ran =
-        env.rollouts_only.kubectl(&["label", "fleetrollout", "admins-4", "-n", &env.t1, "team=web"]).await;
-    row(
-        "baseline: labels a rollout (metadata only: changes nothing it could not change)",
-        who(&env.rollouts_only, "all verbs on fleetrollouts in t1, nothing else"),
-        Expect::Allowed,
-        &ran,
-    )
-}
-
-async fn edit_tenant_writes_rollout_status(env: &'static Env) -> Row {
-    admin_rollout(env, &env.t1, "admins-5").await;
-    // A PUT of the whole status with the current resourceVersion: it would succeed if RBAC allowed it.
-    let mut fr = Api::<FleetRollout>::namespaced(env.admin.clone(), &env.t1).get("admins-5").await.unwrap();
-    fr.metadata.managed_fields = None;
-    let mut forged = serde_json::to_value(&fr).unwrap();
-    forged["status"] = json!({"phase": "Succeeded", "message": "forged"});
-    let path = file(&format!("{}-admins-5-status", env.t1), &forged);
-    let ran = env.dev1.kubectl(&["replace", "--subresource=status", "-n", &env.t1, "-f", &path]).await;
-    let expect = Expect::Rbac(format!(
-        "User \"{}\" cannot update resource \"fleetrollouts/status\"",
-        env.dev1.username
-    ));
-    row("forges a rollout's status (the operator's checkpoint)", who(&env.dev1, "edit in t1"), expect, &ran)
-}
-
-async fn edit_tenant_rolls_a_daemonset_node_by_node(env: &'static Env) -> Row {
-    let ran = create_as(&env.dev1, &env.t1, "nodes", node_spec()).await;
-    row(
-        "baseline: a tenant rolls its DaemonSet node by node (edit may update it and delete its pods)",
-        who(&env.dev1, "edit in t1"),
-        Expect::Allowed,
-        &ran,
-    )
-}
-
-async fn caller_without_pod_delete_rolls_nodes(env: &'static Env) -> Row {
-    let ran = create_as(&env.no_pod_delete, &env.t1, "nodes-2", node_spec()).await;
-    let expect = Expect::Policy(may_not(&env.no_pod_delete, "delete pods", &env.t1));
-    row(
-        "has pods deleted node by node without the right to delete pods",
-        who(&env.no_pod_delete, "create fleetrollouts, update daemonsets in t1"),
-        expect,
-        &ran,
-    )
-}
-
-async fn oversized_health_timeout(env: &'static Env) -> Row {
-    oversized(env, "timeout", "spec.health.timeout", json!({"health": {"timeout": "99999999h"}})).await
-}
-
-async fn oversized_health_soak(env: &'static Env) -> Row {
-    oversized(env, "soak", "spec.health.soak", json!({"health": {"soak": "99999999h"}})).await
-}
-
-async fn oversized_pause_between_batches(env: &'static Env) -> Row {
-    oversized(
-        env,
-        "pause",
-        "spec.strategy.pauseBetweenBatches",
-        json!({"strategy": {"pauseBetweenBatches": "99999999h"}}),
-    )
-    .await
-}
-
-/// A duration of 11,000 years in one field. The schema must refuse it (at most 30 days) with a message; if it
-/// does not, the outcome reports what the operator does with it.
-async fn oversized(env: &'static Env, name: &str, field: &str, overrides: Value) -> Row {
-    let mut spec = deployments_spec();
-    merge(&mut spec, &overrides);
-    let ran = create_as(&env.dev1, &env.t1, &format!("huge-{name}"), spec.clone()).await;
-    let mut r = row(
-        &format!("{field}: 99999999h (11,000 years)"),
-        who(&env.dev1, "edit in t1"),
-        Expect::Schema(field.into()),
-        &ran,
-    );
-    if ran.code == 0 {
-        r.outcome = format!("admitted; {}", consequence(env, name, spec).await);
-    }
-    r
-}
-
-fn merge(into: &mut Value, from: &Value) {
-    match (into, from) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-        (a, b) => *a = b.clone(),
-    }
-}
-
-/// Runs an operator on a rollout with `spec` over two Deployments (batches of one) in a namespace of its own,
-/// and says what became of the operator and the rollout.
-async fn consequence(env: &'static Env, name: &str, mut spec: Value) -> String {
-    let ns = namespace(&env.admin, &format!("sec-{name}")).await;
-    let fleet = Fleet { client: env.admin.clone(), ns: ns.clone(), tenants: vec![] };
-    fleet.deployments(&ns, 2, READY_IMAGE).await;
-    let mut op = Operator::start(&ns, &[], &[]);
-    spec["strategy"]["batchSize"] = json!(1);
-    fleet.rollout(name, spec).await;
-    // The verdict needs both the rollout and the operator's process and log, which no single watch shows:
-    // poll them together, up to a deadline.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let mut panicked_at = None;
-    // Once the rollout looks fine, a harmless spec change makes the operator take it up again: a deadline
-    // that cannot be computed fails at every reconcile, not only the first.
-    let mut nudged: Option<i64> = None;
-    let said = loop {
-        let log = std::fs::read_to_string(&op.log).unwrap_or_default();
-        let status = fleet.rollouts().get(name).await.ok().and_then(|f| f.status).unwrap_or_default();
-        let state = format!("{:?}: {}", status.phase, status.message.clone().unwrap_or_default());
-        if let Some(at) = log.lines().position(|l| l.contains("panicked at")) {
-            let why = log.lines().nth(at + 1).unwrap_or_default().trim().to_string();
-            let since = *panicked_at.get_or_insert_with(tokio::time::Instant::now);
-            // A panic in a reconcile ends the process a moment later (the controller's task is joined).
-            if !op.is_running() || since.elapsed() > Duration::from_secs(30) {
-                let process = if op.is_running() { "still running 30 s later" } else { "exited" };
-                break format!("the operator panicked ({why}) and {process}; the rollout stays {state}");
-            }
-        } else if copes(&status) {
-            match nudged {
-                None => {
-                    let ttl = json!({"spec": {"ttlSecondsAfterFinished": 86400}});
-                    let fr = fleet
-                        .rollouts()
-                        .patch(name, &PatchParams::default(), &Patch::Merge(&ttl))
-                        .await
-                        .unwrap();
-                    nudged = fr.metadata.generation;
-                }
-                Some(g) if status.observed_generation >= Some(g) => {
-                    break format!("the operator copes: {state}");
-                }
-                Some(_) => {}
-            }
-        } else if tokio::time::Instant::now() > deadline {
-            break format!("after 60 s the operator has not panicked; the rollout is {state}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    op.kill();
-    let _ = Api::<Namespace>::all(env.admin.clone()).delete(&ns, &DeleteParams::background()).await;
-    said
-}
-
-/// The rollout waits the long duration out (soaking with healthy targets, or waiting before batch 2), or has
-/// finished (a timeout that never needed to expire).
-fn copes(s: &fleetroll::api::FleetRolloutStatus) -> bool {
-    let soaking =
-        s.reason.as_deref() == Some("Soaking") && s.batches.iter().any(|b| b.healthy_since.is_some());
-    let pausing = s.message.as_deref().is_some_and(|m| m.starts_with("waiting before batch"));
-    s.phase == Phase::Succeeded || soaking || pausing
 }

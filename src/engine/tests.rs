@@ -756,3 +756,23 @@ fn a_rollout_halted_mid_way_goes_on_where_it_stood_once_the_cause_is_gone() {
     assert!(!conditions::is_true(&sim.status.conditions, conditions::DEGRADED));
     assert!(sim.world.keys().all(|t| sim.changes_of(t) == 1));
 }
+
+#[test]
+fn durations_stored_before_the_schema_limited_them_are_read_as_the_defaults_not_a_panic() {
+    // The schema's 30-day maximum guards new writes only; an object stored earlier keeps its value.
+    let mut s = spec(5);
+    s.health.timeout = "99999999h".into();
+    s.health.soak = "99999999h".into();
+    s.strategy.pause_between_batches = "99999999h".into();
+    let mut sim = Sim::new(s, 10);
+    sim.broken.push(key(&sim.plan.batches[0][0]));
+    sim.settle();
+    // The default timeout (10m) applies: the broken target fails then, no sooner, no later.
+    sim.pass(Duration::from_secs(599));
+    sim.settle();
+    assert_eq!(sim.status.counts.failed, 0);
+    sim.pass(Duration::from_secs(2));
+    sim.settle();
+    assert_eq!(sim.status.counts.failed, 1);
+    assert_eq!(sim.status.phase, Phase::Paused);
+}

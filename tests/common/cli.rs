@@ -22,8 +22,13 @@ fn plugin_path() -> String {
     std::fs::create_dir_all(&dir).expect("target/test-bin");
     let link = dir.join("kubectl-fleetroll");
     if std::fs::read_link(&link).ok().as_deref() != Some(Path::new(env!("CARGO_BIN_EXE_fleetroll"))) {
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_fleetroll"), &link).expect("link kubectl-fleetroll");
+        // Tests run this concurrently: link under a name of our own, then rename over (atomic).
+        static SERIAL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let own = dir.join(format!(".kubectl-fleetroll-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_file(&own);
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_fleetroll"), &own).expect("link kubectl-fleetroll");
+        std::fs::rename(&own, &link).expect("link kubectl-fleetroll");
     }
     format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default())
 }

@@ -1,0 +1,291 @@
+//! Attacks on the admission boundary: who may create or change which FleetRollout, judged by RBAC, the
+//! admission policy and the schema, as tenants with real tokens through `kubectl`.
+
+use super::*;
+
+pub(super) async fn edit_tenant_rolls_its_own_deployments(env: &'static Env) -> Row {
+    let ran = create_as(&env.dev1, &env.t1, "own", deployments_spec()).await;
+    row(
+        "baseline: a tenant rolls its own namespace's Deployments",
+        who(&env.dev1, "edit in t1"),
+        Expect::Allowed,
+        &ran,
+    )
+}
+
+pub(super) async fn create_only_caller_rolls_deployments(env: &'static Env) -> Row {
+    let ran = create_as(&env.creator, &env.t1, "creator", deployments_spec()).await;
+    let expect = Expect::Policy(format!(
+        "{}; a FleetRollout may change only what its creator could change",
+        may_not(&env.creator, "patch deployments", &env.t1)
+    ));
+    row(
+        "rolls Deployments it may not patch, through a FleetRollout",
+        who(&env.creator, "create/get fleetrollouts in t1"),
+        expect,
+        &ran,
+    )
+}
+
+pub(super) async fn edit_tenant_rolls_across_namespaces(env: &'static Env) -> Row {
+    let mut spec = deployments_spec();
+    spec["targets"]["namespaceSelector"] = json!({"matchLabels": {"fleetroll.dev/rollouts": "enabled"}});
+    let ran = create_as(&env.dev1, &env.t1, "span", spec).await;
+    let expect = Expect::Policy(may_not(&env.dev1, "span-namespaces on fleetrollouts", &env.t1));
+    row(
+        "rolls across every opted-in namespace (namespaceSelector)",
+        who(&env.dev1, "edit in t1"),
+        expect,
+        &ran,
+    )
+}
+
+pub(super) async fn fleet_admin_rolls_across_namespaces(env: &'static Env) -> Row {
+    let mut spec = deployments_spec();
+    spec["targets"]["namespaceSelector"] = json!({"matchLabels": {"fleetroll.dev/rollouts": "enabled"}});
+    let ran = create_as(&env.fleet_admin, &env.fleet, "span", spec).await;
+    row(
+        "baseline: a fleet admin rolls across opted-in namespaces",
+        who(&env.fleet_admin, "fleet-admin + edit in fleet"),
+        Expect::Allowed,
+        &ran,
+    )
+}
+
+pub(super) async fn tenant_of_t2_creates_a_rollout_in_t1(env: &'static Env) -> Row {
+    let ran = create_as(&env.dev2, &env.t1, "from-t2", deployments_spec()).await;
+    let expect =
+        Expect::Rbac(format!("User \"{}\" cannot create resource \"fleetrollouts\"", env.dev2.username));
+    row("creates a FleetRollout in another tenant's namespace", who(&env.dev2, "edit in t2"), expect, &ran)
+}
+
+pub(super) async fn edit_tenant_changes_an_admins_rollout(env: &'static Env) -> Row {
+    admin_rollout(env, &env.t1, "admins").await;
+    let ran = env
+        .dev1
+        .kubectl(&[
+            "patch",
+            "fleetrollout",
+            "admins",
+            "-n",
+            &env.t1,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"image":"registry.k8s.io/pause:3.8","paused":true}}"#,
+        ])
+        .await;
+    row(
+        "baseline: a tenant changes (image, pause) a rollout an admin created in its namespace",
+        who(&env.dev1, "edit in t1"),
+        Expect::Allowed,
+        &ran,
+    )
+}
+
+pub(super) async fn create_only_caller_changes_a_rollouts_spec(env: &'static Env) -> Row {
+    admin_rollout(env, &env.t1, "admins-2").await;
+    let ran = env
+        .creator
+        .kubectl(&[
+            "patch",
+            "fleetrollout",
+            "admins-2",
+            "-n",
+            &env.t1,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"image":"registry.example.com/evil:1"}}"#,
+        ])
+        .await;
+    let expect =
+        Expect::Rbac(format!("User \"{}\" cannot patch resource \"fleetrollouts\"", env.creator.username));
+    row(
+        "changes the image of an existing rollout",
+        who(&env.creator, "create/get fleetrollouts in t1"),
+        expect,
+        &ran,
+    )
+}
+
+pub(super) async fn rollouts_only_caller_pauses_a_rollout(env: &'static Env) -> Row {
+    admin_rollout(env, &env.t1, "admins-3").await;
+    let ran = env
+        .rollouts_only
+        .kubectl(&[
+            "patch",
+            "fleetrollout",
+            "admins-3",
+            "-n",
+            &env.t1,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"paused":true}}"#,
+        ])
+        .await;
+    let expect = Expect::Policy(may_not(&env.rollouts_only, "patch deployments", &env.t1));
+    row(
+        "pauses a rollout of Deployments it may not patch (any spec change needs the target rights)",
+        who(&env.rollouts_only, "all verbs on fleetrollouts in t1, nothing else"),
+        expect,
+        &ran,
+    )
+}
+
+pub(super) async fn rollouts_only_caller_labels_a_rollout(env: &'static Env) -> Row {
+    admin_rollout(env, &env.t1, "admins-4").await;
+    let ran =
+        env.rollouts_only.kubectl(&["label", "fleetrollout", "admins-4", "-n", &env.t1, "team=web"]).await;
+    row(
+        "baseline: labels a rollout (metadata only: changes nothing it could not change)",
+        who(&env.rollouts_only, "all verbs on fleetrollouts in t1, nothing else"),
+        Expect::Allowed,
+        &ran,
+    )
+}
+
+pub(super) async fn edit_tenant_writes_rollout_status(env: &'static Env) -> Row {
+    admin_rollout(env, &env.t1, "admins-5").await;
+    // A PUT of the whole status with the current resourceVersion: it would succeed if RBAC allowed it.
+    let mut fr = Api::<FleetRollout>::namespaced(env.admin.clone(), &env.t1).get("admins-5").await.unwrap();
+    fr.metadata.managed_fields = None;
+    let mut forged = serde_json::to_value(&fr).unwrap();
+    forged["status"] = json!({"phase": "Succeeded", "message": "forged"});
+    let path = file(&format!("{}-admins-5-status", env.t1), &forged);
+    let ran = env.dev1.kubectl(&["replace", "--subresource=status", "-n", &env.t1, "-f", &path]).await;
+    let expect = Expect::Rbac(format!(
+        "User \"{}\" cannot update resource \"fleetrollouts/status\"",
+        env.dev1.username
+    ));
+    row("forges a rollout's status (the operator's checkpoint)", who(&env.dev1, "edit in t1"), expect, &ran)
+}
+
+pub(super) async fn edit_tenant_rolls_a_daemonset_node_by_node(env: &'static Env) -> Row {
+    let ran = create_as(&env.dev1, &env.t1, "nodes", node_spec()).await;
+    row(
+        "baseline: a tenant rolls its DaemonSet node by node (edit may update it and delete its pods)",
+        who(&env.dev1, "edit in t1"),
+        Expect::Allowed,
+        &ran,
+    )
+}
+
+pub(super) async fn caller_without_pod_delete_rolls_nodes(env: &'static Env) -> Row {
+    let ran = create_as(&env.no_pod_delete, &env.t1, "nodes-2", node_spec()).await;
+    let expect = Expect::Policy(may_not(&env.no_pod_delete, "delete pods", &env.t1));
+    row(
+        "has pods deleted node by node without the right to delete pods",
+        who(&env.no_pod_delete, "create fleetrollouts, update daemonsets in t1"),
+        expect,
+        &ran,
+    )
+}
+
+pub(super) async fn oversized_health_timeout(env: &'static Env) -> Row {
+    oversized(env, "timeout", "spec.health.timeout", json!({"health": {"timeout": "99999999h"}})).await
+}
+
+pub(super) async fn oversized_health_soak(env: &'static Env) -> Row {
+    oversized(env, "soak", "spec.health.soak", json!({"health": {"soak": "99999999h"}})).await
+}
+
+pub(super) async fn oversized_pause_between_batches(env: &'static Env) -> Row {
+    oversized(
+        env,
+        "pause",
+        "spec.strategy.pauseBetweenBatches",
+        json!({"strategy": {"pauseBetweenBatches": "99999999h"}}),
+    )
+    .await
+}
+
+/// A duration of 11,000 years in one field. The schema must refuse it (at most 30 days) with a message; if it
+/// does not, the outcome reports what the operator does with it.
+async fn oversized(env: &'static Env, name: &str, field: &str, overrides: Value) -> Row {
+    let mut spec = deployments_spec();
+    merge(&mut spec, &overrides);
+    let ran = create_as(&env.dev1, &env.t1, &format!("huge-{name}"), spec.clone()).await;
+    let mut r = row(
+        &format!("{field}: 99999999h (11,000 years)"),
+        who(&env.dev1, "edit in t1"),
+        Expect::Schema(field.into()),
+        &ran,
+    );
+    if ran.code == 0 {
+        r.outcome = format!("admitted; {}", consequence(env, name, spec).await);
+    }
+    r
+}
+
+fn merge(into: &mut Value, from: &Value) {
+    match (into, from) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (a, b) => *a = b.clone(),
+    }
+}
+
+/// Runs an operator on a rollout with `spec` over two Deployments (batches of one) in a namespace of its own,
+/// and says what became of the operator and the rollout.
+async fn consequence(env: &'static Env, name: &str, mut spec: Value) -> String {
+    let ns = namespace(&env.admin, &format!("sec-{name}")).await;
+    let fleet = Fleet { client: env.admin.clone(), ns: ns.clone(), tenants: vec![] };
+    fleet.deployments(&ns, 2, READY_IMAGE).await;
+    let mut op = Operator::start(&ns, &[], &[]);
+    spec["strategy"]["batchSize"] = json!(1);
+    fleet.rollout(name, spec).await;
+    // The verdict needs both the rollout and the operator's process and log, which no single watch shows:
+    // poll them together, up to a deadline.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut panicked_at = None;
+    // Once the rollout looks fine, a harmless spec change makes the operator take it up again: a deadline
+    // that cannot be computed fails at every reconcile, not only the first.
+    let mut nudged: Option<i64> = None;
+    let said = loop {
+        let log = std::fs::read_to_string(&op.log).unwrap_or_default();
+        let status = fleet.rollouts().get(name).await.ok().and_then(|f| f.status).unwrap_or_default();
+        let state = format!("{:?}: {}", status.phase, status.message.clone().unwrap_or_default());
+        if let Some(at) = log.lines().position(|l| l.contains("panicked at")) {
+            let why = log.lines().nth(at + 1).unwrap_or_default().trim().to_string();
+            let since = *panicked_at.get_or_insert_with(tokio::time::Instant::now);
+            // A panic in a reconcile ends the process a moment later (the controller's task is joined).
+            if !op.is_running() || since.elapsed() > Duration::from_secs(30) {
+                let process = if op.is_running() { "still running 30 s later" } else { "exited" };
+                break format!("the operator panicked ({why}) and {process}; the rollout stays {state}");
+            }
+        } else if copes(&status) {
+            match nudged {
+                None => {
+                    let ttl = json!({"spec": {"ttlSecondsAfterFinished": 86400}});
+                    let fr = fleet
+                        .rollouts()
+                        .patch(name, &PatchParams::default(), &Patch::Merge(&ttl))
+                        .await
+                        .unwrap();
+                    nudged = fr.metadata.generation;
+                }
+                Some(g) if status.observed_generation >= Some(g) => {
+                    break format!("the operator copes: {state}");
+                }
+                Some(_) => {}
+            }
+        } else if tokio::time::Instant::now() > deadline {
+            break format!("after 60 s the operator has not panicked; the rollout is {state}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    op.kill();
+    let _ = Api::<Namespace>::all(env.admin.clone()).delete(&ns, &DeleteParams::background()).await;
+    said
+}
+
+/// The rollout waits the long duration out (soaking with healthy targets, or waiting before batch 2), or has
+/// finished (a timeout that never needed to expire).
+fn copes(s: &fleetroll::api::FleetRolloutStatus) -> bool {
+    let soaking =
+        s.reason.as_deref() == Some("Soaking") && s.batches.iter().any(|b| b.healthy_since.is_some());
+    let pausing = s.message.as_deref().is_some_and(|m| m.starts_with("waiting before batch"));
+    s.phase == Phase::Succeeded || soaking || pausing
+}
