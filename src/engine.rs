@@ -829,8 +829,8 @@ fn in_scope(
 
 /// The event reason for a scope refusal (event reasons are static).
 fn static_reason(reason: &str) -> &'static str {
-    use crate::scope::reason::*;
-    [OUT_OF_SCOPE, NOT_OPTED_IN, PROTECTED, HELD].into_iter().find(|r| *r == reason).unwrap_or(OUT_OF_SCOPE)
+    use crate::scope::reason::{ALL, OUT_OF_SCOPE};
+    ALL.into_iter().find(|r| *r == reason).unwrap_or(OUT_OF_SCOPE)
 }
 
 /// Targets this revision changed: every target of every batch that got past Pending.

@@ -519,8 +519,14 @@ fn render_with(fr: &FleetRollout, health: Option<(u32, u32)>) -> String {
         ));
     }
     for f in s.failures.iter().rev().take(5) {
+        // Refused and vanished targets are reported with failures but are not failures.
+        let what = match f.reason.as_str() {
+            r if crate::scope::reason::ALL.contains(&r) => "refused",
+            crate::engine::reason::TARGET_MISSING => "skipped",
+            _ => "failed",
+        };
         out.push_str(&format!(
-            "  failed: {} (batch {}): {}: {}\n",
+            "  {what}: {} (batch {}): {}: {}\n",
             crate::api::target_key(&f.namespace, &f.name),
             f.batch + 1,
             f.reason,

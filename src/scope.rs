@@ -17,6 +17,8 @@ pub mod reason {
     pub const PROTECTED: &str = "TargetProtected";
     /// Another rollout that is still running changed the target last.
     pub const HELD: &str = "TargetHeldByAnotherRollout";
+    /// Every refusal reason.
+    pub const ALL: [&str; 4] = [OUT_OF_SCOPE, NOT_OPTED_IN, PROTECTED, HELD];
 }
 
 /// A workload named on the command line: `Kind/namespace/name`.

@@ -422,18 +422,28 @@ async fn token(fleet: &Fleet, sa: &str, audience: &str) -> String {
     issued.status.and_then(|s| s.token).expect("a token")
 }
 
+/// Grants `sa` the `verbs` on FleetRollouts in the fleet's namespace, and the right to patch its Deployments
+/// that a FleetRollout of Deployments needs of whoever writes it (fleetroll's admission policy checks it).
 async fn grant(fleet: &Fleet, sa: &str, verbs: &[&str]) {
     let roles: Api<Role> = Api::namespaced(fleet.client.clone(), &fleet.ns);
     let bindings: Api<RoleBinding> = Api::namespaced(fleet.client.clone(), &fleet.ns);
     let name = format!("{sa}-fleetrollouts");
     let role = Role {
         metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec!["fleetroll.dev".into()]),
-            resources: Some(vec!["fleetrollouts".into()]),
-            verbs: verbs.iter().map(|v| v.to_string()).collect(),
-            ..Default::default()
-        }]),
+        rules: Some(vec![
+            PolicyRule {
+                api_groups: Some(vec!["fleetroll.dev".into()]),
+                resources: Some(vec!["fleetrollouts".into()]),
+                verbs: verbs.iter().map(|v| v.to_string()).collect(),
+                ..Default::default()
+            },
+            PolicyRule {
+                api_groups: Some(vec!["apps".into()]),
+                resources: Some(vec!["deployments".into()]),
+                verbs: vec!["patch".into()],
+                ..Default::default()
+            },
+        ]),
     };
     roles.create(&PostParams::default(), &role).await.unwrap();
     let binding = RoleBinding {
