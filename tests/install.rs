@@ -389,8 +389,8 @@ async fn operator_on_the_charts_rbac(fleet: Fleet, fullname: String) {
         .await;
     assert_eq!(fr.status.unwrap().counts.healthy, 4);
     assert!(fleet.all_deployments().await.iter().all(|d| image_of(d) == NEXT_IMAGE));
-    let events = fleet.events("web").await;
-    assert!(events.iter().any(|(r, _)| r == "Succeeded"), "events need the chart's grant: {events:?}");
+    // Events need the chart's grant.
+    fleet.wait_events("web", &["Succeeded"], Duration::from_secs(60)).await;
 
     // A node rollout too (the DaemonSet taken over and handed back, pods deleted node by node).
     let (client, pool) = (fleet.client.clone(), ns.clone());

@@ -226,8 +226,7 @@ async fn cross_namespace_rollouts_outside_the_fleet_namespace_are_refused() {
         assert!(condition(&fr, "Degraded").unwrap().message.contains("fleetroll-system"));
         let api: Api<Deployment> = Api::namespaced(fleet.client.clone(), &fleet.tenants[0]);
         assert_eq!(api.get("web-00").await.unwrap().metadata.generation, Some(1));
-        let events = fleet.events("cross").await;
-        assert!(events.iter().any(|(r, _)| r == "CrossNamespaceNotAllowed"), "{events:?}");
+        fleet.wait_events("cross", &["CrossNamespaceNotAllowed"], Duration::from_secs(30)).await;
     })
     .await;
 }

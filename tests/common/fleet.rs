@@ -225,15 +225,37 @@ impl Fleet {
             .clone()
     }
 
-    /// The events recorded for a FleetRollout, as (reason, message).
-    pub async fn events(&self, name: &str) -> Vec<(String, String)> {
+    /// The events recorded for a FleetRollout, as (reason, message), once one of each of `reasons` is among
+    /// them: the operator sends events in the background, after the status they announce, so a test that
+    /// saw the status waits for them (driven by a watch), up to `timeout`.
+    pub async fn wait_events(
+        &self,
+        name: &str,
+        reasons: &[&str],
+        timeout: Duration,
+    ) -> Vec<(String, String)> {
         let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(self.client.clone(), &self.ns);
-        let list = api.list(&ListParams::default()).await.expect("list events");
-        list.items
-            .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
-            .collect()
+        let complete = |seen: &[(String, String)]| reasons.iter().all(|r| seen.iter().any(|(x, _)| x == r));
+        let mut seen = Vec::new();
+        let events = watcher(api, watcher::Config::default()).default_backoff().applied_objects();
+        futures::pin_mut!(events);
+        let waited = tokio::time::timeout(timeout, async {
+            while let Some(event) = events.next().await {
+                let Ok(e) = event else { continue };
+                if e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name) {
+                    seen.push((e.reason.unwrap_or_default(), e.note.unwrap_or_default()));
+                    if complete(&seen) {
+                        return;
+                    }
+                }
+            }
+        })
+        .await;
+        assert!(
+            waited.is_ok() && complete(&seen),
+            "no {reasons:?} among the events of {name} within {timeout:?}: {seen:?}"
+        );
+        seen
     }
 }
 
