@@ -210,6 +210,11 @@ struct OperatorArgs {
     #[arg(long = "http-check-allow", env = "FLEETROLL_HTTP_CHECK_ALLOW", value_delimiter = ',')]
     http_check_allow: Vec<crate::http_check::Allowed>,
 
+    /// The cluster's DNS domain: health checks name a target's Service as {name}.{namespace}.svc, or with
+    /// this domain, and resolve it as the absolute name in it.
+    #[arg(long, env = "FLEETROLL_CLUSTER_DOMAIN", default_value = crate::http_check::CLUSTER_DOMAIN)]
+    cluster_domain: String,
+
     #[command(flatten)]
     mcp: McpArgs,
 }
@@ -241,6 +246,7 @@ impl OperatorArgs {
                 http_check: crate::http_check::Policy {
                     allowed: self.http_check_allow,
                     api_server: Vec::new(),
+                    cluster_domain: self.cluster_domain.trim_matches('.').to_ascii_lowercase(),
                 },
             },
         }

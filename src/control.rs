@@ -45,7 +45,8 @@ pub async fn set(
         .map_err(|e| explain(&e, &what(ns, name)))
 }
 
-/// Approves `batch` (default: the one waiting) of `plan_hash` (default: the current plan) as `who`.
+/// Approves `batch` (default: the one waiting) of `plan_hash` (default: the current plan), recording `who`
+/// approved when known: the admission policy lets an approval name only the user who writes it.
 /// Refuses a plan that is not the rollout's current one, so a plan that changed under the approver is never
 /// approved by mistake. Read-modify-write with the resourceVersion: a concurrent change is never lost.
 pub async fn approve(
@@ -54,7 +55,7 @@ pub async fn approve(
     name: &str,
     batch: Option<u32>,
     plan_hash: Option<&str>,
-    who: &str,
+    who: Option<&str>,
     manager: &str,
 ) -> Result<FleetRollout, String> {
     let api = Api::<FleetRollout>::namespaced(client.clone(), ns);
@@ -77,7 +78,7 @@ pub async fn approve(
         };
         let mut approvals: Vec<Approval> =
             fr.spec.approvals.iter().filter(|a| a.batch != batch).cloned().collect();
-        approvals.push(Approval { batch, plan_hash: plan_hash.clone(), approved_by: Some(who.to_string()) });
+        approvals.push(Approval { batch, plan_hash: plan_hash.clone(), approved_by: who.map(String::from) });
         approvals.sort_by_key(|a| a.batch);
         let patch =
             json!({"metadata": {"resourceVersion": fr.resource_version()}, "spec": {"approvals": approvals}});

@@ -3,11 +3,14 @@
 //! port scanner and an oracle for loopback, the cloud metadata service, the API server and every internal
 //! service, with the operator's network position. So:
 //!
-//! - the URL's host must come from the target (`{name}.{namespace}[.svc[.<domain>]]`; for node rollouts
-//!   `{node}`, `{podIP}`, `{hostIP}`), or be allowed by the operator (`--http-check-allow`, empty by default);
-//! - whatever it resolves to must not be loopback, link-local, unspecified, multicast or the API server,
-//!   unless an allowed CIDR covers it;
-//! - redirects are not followed, and responses are judged by their status code only.
+//! - the URL's host must be the target's own Service (`{name}.{namespace}.svc`, or with the cluster domain
+//!   `{name}.{namespace}.svc.cluster.local`), or for node rollouts `{node}`, `{podIP}`, `{hostIP}`; or be
+//!   allowed by the operator (`--http-check-allow`, empty by default);
+//! - a Service name is resolved as the absolute name in the cluster domain (no search path, so it cannot
+//!   fall through to public DNS), and not at all when the Service is an ExternalName (which points anywhere);
+//! - whatever any name resolves to (allowed ones included) must not be loopback, link-local, unspecified,
+//!   multicast or the API server, unless an allowed CIDR covers it;
+//! - redirects are not followed, no proxy is used, and responses are judged by their status code only.
 //!
 //! Pure decisions; the resolver that applies them to every connection is in `controller::targets`.
 
@@ -51,19 +54,52 @@ impl std::str::FromStr for Allowed {
     }
 }
 
+/// The cluster DNS domain when none is configured.
+pub const CLUSTER_DOMAIN: &str = "cluster.local";
+
 /// The operator's rules for health-check URLs.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Policy {
     pub allowed: Vec<Allowed>,
     /// The API server's addresses, never probed unless allowed.
     pub api_server: Vec<IpAddr>,
+    /// The cluster's DNS domain (`--cluster-domain`).
+    pub cluster_domain: String,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self { allowed: Vec::new(), api_server: Vec::new(), cluster_domain: CLUSTER_DOMAIN.into() }
+    }
+}
+
+/// A target's Service, named by a health-check host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceName {
+    pub namespace: String,
+    pub name: String,
 }
 
 impl Policy {
-    /// Whether the operator trusts a host name outright.
-    pub fn trusts_host(&self, host: &str) -> bool {
+    /// Whether the operator allows URLs to name this host (what it resolves to is still checked).
+    pub fn allows_host(&self, host: &str) -> bool {
         let host = host.trim_end_matches('.').to_ascii_lowercase();
         self.allowed.iter().any(|a| matches!(a, Allowed::Host(h) if *h == host))
+    }
+
+    /// The Service a resolved host name stands for (`<name>.<namespace>.svc[.<cluster domain>][.]`), and
+    /// the absolute name to resolve it by, so that the resolver's search path never sends it elsewhere.
+    pub fn service(&self, host: &str) -> Option<(ServiceName, String)> {
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        let domain = format!(".svc.{}", self.cluster_domain);
+        let stem = host.strip_suffix(&domain).or_else(|| host.strip_suffix(".svc"))?;
+        // A Service name is one DNS label; a namespace too.
+        let (name, namespace) = stem.rsplit_once('.')?;
+        let label = |l: &str| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        (label(name) && label(namespace)).then(|| {
+            let absolute = format!("{name}.{namespace}.svc.{}.", self.cluster_domain);
+            (ServiceName { namespace: namespace.into(), name: name.into() }, absolute)
+        })
     }
 
     fn allows_address(&self, ip: IpAddr) -> bool {
@@ -99,7 +135,7 @@ impl Policy {
     /// before anything changes and again at every step (the check may change mid-rollout).
     pub fn check_template(&self, url: &str, kind: TargetKind) -> Result<(), String> {
         let host = host(url)?;
-        if from_target(host, kind) || self.trusts_host(host) {
+        if self.names_target(host, kind) || self.allows_host(host) {
             return Ok(());
         }
         let literal = host.trim_start_matches('[').trim_end_matches(']');
@@ -112,8 +148,8 @@ impl Policy {
             };
         }
         let forms = match kind {
-            TargetKind::Node => "{node}, {podIP} or {hostIP}",
-            _ => "{name}.{namespace}, {name}.{namespace}.svc or {name}.{namespace}.svc.<cluster domain>",
+            TargetKind::Node => "{node}, {podIP} or {hostIP}".to_string(),
+            _ => format!("{{name}}.{{namespace}}.svc or {{name}}.{{namespace}}.svc.{}", self.cluster_domain),
         };
         Err(format!(
             "health.http.url must name its target ({forms}) or a host the operator allows (--http-check-allow); \
@@ -140,28 +176,16 @@ pub fn host(url: &str) -> Result<&str, String> {
     Ok(host)
 }
 
-/// Whether a template's host is one of the forms that name the target itself.
-fn from_target(host: &str, kind: TargetKind) -> bool {
-    if kind == TargetKind::Node {
-        return matches!(host, "{node}" | "{name}" | "{podIP}" | "{hostIP}");
-    }
-    let Some(rest) = host.strip_prefix("{name}.{namespace}") else { return false };
-    let Some(rest) = (match rest {
-        "" => return true,
-        _ => rest.strip_prefix(".svc"),
-    }) else {
-        return false;
-    };
-    match rest {
-        "" => true,
-        // A cluster domain: plain DNS labels, no more placeholders.
-        domain => {
-            domain.starts_with('.')
-                && domain.len() > 1
-                && domain[1..]
-                    .split('.')
-                    .all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+impl Policy {
+    /// Whether a template's host is one of the forms that name the target itself: its Service in the
+    /// cluster domain (never another domain, which could resolve anywhere), or a node rollout's node or pod.
+    fn names_target(&self, host: &str, kind: TargetKind) -> bool {
+        if kind == TargetKind::Node {
+            return matches!(host, "{node}" | "{name}" | "{podIP}" | "{hostIP}");
         }
+        let host = host.trim_end_matches('.');
+        host == "{name}.{namespace}.svc"
+            || host == format!("{{name}}.{{namespace}}.svc.{}", self.cluster_domain)
     }
 }
 
@@ -188,6 +212,7 @@ mod tests {
         Policy {
             allowed: allowed.iter().map(|a| a.parse().unwrap()).collect(),
             api_server: vec!["10.96.0.1".parse().unwrap(), "192.168.5.10".parse().unwrap()],
+            cluster_domain: CLUSTER_DOMAIN.into(),
         }
     }
 
@@ -196,10 +221,9 @@ mod tests {
         let p = policy(&[]);
         let deployment = TargetKind::Deployment;
         for ok in [
-            "http://{name}.{namespace}:8080/healthz",
             "http://{name}.{namespace}.svc:8080/healthz",
             "https://{name}.{namespace}.svc.cluster.local/ready?x={name}",
-            "http://{name}.{namespace}.svc.corp-cluster.internal/",
+            "http://{name}.{namespace}.svc.cluster.local.:8080/",
         ] {
             assert_eq!(p.check_template(ok, deployment), Ok(()), "{ok}");
         }
@@ -213,6 +237,11 @@ mod tests {
             "http://{name}.evil.example.com/",
             "http://{name}/",
             "http://{name}.{namespace}.svc.{name}.evil/",
+            // Another domain after .svc resolves wherever its owner wants; so may a name without .svc,
+            // which the search path can send to public DNS (a namespace called like a top-level domain).
+            "http://{name}.{namespace}.svc.attacker.example:6443/",
+            "http://{name}.{namespace}.svc.corp-cluster.internal/",
+            "http://{name}.{namespace}:8080/",
             "http://{name}.{namespace}@evil.example.com/",
             "http://evil.example.com/{name}.{namespace}.svc",
             "http://{podIP}:8080/",
@@ -236,7 +265,7 @@ mod tests {
         assert_eq!(p.check_template("http://10.20.3.4/", TargetKind::Deployment), Ok(()));
         assert_eq!(p.check_template("http://checks.example.com/{name}", TargetKind::Deployment), Ok(()));
         assert!(p.check_template("http://10.21.0.1/", TargetKind::Deployment).is_err());
-        assert!(p.trusts_host("checks.example.com."));
+        assert!(p.allows_host("checks.example.com."));
         assert!("not a host!".parse::<Allowed>().is_err());
     }
 
@@ -268,6 +297,34 @@ mod tests {
         assert_eq!(allowed.check_address("127.0.0.1".parse().unwrap()), Ok(()));
         assert!(
             allowed.check_address("169.254.169.254".parse().unwrap()).unwrap_err().contains("link-local")
+        );
+    }
+
+    #[test]
+    fn a_service_host_is_resolved_by_its_absolute_name_in_the_cluster_domain() {
+        let p = policy(&[]);
+        let web = ServiceName { namespace: "team".into(), name: "web".into() };
+        let absolute = "web.team.svc.cluster.local.".to_string();
+        assert_eq!(p.service("web.team.svc"), Some((web.clone(), absolute.clone())));
+        assert_eq!(p.service("web.team.svc.cluster.local"), Some((web.clone(), absolute.clone())));
+        assert_eq!(p.service("Web.Team.svc.cluster.local."), Some((web, absolute)));
+        // Not a Service of the cluster: a dotted name (no Service has one), another domain, no .svc.
+        for other in ["a.b.team.svc", "web.team.svc.evil.example", "web.team", "localhost", "team.svc"] {
+            assert_eq!(p.service(other), None, "{other}");
+        }
+        let custom = Policy { cluster_domain: "corp.internal".into(), ..policy(&[]) };
+        assert_eq!(
+            custom.service("web.team.svc.corp.internal").map(|(_, a)| a),
+            Some("web.team.svc.corp.internal.".into())
+        );
+        assert_eq!(
+            custom.check_template("http://{name}.{namespace}.svc.corp.internal/", TargetKind::Deployment),
+            Ok(())
+        );
+        assert!(
+            custom
+                .check_template("http://{name}.{namespace}.svc.cluster.local/", TargetKind::Deployment)
+                .is_err()
         );
     }
 

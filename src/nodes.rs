@@ -288,6 +288,20 @@ pub fn release(ds: &DaemonSet) -> Option<DaemonSet> {
     Some(next)
 }
 
+/// The DaemonSet as it was before the rollout took it over: its saved template and strategy restored and
+/// the saved annotations removed; None when fleetroll does not hold it. For a rollout that ends without
+/// succeeding (deleted while failed, aborted or half-way): handing back only the strategy would let the
+/// DaemonSet controller roll the rollout's image to every node, ungated.
+pub fn hand_back(ds: &DaemonSet) -> Option<DaemonSet> {
+    let mut next = release(ds)?;
+    if let Some(saved) = ds.annotations().get(SAVED_TEMPLATE_ANNOTATION)
+        && let Ok(template) = serde_json::from_str::<PodTemplateSpec>(saved)
+    {
+        next.spec.template = template;
+    }
+    Some(next)
+}
+
 /// Whether fleetroll holds the DaemonSet's updates (and so must hand them back).
 pub fn is_held(annotations: &BTreeMap<String, String>) -> bool {
     annotations.contains_key(SAVED_STRATEGY_ANNOTATION)

@@ -210,28 +210,26 @@ async fn approve(
         Some(0) => return Err("batches are numbered from 1".into()),
         b => b.map(|b| b - 1),
     };
-    let fr = control::approve(client, ns, name, batch, plan_hash, &who, FIELD_MANAGER).await?;
+    let fr = control::approve(client, ns, name, batch, plan_hash, who.as_deref(), FIELD_MANAGER).await?;
     match output {
         Some(o) => print(&fr, o)?,
         None => {
             let a = fr.spec.approvals.iter().max_by_key(|a| a.batch).cloned();
             let what =
                 a.map(|a| format!("batch {} of plan {}", a.batch + 1, a.plan_hash)).unwrap_or_default();
-            println!("fleetrollout.fleetroll.dev/{name} approved {what} as {who}");
+            let as_who = who.map(|w| format!(" as {w}")).unwrap_or_default();
+            println!("fleetrollout.fleetroll.dev/{name} approved {what}{as_who}");
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// Who the kubeconfig authenticates as (SelfSubjectReview), for the approval record.
-async fn whoami(client: &Client) -> String {
+/// Who the API server says the user is (None when it will not say: the approval then names no one).
+async fn whoami(client: &Client) -> Option<String> {
     let api: Api<SelfSubjectReview> = Api::all(client.clone());
-    match api.create(&PostParams::default(), &SelfSubjectReview::default()).await {
-        Ok(r) => {
-            r.status.and_then(|s| s.user_info).and_then(|u| u.username).unwrap_or_else(|| "unknown".into())
-        }
-        Err(_) => "unknown".into(),
-    }
+    let reviewed = api.create(&PostParams::default(), &SelfSubjectReview::default()).await.ok()?;
+    reviewed.status?.user_info?.username
 }
 
 /// A plan as the plugin prints it.

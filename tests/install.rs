@@ -171,6 +171,16 @@ async fn the_charts_rbac_follows_its_values() {
     assert!(!grants(role, "apps", "daemonsets", "update"), "DaemonSet update by default");
     assert!(!grants(role, "", "nodes", "list"), "node rights by default");
     assert!(grants(role, "apps", "deployments", "patch"));
+    assert!(grants(role, "", "services", "get"), "to refuse ExternalName Services as health-check hosts");
+    assert!(!grants(role, "fleetroll.dev", "fleetrollouts", "create"), "MCP creates rollouts as its caller");
+    let endpoints =
+        object(&objects, "Role", "fr-fleetroll-apiserver-endpoints").expect("the API server's endpoints");
+    assert_eq!(endpoints["metadata"]["namespace"], "default");
+    assert_eq!(endpoints["rules"][0]["resourceNames"], json!(["kubernetes"]));
+    assert!(
+        args(&objects).contains(&"--fleet-namespace=".to_string()),
+        "no cross-namespace rollouts by default"
+    );
     assert!(grants(role, "", "configmaps", "create") && grants(role, "", "configmaps", "get"));
     for verb in ["list", "update", "patch", "delete", "watch"] {
         assert!(!grants(role, "", "configmaps", verb), "configmaps {verb}");
@@ -266,6 +276,14 @@ async fn the_charts_rbac_follows_its_values() {
             && grants(impersonate, "", "users", "impersonate")
     );
     let chart = repo_path("charts/fleetroll");
+    // The fleet namespace is never the operator's own: edit there would be the operator's rights.
+    let own = helm(&["template", "fr", &chart, "--namespace", "ops", "--set", "fleetNamespace=ops"]).await;
+    assert!(
+        own.code != 0 && own.stderr.contains("fleetNamespace must not be the release namespace"),
+        "{own:?}"
+    );
+    let apart = render(&["fleetNamespace=fleet"]).await;
+    assert!(args(&apart).contains(&"--fleet-namespace=fleet".to_string()));
     let bad = helm(&["template", "fr", &chart, "--set", "mcp.impersonation=sometimes"]).await;
     assert!(
         bad.code != 0 && bad.stderr.contains("mcp.impersonation must be constrained or legacy"),
@@ -285,19 +303,8 @@ where
         let ns = fleet.ns.clone();
         let fullname = format!("{ns}-fleetroll");
         let chart = repo_path("charts/fleetroll");
-        let fleet_ns = format!("fleetNamespace={ns}");
         let sets: Vec<String> = sets.iter().map(|s| s.replace("{ns}", &ns)).collect();
-        let mut args = vec![
-            "install",
-            &ns,
-            &chart,
-            "--namespace",
-            &ns,
-            "--set",
-            "crds.install=false",
-            "--set",
-            &fleet_ns,
-        ];
+        let mut args = vec!["install", &ns, &chart, "--namespace", &ns, "--set", "crds.install=false"];
         for set in &sets {
             args.extend(["--set", set]);
         }

@@ -228,7 +228,8 @@ async fn approvals_gate_batches_and_pause_holds_them() {
         fleet
             .patch_spec(
                 "gated",
-                json!({"approvals": [{"batch": 0, "planHash": hash, "approvedBy": "alice"}]}),
+                // An approval may name only the user who writes it (the admission policy).
+                json!({"approvals": [{"batch": 0, "planHash": hash, "approvedBy": "fleetroll-admin"}]}),
             )
             .await;
         let fr = fleet
@@ -239,7 +240,7 @@ async fn approvals_gate_batches_and_pause_holds_them() {
         fleet.patch_spec("gated", json!({"paused": false})).await;
         let fr = fleet.wait_rollout("gated", "approval of batch 2", DEADLINE, waiting(1)).await;
         let s = fr.status.unwrap();
-        assert_eq!(s.approvals[0].approved_by.as_deref(), Some("alice"));
+        assert_eq!(s.approvals[0].approved_by.as_deref(), Some("fleetroll-admin"));
         assert_eq!(fleet.all_deployments().await.iter().filter(|d| image_of(d) == NEXT_IMAGE).count(), 2);
 
         // A matching Deployment created after planning is reported, never added.

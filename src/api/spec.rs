@@ -100,6 +100,7 @@ pub struct FleetRolloutSpec {
 #[x_kube(validation = Rule::new(DAEMONSET_RULE).message("targets.daemonSet is required when targets.kind is Node: name the DaemonSet (in the rollout's namespace) whose pods are replaced node by node"))]
 #[x_kube(validation = Rule::new(NODE_ONLY_RULE).message("targets.daemonSet and targets.nodeSelector apply only to kind Node"))]
 #[x_kube(validation = Rule::new(NODE_NAMESPACES_RULE).message("targets.namespaceSelector does not apply to kind Node: the DaemonSet is in the rollout's own namespace"))]
+#[x_kube(validation = Rule::new(NODE_TRANSITION_RULE).message("a node rollout's targets.kind and targets.daemonSet cannot change: it holds that DaemonSet until it ends; create another FleetRollout"))]
 pub struct Targets {
     /// The kind of workload, each matching workload being one target; or `Node`, each node being one.
     pub kind: TargetKind,
@@ -176,6 +177,8 @@ const SELECTOR_RULE: &str = "self.kind == 'Node' || (has(self.selector) && ((has
 const DAEMONSET_RULE: &str = "self.kind != 'Node' || has(self.daemonSet)";
 const NODE_ONLY_RULE: &str = "self.kind == 'Node' || (!has(self.daemonSet) && !has(self.nodeSelector))";
 const NODE_NAMESPACES_RULE: &str = "self.kind != 'Node' || !has(self.namespaceSelector)";
+// A transition rule (it reads oldSelf): checked on updates only.
+const NODE_TRANSITION_RULE: &str = "oldSelf.kind != 'Node' || (self.kind == 'Node' && has(self.daemonSet) && has(oldSelf.daemonSet) && self.daemonSet == oldSelf.daemonSet)";
 // int-or-string rules: CEL sees an int or a string.
 const BATCH_SIZE_RULE: &str = "type(self) == int ? self >= 1 : self.matches('^(100|[1-9][0-9]?)%$')";
 const STEPS_RULE: &str = "self.all(s, type(s) == int ? s >= 1 : s.matches('^(100|[1-9][0-9]?)%$'))";

@@ -48,6 +48,14 @@ pub fn allowed_namespaces(
     let Some(selector) = &fr.spec.targets.namespace_selector else {
         return Ok(vec![own]);
     };
+    if fleet_namespace.is_empty() {
+        return Err(blocked(
+            reason::CROSS_NAMESPACE_NOT_ALLOWED,
+            "targets.namespaceSelector: this installation has no fleet namespace (--fleet-namespace), so no \
+             rollout may span namespaces (no target was changed)"
+                .into(),
+        ));
+    }
     if own != fleet_namespace {
         return Err(blocked(
             reason::CROSS_NAMESPACE_NOT_ALLOWED,

@@ -210,7 +210,10 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
         }
         let container = status.revision.as_ref().and_then(|r| r.inputs.container.clone());
         // Node targets are read live (see controller::nodes), and only while there is something to do.
-        let view = match kind == TargetKind::Node && !status.phase.is_terminal() {
+        // Not while it waits for a person (paused, awaiting approval): no batch is in flight then, and a
+        // rollout left waiting must not list every node every few seconds.
+        let waiting = matches!(status.phase, Phase::Paused | Phase::WaitingForApproval);
+        let view = match kind == TargetKind::Node && !status.phase.is_terminal() && !waiting {
             true => Some(nodes::View::read(&ctx.client, &fr).await?),
             false => None,
         };
@@ -282,7 +285,12 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
                 if kind == TargetKind::Node && status.phase.is_terminal() {
                     release_daemonset(ctx, &fr, &status).await?;
                 }
-                if let Some(expiry) = engine::expires_at(&fr.spec, &status) {
+                // A node rollout that failed or was aborted still holds its DaemonSet: its TTL waits until it
+                // does not (roll it back, or delete it, which hands the DaemonSet back as it was).
+                let holding = kind == TargetKind::Node
+                    && !matches!(status.phase, Phase::Succeeded | Phase::RolledBack)
+                    && fr.finalizers().iter().any(|f| f == nodes::FINALIZER);
+                if let Some(expiry) = engine::expires_at(&fr.spec, &status).filter(|_| !holding) {
                     if now >= expiry {
                         info!("deleting: ttlSecondsAfterFinished has passed");
                         match api(ctx, &fr).delete(&fr.name_any(), &Default::default()).await {
@@ -669,6 +677,8 @@ fn error_policy(fr: Arc<FleetRollout>, err: &Error, ctx: Arc<Context>) -> Action
 const RETRY_FIRST: Duration = Duration::from_millis(500);
 /// A rollout failing for good (an API it may not use, say) is retried this often, not hammered.
 const RETRY_MAX: Duration = Duration::from_secs(300);
+/// Failure counts kept before those of deleted rollouts are dropped.
+const FAILURES_KEPT: usize = 4096;
 
 /// How long to wait before retrying after `failures` consecutive failed reconciles (1 for the first).
 fn retry_after(failures: u32) -> Duration {
@@ -679,16 +689,19 @@ fn retry_after(failures: u32) -> Duration {
 impl Context {
     /// Counts one more consecutive failure of a rollout's reconcile; returns how many there have been.
     fn count_failure(&self, key: &ObjectRef<FleetRollout>) -> u32 {
-        let Ok(mut failures) = self.failures.lock() else { return 1 };
+        // A panic elsewhere while holding the lock must not switch the backoff off.
+        let mut failures = self.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if failures.len() >= FAILURES_KEPT {
+            // Rollouts deleted while failing leave their count behind: drop those.
+            failures.retain(|k, _| self.rollouts.get(k).is_some());
+        }
         let n = failures.entry(key.clone()).or_default();
         *n = n.saturating_add(1);
         *n
     }
 
     fn forget_failures(&self, key: &ObjectRef<FleetRollout>) {
-        if let Ok(mut failures) = self.failures.lock() {
-            failures.remove(key);
-        }
+        self.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(key);
     }
 }
 
@@ -732,6 +745,27 @@ fn cached_event<K: Resource>(
     }
 }
 
+/// The addresses the API server itself listens on, from the `kubernetes` Service's EndpointSlice (its
+/// ClusterIP alone would let a health check reach the API server by its real address). Best effort: an
+/// installation that may not read it still refuses the ClusterIP and the URL's host.
+async fn api_server_endpoints(client: &Client) -> Vec<std::net::IpAddr> {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    match Api::<EndpointSlice>::namespaced(client.clone(), "default").get_opt("kubernetes").await {
+        Ok(Some(slice)) => slice
+            .endpoints
+            .unwrap_or_default()
+            .iter()
+            .flat_map(|e| e.addresses.iter())
+            .filter_map(|a| a.parse().ok())
+            .collect(),
+        Ok(None) => Vec::new(),
+        Err(e) => {
+            debug!(error = %e, "cannot read the API server's endpoints; health checks refuse its Service address only");
+            Vec::new()
+        }
+    }
+}
+
 /// Runs the controller until `shutdown` fires. Call only while holding the leader lease.
 pub async fn run(
     client: Client,
@@ -766,6 +800,9 @@ pub async fn run(
         .reconcile_on(daemonset_triggers)
         .watches_stream(namespace_events, |_| None);
     let stores = Stores::new(deployments, statefulsets, daemonsets, namespaces);
+    let mut http_check = settings.http_check.clone();
+    http_check.api_server.extend(api_server_endpoints(&client).await);
+    let prober = Prober::new(http_check, Some(client.clone())).map_err(Error::Config)?;
     let ctx = Arc::new(Context {
         recorder: Recorder::new(
             client.clone(),
@@ -774,7 +811,7 @@ pub async fn run(
         rollouts: controller.store(),
         client,
         plans: PlanStore::new(settings.plan_limits),
-        prober: Prober::new(settings.http_check.clone()),
+        prober,
         rules: scope::Rules {
             fleet_namespace: settings.fleet_namespace.clone(),
             protected_namespaces: settings.protected_namespaces.clone(),

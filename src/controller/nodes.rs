@@ -19,7 +19,7 @@ use tracing::{debug, info};
 
 use super::{discovery::reason as blocked_reason, targets::Outcome};
 use crate::{
-    api::{APPLIED_ANNOTATION, FIELD_MANAGER, FleetRollout, PlannedTarget, Unplanned},
+    api::{APPLIED_ANNOTATION, FIELD_MANAGER, FleetRollout, Phase, PlannedTarget, Unplanned},
     engine::{Blocked, TargetState},
     error::{Error, Result, denial, is_not_found},
     failpoint,
@@ -215,12 +215,23 @@ pub async fn set_finalizer(client: &Client, fr: &FleetRollout, on: bool) -> Resu
     }
 }
 
-/// A node rollout being deleted: hands its DaemonSet back if it still holds it, then lets it go.
+/// A node rollout being deleted: hands its DaemonSet back if it still holds it, then lets it go. After
+/// success or a rollback only the update strategy goes back (the template is the one the rollout ended
+/// on); otherwise the template from before the rollout goes back too, so deleting an unfinished rollout
+/// undoes it instead of letting the DaemonSet controller finish it on every node at once.
 pub async fn finalize(client: &Client, fr: &FleetRollout) -> Result<()> {
     if !fr.finalizers().iter().any(|f| f == FINALIZER) {
         return Ok(());
     }
-    release(client, fr).await?;
+    let finished =
+        fr.status.as_ref().is_some_and(|s| matches!(s.phase, Phase::Succeeded | Phase::RolledBack));
+    if !daemonset_name(fr).is_empty() {
+        if finished {
+            release(client, fr).await?;
+        } else {
+            hand_back(client, fr).await?;
+        }
+    }
     set_finalizer(client, fr, false).await?;
     info!("handed the DaemonSet back; the rollout may go");
     Ok(())
@@ -383,6 +394,21 @@ pub async fn release(client: &Client, fr: &FleetRollout) -> Result<()> {
     if let Some(next) = nodes::release(&ds) {
         api.replace(&ds.name_any(), &post_params(), &next).await?;
         info!(daemonset = %ds.name_any(), "handed the DaemonSet's updates back");
+    }
+    Ok(())
+}
+
+/// Hands the DaemonSet back as it was before the rollout (template and strategy), if this rollout holds it.
+async fn hand_back(client: &Client, fr: &FleetRollout) -> Result<()> {
+    let api = daemonsets(client, fr);
+    let Some(ds) = api.get_opt(&daemonset_name(fr)).await? else { return Ok(()) };
+    let own = format!("{}/{}", fr.namespace().unwrap_or_default(), fr.name_any());
+    if !nodes::held_by(ds.annotations(), &own) {
+        return Ok(());
+    }
+    if let Some(next) = nodes::hand_back(&ds) {
+        api.replace(&ds.name_any(), &post_params(), &next).await?;
+        info!(daemonset = %ds.name_any(), "handed the DaemonSet back as it was before the rollout");
     }
     Ok(())
 }

@@ -8,7 +8,7 @@
 //! nothing is changed on its word.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashSet},
     sync::{Arc, Mutex},
 };
 
@@ -51,7 +51,12 @@ impl Default for Limits {
     }
 }
 const DATA_KEY: &str = "plan.json";
-const CACHE_LIMIT: usize = 512;
+/// Plans kept in memory, the least recently used dropped first (a tenant with many sharded rollouts must
+/// not flush everyone's).
+const CACHE_LIMIT: std::num::NonZeroUsize = match std::num::NonZeroUsize::new(512) {
+    Some(n) => n,
+    None => std::num::NonZeroUsize::MIN,
+};
 
 /// A loaded plan and the set of its targets.
 #[derive(Debug)]
@@ -76,10 +81,16 @@ impl LoadedPlan {
 /// that rollout's plan.
 type CacheKey = (String, String);
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PlanStore {
     limits: Limits,
-    cache: Mutex<HashMap<CacheKey, Arc<LoadedPlan>>>,
+    cache: Mutex<lru::LruCache<CacheKey, Arc<LoadedPlan>>>,
+}
+
+impl Default for PlanStore {
+    fn default() -> Self {
+        Self::new(Limits::default())
+    }
 }
 
 fn tampered(fr: &FleetRollout, what: String) -> Blocked {
@@ -109,7 +120,7 @@ impl PlanStore {
     pub fn new(limits: Limits) -> Self {
         Self {
             limits: Limits { shard_targets: limits.shard_targets.max(1), ..limits },
-            cache: Mutex::default(),
+            cache: Mutex::new(lru::LruCache::new(CACHE_LIMIT)),
         }
     }
 
@@ -216,7 +227,9 @@ impl PlanStore {
         fr: &FleetRollout,
         plan_ref: &PlanRef,
     ) -> Result<Result<Arc<LoadedPlan>, Blocked>> {
-        if let Some(p) = self.cache.lock().ok().and_then(|c| c.get(&cache_key(fr, &plan_ref.hash)).cloned()) {
+        if let Some(p) =
+            self.cache.lock().ok().and_then(|mut c| c.get(&cache_key(fr, &plan_ref.hash)).cloned())
+        {
             return Ok(Ok(p));
         }
         let plan = match plan_ref.storage {
@@ -242,10 +255,7 @@ impl PlanStore {
     fn remember(&self, fr: &FleetRollout, plan: Plan) -> Arc<LoadedPlan> {
         let loaded = LoadedPlan::new(plan);
         if let Ok(mut c) = self.cache.lock() {
-            if c.len() >= CACHE_LIMIT {
-                c.clear();
-            }
-            c.insert(cache_key(fr, &loaded.plan.hash), loaded.clone());
+            c.put(cache_key(fr, &loaded.plan.hash), loaded.clone());
         }
         loaded
     }

@@ -30,6 +30,8 @@ use crate::{
 const PATCH_CONCURRENCY: usize = 16;
 const HTTP_CONCURRENCY: usize = 16;
 const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest one step's probes take together (a reconcile has 60 s in all).
+const PROBE_BUDGET: Duration = Duration::from_secs(15);
 
 /// The reflector caches the controller reads targets from.
 #[derive(Clone)]
@@ -288,23 +290,28 @@ pub async fn live_facts(
 /// host is the target's own), within the operator's rules for where checks may go (see
 /// [`crate::http_check`]): every address a name resolves to is checked, literal addresses too, and
 /// redirects are not followed.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Prober {
     http: reqwest::Client,
     policy: Arc<Policy>,
 }
 
 impl Prober {
-    pub fn new(policy: Policy) -> Self {
+    /// A prober under `policy`; `services` reads the targets' Services (to refuse ExternalName ones). Err:
+    /// the HTTP client cannot be built, and no check may run without these rules.
+    pub fn new(policy: Policy, services: Option<Client>) -> Result<Self, String> {
         let policy = Arc::new(policy);
+        let resolver = GuardedResolver { policy: policy.clone(), services: services.map(ServiceKinds::new) };
         let http = reqwest::Client::builder()
             .timeout(HTTP_TIMEOUT)
             .danger_accept_invalid_certs(true)
             .redirect(reqwest::redirect::Policy::none())
-            .dns_resolver(Arc::new(GuardedResolver { policy: policy.clone() }))
+            // A proxy would resolve the name itself, past every rule here.
+            .no_proxy()
+            .dns_resolver(Arc::new(resolver))
             .build()
-            .unwrap_or_else(|_| reqwest::Client::new());
-        Self { http, policy }
+            .map_err(|e| format!("cannot build the health-check client: {e}"))?;
+        Ok(Self { http, policy })
     }
 
     /// The rules it probes by.
@@ -319,6 +326,9 @@ impl Prober {
         expect: u16,
         checks: Vec<((String, String), String)>,
     ) -> HashMap<(String, String), Result<(), String>> {
+        // However slow the endpoints (a tarpit), one step's probes end within this time: targets not
+        // answered by then count as not probed yet, and fail at the health timeout.
+        let budget = tokio::time::sleep(PROBE_BUDGET);
         stream::iter(checks)
             .map(|(key, url)| async move {
                 let result = match self.refusal(&url) {
@@ -334,6 +344,7 @@ impl Prober {
                 (key, result)
             })
             .buffer_unordered(HTTP_CONCURRENCY)
+            .take_until(budget)
             .collect()
             .await
     }
@@ -357,22 +368,37 @@ impl Prober {
     }
 }
 
-/// Resolves names for the prober and drops every address the policy refuses, so that a name pointing at
-/// loopback or the metadata service (an ExternalName Service, say) is never connected to.
+/// Resolves names for the prober: a target's Service by its absolute name in the cluster domain (never
+/// an ExternalName Service, which points wherever its author likes), and drops every address the policy
+/// refuses, so that no name is ever connected to loopback, the metadata service or the API server.
 struct GuardedResolver {
     policy: Arc<Policy>,
+    services: Option<ServiceKinds>,
 }
 
 impl Resolve for GuardedResolver {
     fn resolve(&self, name: Name) -> Resolving {
         let policy = self.policy.clone();
+        let services = self.services.clone();
         let host = name.as_str().to_string();
         Box::pin(async move {
+            let lookup = match policy.service(&host) {
+                Some((service, absolute)) => {
+                    if let Some(services) = &services
+                        && services.is_external_name(&service).await?
+                    {
+                        return Err(format!(
+                            "Service {}/{} is an ExternalName Service: health checks do not follow it",
+                            service.namespace, service.name
+                        )
+                        .into());
+                    }
+                    absolute
+                }
+                None => host.clone(),
+            };
             let resolved: Vec<std::net::SocketAddr> =
-                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            if policy.trusts_host(&host) {
-                return Ok(Box::new(resolved.into_iter()) as Addrs);
-            }
+                tokio::net::lookup_host((lookup.as_str(), 0)).await?.collect();
             let mut refusals = Vec::new();
             let allowed: Vec<std::net::SocketAddr> = resolved
                 .into_iter()
@@ -390,6 +416,51 @@ impl Resolve for GuardedResolver {
             }
             Ok(Box::new(allowed.into_iter()) as Addrs)
         })
+    }
+}
+
+/// Whether Services are ExternalName ones, read from the API server and remembered for a short while.
+#[derive(Clone)]
+struct ServiceKinds {
+    client: Client,
+    /// (namespace, name) -> (is an ExternalName, when it was read).
+    seen: Arc<std::sync::Mutex<KindsSeen>>,
+}
+
+type KindsSeen = lru::LruCache<(String, String), (bool, std::time::Instant)>;
+
+/// How long a Service's kind is remembered, and how many are.
+const SERVICE_KIND_TTL: Duration = Duration::from_secs(30);
+const SERVICE_KINDS_KEPT: std::num::NonZeroUsize = match std::num::NonZeroUsize::new(1024) {
+    Some(n) => n,
+    None => std::num::NonZeroUsize::MIN,
+};
+
+impl ServiceKinds {
+    fn new(client: Client) -> Self {
+        Self { client, seen: Arc::new(std::sync::Mutex::new(lru::LruCache::new(SERVICE_KINDS_KEPT))) }
+    }
+
+    async fn is_external_name(&self, service: &crate::http_check::ServiceName) -> Result<bool, kube::Error> {
+        let key = (service.namespace.clone(), service.name.clone());
+        let cached = self.seen.lock().ok().and_then(|mut seen| seen.get(&key).copied());
+        if let Some((external, at)) = cached
+            && at.elapsed() < SERVICE_KIND_TTL
+        {
+            return Ok(external);
+        }
+        let api: Api<k8s_openapi::api::core::v1::Service> =
+            Api::namespaced(self.client.clone(), &service.namespace);
+        let external = api
+            .get_opt(&service.name)
+            .await?
+            .and_then(|s| s.spec)
+            .and_then(|s| s.type_)
+            .is_some_and(|t| t == "ExternalName");
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.put(key, (external, std::time::Instant::now()));
+        }
+        Ok(external)
     }
 }
 
@@ -415,18 +486,24 @@ mod tests {
     #[tokio::test]
     async fn a_name_that_resolves_to_loopback_is_never_connected_to() {
         // The system resolver, for real: "localhost" is loopback on every machine.
-        let resolver = GuardedResolver { policy: Arc::new(Policy::default()) };
+        let resolver = GuardedResolver { policy: Arc::new(Policy::default()), services: None };
         let refused = resolver.resolve("localhost".parse::<Name>().unwrap()).await.err().unwrap();
         assert!(refused.to_string().contains("loopback"), "{refused}");
-        let trusted = GuardedResolver {
-            policy: Arc::new(Policy { allowed: vec!["localhost".parse().unwrap()], ..Default::default() }),
+        // Allowing a name lets URLs name it; where it leads is still checked.
+        let named = Policy { allowed: vec!["localhost".parse().unwrap()], ..Default::default() };
+        let resolver = GuardedResolver { policy: Arc::new(named), services: None };
+        assert!(resolver.resolve("localhost".parse::<Name>().unwrap()).await.is_err());
+        let reachable = Policy {
+            allowed: vec!["localhost".parse().unwrap(), "127.0.0.0/8".parse().unwrap()],
+            ..Default::default()
         };
-        assert!(trusted.resolve("localhost".parse::<Name>().unwrap()).await.is_ok());
+        let resolver = GuardedResolver { policy: Arc::new(reachable), services: None };
+        assert!(resolver.resolve("localhost".parse::<Name>().unwrap()).await.is_ok());
     }
 
     #[tokio::test]
     async fn literal_addresses_and_user_information_are_refused_before_any_request() {
-        let prober = Prober::new(Policy::default());
+        let prober = Prober::new(Policy::default(), None).unwrap();
         let key = ("ns".to_string(), "web".to_string());
         for url in ["http://127.0.0.1:1/x", "http://[::ffff:169.254.169.254]/", "http://user:pw@10.1.2.3/"] {
             let result = prober.check_all(200, vec![(key.clone(), url.to_string())]).await;

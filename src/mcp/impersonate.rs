@@ -29,10 +29,18 @@
 //!   verbs: ["impersonate-on:serviceaccount:get", "impersonate-on:serviceaccount:create",
 //!           "impersonate-on:serviceaccount:patch", "impersonate-on:user-info:get",
 //!           "impersonate-on:user-info:create", "impersonate-on:user-info:patch"]
+//! # preview_rollout's discovery, as the caller
+//! - apiGroups: [apps]
+//!   resources: [deployments, statefulsets, daemonsets]
+//!   verbs: ["impersonate-on:serviceaccount:get", "impersonate-on:serviceaccount:list",
+//!           "impersonate-on:user-info:get", "impersonate-on:user-info:list"]
+//! - apiGroups: [""]
+//!   resources: [namespaces, nodes, pods]
+//!   verbs: ["impersonate-on:serviceaccount:list", "impersonate-on:user-info:list"]
 //! ```
 //!
 //! (`get`: an approval reads the rollout before it patches it, and a replayed start reads the rollout it
-//! collided with.) Writes are rare, so each derives its client from the server's own `kube::Config`,
+//! collided with. A preview discovers the fleet as the caller, so it shows only what the caller could list.) Writes are rare, so each derives its client from the server's own `kube::Config`,
 //! and kube's own code puts the `Impersonate-*` headers on.
 
 use std::{collections::BTreeMap, sync::Arc};
@@ -85,6 +93,11 @@ impl Impersonation {
             return refuse("the identity has no username");
         }
         if let Some(rest) = user.strip_prefix(SERVICEACCOUNT_PREFIX) {
+            // Only a ServiceAccount's own token says so; another authenticator's user who merely bears
+            // such a name must not be impersonated as that ServiceAccount.
+            if !who.groups.iter().any(|g| g == "system:serviceaccounts") {
+                return refuse("a ServiceAccount username without the system:serviceaccounts group");
+            }
             let mut parts = rest.split(':');
             let well_formed = matches!((parts.next(), parts.next(), parts.next()), (Some(ns), Some(name), None) if !ns.is_empty() && !name.is_empty());
             if !well_formed {
@@ -294,7 +307,12 @@ mod tests {
         refused(identity("bob", &[], &[("x.com/team", &[""])]), "empty value");
         refused(identity("bob", &[], &[("x.com/te am", &["a"])]), "invalid path");
         refused(identity("bøb", &[], &[]), "printable ASCII");
-        refused(identity("system:serviceaccount:team", &[], &[]), "well-formed");
+        refused(identity("system:serviceaccount:team", &["system:serviceaccounts"], &[]), "well-formed");
+        // Named like a ServiceAccount by another authenticator: not the ServiceAccount.
+        refused(
+            identity("system:serviceaccount:team:agent", &["oidc:devs"], &[]),
+            "system:serviceaccounts group",
+        );
         refused(identity("", &[], &[]), "no username");
     }
 
@@ -306,6 +324,10 @@ mod tests {
         assert!(server.client_for(&root).is_ok(), "--auth none: no impersonation, nothing to refuse");
         let caller = Writer::Caller(Arc::new(config));
         assert!(caller.client_for(&root).is_err());
-        assert!(caller.client_for(&identity("system:serviceaccount:a:b", &[], &[])).is_ok());
+        assert!(
+            caller
+                .client_for(&identity("system:serviceaccount:a:b", &["system:serviceaccounts"], &[]))
+                .is_ok()
+        );
     }
 }

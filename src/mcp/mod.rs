@@ -199,7 +199,7 @@ impl ServerHandler for FleetMcp {
                 tools::started_result(fr, started.replayed)
             }
             "preview_rollout" => match tools::parse::<PreviewArgs>(&args) {
-                Ok(a) => self.ops.preview(&a).await.unwrap_or_else(tools::error),
+                Ok(a) => self.ops.preview(&a, &who).await.unwrap_or_else(tools::error),
                 Err(e) => tools::error(e),
             },
             "get_rollout" => match tools::parse::<RolloutRef>(&args) {

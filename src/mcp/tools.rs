@@ -210,7 +210,7 @@ pub fn error(text: impl Into<String>) -> CallToolResult {
 /// What the MCP tools need of the world.
 #[derive(Clone)]
 pub struct Ops {
-    /// The server's own client, for reads (previews' discovery; the cache reads with it too).
+    /// The server's own client, for reads (the cache reads with it too).
     pub client: Client,
     /// Who writes are made as.
     pub writer: Writer,
@@ -344,8 +344,10 @@ impl Ops {
         }
     }
 
-    /// The plan a rollout would follow, computed exactly as the operator would.
-    pub async fn preview(&self, args: &PreviewArgs) -> Result<CallToolResult, String> {
+    /// The plan a rollout would follow, computed exactly as the operator would. Discovery runs as the
+    /// caller (like its writes): a preview lists workloads, namespaces and nodes, and shows only what the
+    /// caller could list itself.
+    pub async fn preview(&self, args: &PreviewArgs, who: &Identity) -> Result<CallToolResult, String> {
         let mut fr = FleetRollout::new(
             "preview",
             FleetRolloutSpec {
@@ -362,7 +364,8 @@ impl Ops {
             },
         );
         fr.metadata.namespace = Some(args.namespace.clone());
-        let plan = match discovery::preview(&self.client, &self.fleet_namespace, &fr).await {
+        let client = self.writer.client_for(who)?;
+        let plan = match discovery::preview(&client, &self.fleet_namespace, &fr).await {
             Ok(Ok(plan)) => plan,
             Ok(Err(blocked)) => {
                 return Ok(error(format!(
@@ -438,7 +441,8 @@ impl Ops {
             &args.name,
             args.batch,
             args.plan_hash.as_deref(),
-            &who.username,
+            // Written as the caller, the approval names it; without authentication there is no one to name.
+            matches!(self.writer, Writer::Caller(_)).then_some(who.username.as_str()),
             FIELD_MANAGER,
         )
         .await?;

@@ -172,3 +172,31 @@ fn a_daemonset_held_by_another_rollout_is_recognised() {
     assert_eq!(held_by_other(&released, "ops/second"), None);
     assert!(!held_by(&released, "ops/first"));
 }
+
+#[test]
+fn a_daemonset_handed_back_unfinished_gets_its_template_back_too() {
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "agent", "namespace": "ops"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "agent"}},
+            "updateStrategy": {"type": "RollingUpdate"},
+            "template": {"metadata": {"labels": {"app": "agent"}}, "spec": {"containers": [{"name": "a", "image": "agent:v1"}]}}
+        }
+    }))
+    .unwrap();
+    let taken = take_control(&ds, None, "agent:v2", "uid/1", "ops/r").unwrap().unwrap();
+    assert_eq!(strategy_type(taken.spec.update_strategy.as_ref()), "OnDelete");
+    // Released after success: the strategy comes back, the new template stays.
+    let released = release(&taken).unwrap();
+    assert_eq!(strategy_type(released.spec.update_strategy.as_ref()), "RollingUpdate");
+    assert_eq!(
+        container_image(&released.spec.template.spec.as_ref().unwrap().containers, None),
+        Some("agent:v2")
+    );
+    // Handed back unfinished: as it was before, template and strategy, and no longer held.
+    let back = hand_back(&taken).unwrap();
+    assert_eq!(back.spec.template, ds.spec.template);
+    assert_eq!(strategy_type(back.spec.update_strategy.as_ref()), "RollingUpdate");
+    assert!(!is_held(back.annotations()));
+    assert_eq!(hand_back(&ds), None, "not held: nothing to hand back");
+}

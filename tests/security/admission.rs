@@ -289,3 +289,49 @@ fn copes(s: &fleetroll::api::FleetRolloutStatus) -> bool {
     let pausing = s.message.as_deref().is_some_and(|m| m.starts_with("waiting before batch"));
     s.phase == Phase::Succeeded || soaking || pausing
 }
+
+pub(super) async fn approver_forges_who_approved(env: &'static Env) -> Row {
+    admin_rollout(env, &env.t1, "approved").await;
+    let approval = json!({"spec": {"approvals": [{"batch": 0, "planHash": "0123456789abcdef", "approvedBy": "the-cto"}]}});
+    let ran = env
+        .dev1
+        .kubectl(&[
+            "patch",
+            "fleetrollout",
+            "approved",
+            "-n",
+            &env.t1,
+            "--type=merge",
+            "-p",
+            &approval.to_string(),
+        ])
+        .await;
+    let expect = Expect::Policy(format!("approvedBy must be {} or left out", env.dev1.username));
+    row("records an approval in someone else's name", who(&env.dev1, "edit in t1"), expect, &ran)
+}
+
+pub(super) async fn node_rollout_switches_its_daemonset(env: &'static Env) -> Row {
+    let created = create_as(&env.dev1, &env.t1, "switch", node_spec()).await;
+    let patch = json!({"spec": {"targets": {"daemonSet": "another-agent"}}});
+    let ran = env
+        .dev1
+        .kubectl(&[
+            "patch",
+            "fleetrollout",
+            "switch",
+            "-n",
+            &env.t1,
+            "--type=merge",
+            "-p",
+            &patch.to_string(),
+        ])
+        .await;
+    let mut r = row(
+        "moves a node rollout to another DaemonSet, leaving the first held",
+        who(&env.dev1, "edit in t1"),
+        Expect::Schema("spec.targets".into()),
+        &ran,
+    );
+    r.contained &= created.code == 0;
+    r
+}

@@ -63,6 +63,26 @@ pub(super) async fn mcp_caller_rolls_what_it_may_not_patch(env: &'static Env) ->
     }
 }
 
+pub(super) async fn mcp_caller_previews_what_it_may_not_list(env: &'static Env) -> Row {
+    let op = mcp_server(&env.t1).await;
+    let url = op.mcp_url();
+    let token = mcp_token(env, &env.creator, &url).await;
+    let args = json!({"namespace": env.t1, "image": "registry.example/any:1",
+        "targets": {"kind": "Deployment", "selector": {"matchExpressions": [{"key": "fleet", "operator": "Exists"}]}}});
+    let result =
+        drive(&["call", &url, "preview_rollout", &args.to_string(), "--no-tasks", "--token", &token]).await;
+    let text = result["content"][0]["text"].as_str().unwrap_or_default().to_string();
+    Row {
+        attack:
+            "an agent previews a rollout to learn the workloads and images of a namespace it may not list"
+                .into(),
+        who: who(&env.creator, "create/get fleetrollouts in t1, an MCP token"),
+        expected: "discovery runs as the caller: refused, nothing listed".into(),
+        outcome: format!("isError {}: {text}", result["isError"]),
+        contained: result["isError"] == true && text.contains("forbidden") && !text.contains("currentImage"),
+    }
+}
+
 pub(super) async fn a_foreign_page_calls_the_mcp_server(env: &'static Env) -> Row {
     let op = mcp_server(&env.t1).await;
     let url = op.mcp_url();

@@ -360,7 +360,15 @@ pub(super) async fn node_rollouts_fight_over_a_daemonset(env: &'static Env) -> R
                 reason(f).as_deref() == Some("TargetHeldByAnotherRollout")
             })
             .await;
-        // Deleting the first hands the DaemonSet back before the rollout goes (its finalizer).
+        // Deleting it hands the DaemonSet back, a change to the DaemonSet: a user who may only delete
+        // FleetRollouts may not.
+        let deleter_rights =
+            [Grant::rules(vec![rule("fleetroll.dev", &["fleetrollouts"], &["get", "delete"])])];
+        let deleter = Tenant::create(&client, &ns, "deleter", &deleter_rights).await;
+        let refused = deleter.kubectl(&["delete", "fleetrollout", "first", "-n", &ns, "--wait=false"]).await;
+        let delete_denied = refused.code != 0 && refused.stderr.contains("may not update daemonsets");
+        // Deleting the first (unfinished) hands the DaemonSet back as it was before it, template and
+        // strategy, before the rollout goes (its finalizer): never the new image on every node at once.
         fleet.rollouts().delete("first", &DeleteParams::default()).await.unwrap();
         let dss: Api<DaemonSet> = Api::namespaced(client.clone(), &ns);
         let released = common::wait_for(
@@ -371,7 +379,15 @@ pub(super) async fn node_rollouts_fight_over_a_daemonset(env: &'static Env) -> R
             |ds| !ds.annotations().contains_key("fleetroll.dev/saved-update-strategy"),
         )
         .await;
-        let strategy = released.spec.update_strategy.and_then(|s| s.type_).unwrap_or_default();
+        let strategy = released.spec.update_strategy.clone().and_then(|s| s.type_).unwrap_or_default();
+        let template_image = released
+            .spec
+            .template
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.image.clone())
+            .unwrap_or_default();
         let gone = tokio::time::timeout(
             VERDICT,
             kube::runtime::wait::await_condition(
@@ -395,23 +411,23 @@ pub(super) async fn node_rollouts_fight_over_a_daemonset(env: &'static Env) -> R
             ),
         )
         .await;
-        *found.lock().unwrap() = Some((state(&second), strategy, gone, alive));
+        *found.lock().unwrap() = Some((state(&second), delete_denied, strategy, template_image, gone, alive));
     })
     .await;
-    let (second, strategy, gone, alive) = outcome.lock().unwrap().take().unwrap();
+    let (second, delete_denied, strategy, template_image, gone, alive) =
+        outcome.lock().unwrap().take().unwrap();
     Row {
-        attack:
-            "a second node rollout takes a DaemonSet the first holds; then the first is deleted mid-rollout"
-                .into(),
-        who: "the cluster admin".into(),
-        expected:
-            "the second refused (TargetHeldByAnotherRollout); deleting the first hands the DaemonSet back"
-                .into(),
+        attack: "a second node rollout takes a DaemonSet the first holds; a delete-only user, then an admin, deletes the first mid-rollout".into(),
+        who: "the cluster admin; a user who may only delete FleetRollouts".into(),
+        expected: "the second refused (TargetHeldByAnotherRollout); the delete-only user denied; the admin's deletion hands the DaemonSet back as it was".into(),
         outcome: format!(
-            "second {second}; after deleting the first: updateStrategy {strategy}, rollout gone: {gone}"
+            "second {second}; delete-only user denied: {delete_denied}; after the admin's deletion: \
+             updateStrategy {strategy}, template image {template_image}, rollout gone: {gone}"
         ),
         contained: second.contains("TargetHeldByAnotherRollout")
+            && delete_denied
             && strategy == "RollingUpdate"
+            && template_image == READY_IMAGE
             && gone
             && alive,
     }
@@ -472,6 +488,51 @@ pub(super) async fn health_check_aims_at_loopback(env: &'static Env) -> Row {
         expected: "refused before anything changes (HttpCheckRefused); no request sent".into(),
         outcome: format!("{}; requests received: {requests}; targets untouched: {safe}", state(&fr)),
         contained: safe && requests == 0 && alive,
+    }
+}
+
+pub(super) async fn health_check_names_a_host_that_resolves_to_loopback(env: &'static Env) -> Row {
+    let (port, hits) = listener(200, None).await;
+    let url = format!("http://localhost:{port}/{{name}}");
+    // The operator allows URLs to name this host; where the name leads is still checked.
+    let (fleet, mut op, dev) =
+        health_check_attack(env, "sec-resolves", &url, &["--http-check-allow", "localhost"]).await;
+    let fr = fleet.wait_rollout("probe", "the check to fail", VERDICT, |f| phase(f) == Phase::Paused).await;
+    let said =
+        fr.status.as_ref().and_then(|s| s.failures.first()).map(|f| f.message.clone()).unwrap_or_default();
+    let requests = hits.load(Ordering::Relaxed);
+    let alive = serving(&mut op).await;
+    Row {
+        attack: "a health check names an allowed host that resolves to loopback".into(),
+        who: format!("{} (edit in its namespace)", short_user(&dev)),
+        expected: "no connection to the address; the check fails".into(),
+        outcome: format!("{}; failure: {said}; requests received: {requests}", state(&fr)),
+        contained: requests == 0 && said.contains("loopback") && alive,
+    }
+}
+
+pub(super) async fn health_check_follows_an_externalname_service(env: &'static Env) -> Row {
+    let fleet = fleet_of(env, "sec-externalname", 1).await;
+    let dev = Tenant::create(&env.admin, &fleet.ns, "dev", &edit()).await;
+    // The tenant names a Service after its Deployment, pointing wherever it likes.
+    let service = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web-00", "namespace": fleet.ns},
+        "spec": {"type": "ExternalName", "externalName": "metadata.google.internal"}});
+    dev.kubectl(&["create", "-f", &file(&format!("{}-externalname", fleet.ns), &service)]).await.ok();
+    let mut op = Operator::start(&fleet.ns, &[], &[]);
+    let spec = json!({"image": NEXT_IMAGE, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
+        "health": {"timeout": "10s", "http": {"url": "http://{name}.{namespace}.svc:80/computeMetadata/v1/"}}});
+    create_as(&dev, &fleet.ns, "probe", spec).await.ok();
+    let fr = fleet.wait_rollout("probe", "the check to fail", VERDICT, |f| phase(f) == Phase::Paused).await;
+    let said =
+        fr.status.as_ref().and_then(|s| s.failures.first()).map(|f| f.message.clone()).unwrap_or_default();
+    let alive = serving(&mut op).await;
+    Row {
+        attack: "a health check at the target's Service, which the tenant made an ExternalName to elsewhere"
+            .into(),
+        who: format!("{} (edit in its namespace)", short_user(&dev)),
+        expected: "the ExternalName is not followed; the check fails".into(),
+        outcome: format!("{}; failure: {said}", state(&fr)),
+        contained: said.contains("ExternalName") && alive,
     }
 }
 

@@ -32,8 +32,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{/*
+The fleet namespace: where cross-namespace FleetRollouts are honoured; "" for none. Never the release
+namespace: whoever may edit the operator's own namespace (create pods with its ServiceAccount, read its
+token) holds the operator's rights, so fleet administrators, who need `edit` in the fleet namespace, must
+not get it there.
+*/}}
 {{- define "fleetroll.fleetNamespace" -}}
-{{- default .Release.Namespace .Values.fleetNamespace }}
+{{- if and .Values.fleetNamespace (eq .Values.fleetNamespace .Release.Namespace) }}
+{{- fail (printf "fleetNamespace must not be the release namespace %q: fleet administrators get edit in the fleet namespace, and edit in the operator's own namespace is the operator's rights; use a namespace of its own, e.g. fleetroll-fleet" .Release.Namespace) }}
+{{- end }}
+{{- .Values.fleetNamespace }}
 {{- end }}
 
 {{- define "fleetroll.audience" -}}
