@@ -440,21 +440,8 @@ async fn mcp(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: &m
     let post = move |method: &'static str, name: String, params: serde_json::Value| {
         let (http, url) = (http.clone(), url.clone());
         async move {
-            let mut params = params;
-            params["_meta"] = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}});
-            let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-            let r = http
-                .post(&url)
-                .header("content-type", "application/json")
-                .header("accept", "application/json, text/event-stream")
-                .header("mcp-protocol-version", "2026-07-28")
-                .header("mcp-method", method)
-                .header("mcp-name", name)
-                .body(body.to_string())
-                .send()
-                .await
-                .unwrap();
+            let tasks = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+            let r = common::mcp::post(&http, &url, None, method, &name, params, tasks).await;
             let value: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
             assert!(value.get("result").is_some(), "{method}: {value}");
             value["result"].clone()

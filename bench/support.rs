@@ -3,7 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::HashMap,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -12,7 +12,7 @@ use futures::{StreamExt, stream};
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::Namespace};
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
+    api::{DeleteParams, Patch, PatchParams, PostParams},
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
@@ -22,19 +22,7 @@ pub const V1: &str = "registry.k8s.io/pause:3.10";
 
 /// Creates a namespace labelled for the benchmark (deleted by `cleanup`).
 pub async fn namespace(client: &Client, prefix: &str, labels: &[(&str, &str)]) -> String {
-    let api: Api<Namespace> = Api::all(client.clone());
-    let mut all: BTreeMap<String, String> =
-        labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    all.insert("fleetroll.dev/test".into(), "true".into());
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            generate_name: Some(format!("{prefix}-")),
-            labels: Some(all),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    api.create(&PostParams::default(), &ns).await.unwrap().name_any()
+    crate::common::create_namespace(client, prefix, labels).await
 }
 
 pub async fn cleanup(client: &Client, namespaces: &[String]) {

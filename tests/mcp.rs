@@ -10,13 +10,12 @@ use common::{
     fleet::{Fleet, NEXT_IMAGE, READY_IMAGE, image_of, phase, with_fleet},
     mcp::drive,
     operator::{Operator, free_port},
-    tenant::serviceaccount_kubeconfig,
+    tenant::{self, serviceaccount_kubeconfig},
 };
 use fleetroll::api::{FleetRollout, Phase};
 use k8s_openapi::{
     api::{
         admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
-        authentication::v1::{TokenRequest, TokenRequestSpec},
         authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
         core::v1::{Namespace, ServiceAccount},
         rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject},
@@ -409,18 +408,7 @@ async fn the_official_conformance_suite_passes() {
 }
 
 async fn token(fleet: &Fleet, sa: &str, audience: &str) -> String {
-    let sas: Api<ServiceAccount> = Api::namespaced(fleet.client.clone(), &fleet.ns);
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            audiences: Some(vec![audience.to_string()]),
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let issued: TokenRequest =
-        sas.create_subresource("token", sa, &PostParams::default(), &request).await.unwrap();
-    issued.status.and_then(|s| s.token).expect("a token")
+    tenant::token_for(&fleet.client, &fleet.ns, sa, Some(audience)).await
 }
 
 /// Grants `sa` the `verbs` on FleetRollouts in the fleet's namespace, and the right to patch its Deployments

@@ -28,7 +28,6 @@ use operator_attacks::*;
 use std::{path::PathBuf, time::Duration};
 
 use common::{
-    TEST_LABEL,
     cli::Ran,
     fleet::{Fleet, READY_IMAGE, ensure_crd},
     operator::Operator,
@@ -39,7 +38,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
+    api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use serde_json::{Value, json};
 
@@ -135,22 +134,7 @@ pub struct Env {
 impl Env {
     /// A namespace of the attack's own, labelled `labels`, deleted after every attack has run.
     pub async fn scratch_namespace(&self, prefix: &str, labels: &[(&str, &str)]) -> String {
-        let mut all: std::collections::BTreeMap<String, String> =
-            labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        all.insert(TEST_LABEL.to_string(), "true".to_string());
-        let ns = Namespace {
-            metadata: ObjectMeta {
-                generate_name: Some(format!("{prefix}-")),
-                labels: Some(all),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let name = Api::<Namespace>::all(self.admin.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .unwrap()
-            .name_any();
+        let name = common::create_namespace(&self.admin, prefix, labels).await;
         self.scratch.lock().unwrap().push(name.clone());
         name
     }
@@ -256,15 +240,7 @@ fn table(rows: &[Row]) -> String {
 }
 
 async fn namespace(admin: &Client, prefix: &str) -> String {
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            generate_name: Some(format!("{prefix}-")),
-            labels: Some([(TEST_LABEL.to_string(), "true".to_string())].into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(admin.clone()).create(&PostParams::default(), &ns).await.unwrap().name_any()
+    common::create_namespace(admin, prefix, &[]).await
 }
 
 async fn setup(admin: Client, namespaces: &[String; 3]) -> Env {

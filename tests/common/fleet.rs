@@ -18,13 +18,13 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
     runtime::{WatchStreamExt, conditions, wait::await_condition, watcher},
 };
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
-use super::{TEST_LABEL, client, wait_for};
+use super::{client, create_namespace, wait_for};
 
 pub const READY_IMAGE: &str = "registry.k8s.io/pause:3.10";
 pub const NEXT_IMAGE: &str = "registry.k8s.io/pause:3.9";
@@ -78,14 +78,11 @@ where
     let client = client().await;
     ensure_crd(&client).await;
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ns = create_namespace(&namespaces, prefix, BTreeMap::new()).await;
+    let ns = create_namespace(&client, prefix, &[]).await;
     let mut tenant_names = Vec::new();
     for i in 0..tenants {
-        let labels = BTreeMap::from([
-            (OPT_IN_LABEL.to_string(), OPT_IN_VALUE.to_string()),
-            (FLEET_LABEL.to_string(), ns.clone()),
-        ]);
-        tenant_names.push(create_namespace(&namespaces, &format!("{prefix}-t{i}"), labels).await);
+        let labels = [(OPT_IN_LABEL, OPT_IN_VALUE), (FLEET_LABEL, ns.as_str())];
+        tenant_names.push(create_namespace(&client, &format!("{prefix}-t{i}"), &labels).await);
     }
     let fleet = Fleet { client, ns: ns.clone(), tenants: tenant_names.clone() };
     let outcome = tokio::spawn(body(fleet)).await;
@@ -100,23 +97,6 @@ where
             Err(e) => panic!("test body in {ns} did not finish: {e}"),
         }
     }
-}
-
-async fn create_namespace(
-    api: &Api<Namespace>,
-    prefix: &str,
-    mut labels: BTreeMap<String, String>,
-) -> String {
-    labels.insert(TEST_LABEL.to_string(), "true".to_string());
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            generate_name: Some(format!("{prefix}-")),
-            labels: Some(labels),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    api.create(&PostParams::default(), &ns).await.expect("create namespace").name_any()
 }
 
 pub fn deployment(name: &str, image: &str, labels: &[(&str, &str)]) -> Deployment {

@@ -70,3 +70,31 @@ pub async fn conformance_suite(url: &str, out: &std::path::Path) -> (bool, Strin
         format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     (output.status.success(), report)
 }
+
+/// One modern (2026-07-28) JSON-RPC POST to an MCP endpoint, without an SDK, for load and floods: the
+/// client declares `capabilities`, and sends `token` as its bearer token when given.
+pub async fn post(
+    http: &reqwest::Client,
+    url: &str,
+    token: Option<&str>,
+    method: &str,
+    name: &str,
+    mut params: Value,
+    capabilities: Value,
+) -> reqwest::Response {
+    params["_meta"] = serde_json::json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": capabilities});
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    let mut request = http
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method)
+        .header("mcp-name", name)
+        .body(body.to_string());
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    request.send().await.expect("POST to the MCP endpoint")
+}

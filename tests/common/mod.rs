@@ -47,6 +47,26 @@ pub async fn client() -> Client {
     Client::try_from(config).unwrap()
 }
 
+/// Creates a namespace `<prefix>-<random>` labelled `labels` and `TEST_LABEL`; returns its name.
+pub async fn create_namespace(client: &Client, prefix: &str, labels: &[(&str, &str)]) -> String {
+    let mut all: std::collections::BTreeMap<String, String> =
+        labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    all.insert(TEST_LABEL.to_string(), "true".to_string());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{prefix}-")),
+            labels: Some(all),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("create namespace")
+        .name_any()
+}
+
 /// Runs `body` in a fresh namespace named `<prefix>-<random>`, then deletes the namespace, whether the
 /// body passed or panicked (the panic is re-raised afterwards).
 pub async fn with_namespace<F, Fut>(prefix: &str, body: F)
@@ -56,15 +76,7 @@ where
 {
     let client = client().await;
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            generate_name: Some(format!("{prefix}-")),
-            labels: Some([(TEST_LABEL.to_string(), "true".to_string())].into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let name = namespaces.create(&PostParams::default(), &ns).await.unwrap().name_any();
+    let name = create_namespace(&client, prefix, &[]).await;
     let outcome = tokio::spawn(body(client, name.clone())).await;
     // Deletion finishes in the background (the namespace controller empties it); tests never reuse names.
     if let Err(e) = namespaces.delete(&name, &DeleteParams::background()).await {

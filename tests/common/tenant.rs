@@ -199,11 +199,18 @@ fn user_namespace(user: &str) -> &str {
 
 /// A token for the ServiceAccount from the TokenRequest API (an hour).
 pub async fn token(client: &Client, ns: &str, sa: &str) -> String {
+    token_for(client, ns, sa, None).await
+}
+
+/// A token for the ServiceAccount for `audience` (e.g. an MCP endpoint's URL; None: the API server).
+pub async fn token_for(client: &Client, ns: &str, sa: &str, audience: Option<&str>) -> String {
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }),
+    let spec = TokenRequestSpec {
+        audiences: audience.map(|a| vec![a.to_string()]),
+        expiration_seconds: Some(3600),
         ..Default::default()
     };
+    let request = TokenRequest { spec: Some(spec), ..Default::default() };
     let issued: TokenRequest =
         sas.create_subresource("token", sa, &PostParams::default(), &request).await.expect("TokenRequest");
     issued.status.and_then(|s| s.token).expect("a token")

@@ -4,8 +4,6 @@
 
 use fleetroll::mcp::limits::{REVIEW_BURST, REVIEWS_PER_SECOND};
 use futures::StreamExt;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::ServiceAccount;
 
 use super::*;
 use common::{Rng, mcp::drive};
@@ -25,19 +23,7 @@ async fn mcp_server(ns: &str) -> Operator {
 
 /// A token of `t`'s ServiceAccount for the MCP endpoint (its audience).
 async fn mcp_token(env: &Env, t: &Tenant, audience: &str) -> String {
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            audiences: Some(vec![audience.into()]),
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let issued: TokenRequest = Api::<ServiceAccount>::namespaced(env.admin.clone(), &t.namespace)
-        .create_subresource("token", &t.name, &PostParams::default(), &request)
-        .await
-        .unwrap();
-    issued.status.and_then(|s| s.token).unwrap()
+    common::tenant::token_for(&env.admin, &t.namespace, &t.name, Some(audience)).await
 }
 
 pub(super) async fn mcp_caller_rolls_what_it_may_not_patch(env: &'static Env) -> Row {
@@ -117,7 +103,7 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap()
 }
 
-/// One modern (2026-07-28) JSON-RPC POST; the HTTP status.
+/// One MCP request's HTTP status; a 429 must say when to come back.
 async fn post_status(
     http: &reqwest::Client,
     url: &str,
@@ -126,22 +112,7 @@ async fn post_status(
     name: &str,
     params: Value,
 ) -> u16 {
-    let mut params = params;
-    params["_meta"] = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {}});
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-    let response = http
-        .post(url)
-        .bearer_auth(token)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", method)
-        .header("mcp-name", name)
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
+    let response = common::mcp::post(http, url, Some(token), method, name, params, json!({})).await;
     let status = response.status().as_u16();
     if status == 429 {
         assert!(response.headers().contains_key("retry-after"), "429 without Retry-After");
