@@ -184,7 +184,7 @@ fn transitions_of(spans: &[(f64, f64)]) -> Vec<f64> {
 async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: &mut Vec<String>) {
     let (n, b) = (sizes.overhead_targets, sizes.overhead_batch);
     eprintln!("overhead: {n} Deployments, batch {b}");
-    let ns = support::namespace(client, "bench-overhead", &[]).await;
+    let ns = common::create_namespace(client, "bench-overhead", &[]).await;
     namespaces.push(ns.clone());
     let obs = Observer::start(client, vec![ns.clone()]);
     support::fleet(client, &ns, n, sizes.overhead_replicas, n).await;
@@ -326,7 +326,7 @@ async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, namespace
 async fn transitions(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: &mut Vec<String>) {
     let n = sizes.transition_targets;
     eprintln!("transitions: {n} Deployments with 0 replicas, batch 1");
-    let ns = support::namespace(client, "bench-transition", &[]).await;
+    let ns = common::create_namespace(client, "bench-transition", &[]).await;
     namespaces.push(ns.clone());
     let obs = Observer::start(client, vec![ns.clone()]);
     support::fleet(client, &ns, n, 0, n).await;
@@ -357,7 +357,7 @@ async fn scale(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: 
     let n = sizes.scale_targets;
     assert_eq!(n, sizes.concurrent_rollouts * sizes.concurrent_targets, "the groups cover the fleet");
     eprintln!("scale: {n} Deployments (0 replicas: the operator's cost, not kwok's pod churn)");
-    let ns = support::namespace(client, "bench-scale", &[]).await;
+    let ns = common::create_namespace(client, "bench-scale", &[]).await;
     namespaces.push(ns.clone());
     support::fleet(client, &ns, n, 0, sizes.concurrent_targets).await;
     let obs = Observer::start(client, vec![ns.clone()]);
@@ -431,7 +431,7 @@ async fn scale(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: 
 
 async fn mcp(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: &mut Vec<String>) {
     eprintln!("mcp: {} clients, {} tasks/get", sizes.mcp_clients, sizes.mcp_requests);
-    let ns = support::namespace(client, "bench-mcp", &[]).await;
+    let ns = common::create_namespace(client, "bench-mcp", &[]).await;
     namespaces.push(ns.clone());
     let op = Operator::start(&ns, &[], &[]);
     op.ready().await;

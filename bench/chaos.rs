@@ -238,7 +238,7 @@ async fn kills(
 ) -> Row {
     let (r, t, batch) = (sizes.kill_rollouts, sizes.kill_targets, 2usize);
     eprintln!("kills: {} SIGKILLs across {r} rollouts of {t} targets", sizes.kills);
-    let ns = support::namespace(client, "chaos-kills", &[]).await;
+    let ns = common::create_namespace(client, "chaos-kills", &[]).await;
     namespaces.push(ns.clone());
     support::fleet(client, &ns, r * t, 1, t).await;
     let obs = Observer::start(client, vec![ns.clone()]);
@@ -338,7 +338,7 @@ async fn leader_kills(
 ) -> Row {
     let rounds = sizes.leader_rounds;
     eprintln!("leader kills: {rounds} rounds, lease 4s");
-    let ns = support::namespace(client, "chaos-leader", &[]).await;
+    let ns = common::create_namespace(client, "chaos-leader", &[]).await;
     namespaces.push(ns.clone());
     let n = 4 * (rounds + 1);
     support::fleet(client, &ns, n, 1, n).await;
@@ -409,7 +409,7 @@ async fn control_plane(
     let mut rows = Vec::new();
     for fault in ["restart kube-apiserver", "restart etcd", "freeze kube-apiserver"] {
         eprintln!("control plane: {fault} mid-rollout");
-        let ns = support::namespace(client, "chaos-plane", &[]).await;
+        let ns = common::create_namespace(client, "chaos-plane", &[]).await;
         namespaces.push(ns.clone());
         support::fleet(client, &ns, 8, 1, 8).await;
         let obs = Observer::start(client, vec![ns.clone()]);
@@ -476,7 +476,7 @@ async fn control_plane(
 
 async fn mcp_restart(client: &Client, inv: &mut Invariants, namespaces: &mut Vec<String>) -> Row {
     eprintln!("MCP server killed between rollout_fleet and tasks/get");
-    let ns = support::namespace(client, "chaos-mcp", &[]).await;
+    let ns = common::create_namespace(client, "chaos-mcp", &[]).await;
     namespaces.push(ns.clone());
     support::fleet(client, &ns, 6, 1, 6).await;
     let obs = Observer::start(client, vec![ns.clone()]);
@@ -514,7 +514,7 @@ async fn mcp_restart(client: &Client, inv: &mut Invariants, namespaces: &mut Vec
 async fn fuzz(client: &Client, sizes: &Sizes, rng: &mut Rng, namespaces: &mut Vec<String>) -> Row {
     let n = sizes.fuzz;
     eprintln!("fuzz: {n} malformed or hostile MCP requests");
-    let ns = support::namespace(client, "chaos-fuzz", &[]).await;
+    let ns = common::create_namespace(client, "chaos-fuzz", &[]).await;
     namespaces.push(ns.clone());
     let server = Operator::start_mcp(&ns, &[], &[]);
     server.ready().await;

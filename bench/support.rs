@@ -20,11 +20,6 @@ use tokio::sync::watch;
 
 pub const V1: &str = "registry.k8s.io/pause:3.10";
 
-/// Creates a namespace labelled for the benchmark (deleted by `cleanup`).
-pub async fn namespace(client: &Client, prefix: &str, labels: &[(&str, &str)]) -> String {
-    crate::common::create_namespace(client, prefix, labels).await
-}
-
 pub async fn cleanup(client: &Client, namespaces: &[String]) {
     let api: Api<Namespace> = Api::all(client.clone());
     for ns in namespaces {

@@ -11,7 +11,7 @@ use std::{
 
 use kube::{Api, Client, api::ListParams};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::{
     api::FleetRollout,
@@ -37,8 +37,8 @@ pub struct Options {
 /// a shutdown signal.
 struct Serving {
     client: Client,
-    /// The API server's addresses (health checks may not reach them).
-    api_server: Vec<std::net::IpAddr>,
+    /// The API server's URL (health checks may not reach it).
+    cluster_url: axum::http::Uri,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
@@ -67,9 +67,9 @@ async fn serve(listen: SocketAddr, mut mcp_opts: mcp::Options) -> Result<Serving
         mcp_opts.authorization_servers =
             vec![config.cluster_url.to_string().trim_end_matches('/').to_string()];
     }
-    let api_server = api_server_addresses(&config.cluster_url).await;
     // The MCP server keeps the configuration: writes made for a caller derive an impersonating client.
     let client = Client::try_from(config.clone()).map_err(Error::Kube)?;
+    let cluster_url = config.cluster_url.clone();
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
     let shutdown = CancellationToken::new();
@@ -97,12 +97,13 @@ async fn serve(listen: SocketAddr, mut mcp_opts: mcp::Options) -> Result<Serving
         .await
         .map_err(Error::CrdMissing)?;
     ready.store(true, Ordering::Relaxed);
-    Ok(Serving { client, api_server, metrics, shutdown, server })
+    Ok(Serving { client, cluster_url, metrics, shutdown, server })
 }
 
-/// Every address the API server answers on that the operator can know of: its URL's host (resolved) and,
-/// in a cluster, the `kubernetes` Service's address.
-async fn api_server_addresses(url: &axum::http::Uri) -> Vec<std::net::IpAddr> {
+/// Every address the API server answers on that the operator can know of, which health checks may never
+/// reach: its URL's host (resolved), in a cluster the `kubernetes` Service's address, and that Service's
+/// endpoints.
+async fn api_server_addresses(url: &axum::http::Uri, client: &Client) -> Vec<std::net::IpAddr> {
     let mut hosts: Vec<String> =
         url.host().map(|h| h.trim_matches(['[', ']']).to_string()).into_iter().collect();
     hosts.extend(std::env::var("KUBERNETES_SERVICE_HOST").ok());
@@ -113,9 +114,31 @@ async fn api_server_addresses(url: &axum::http::Uri) -> Vec<std::net::IpAddr> {
             Err(e) => warn!(%host, error = %e, "cannot resolve the API server's address"),
         }
     }
+    addresses.extend(api_server_endpoints(client).await);
     addresses.sort();
     addresses.dedup();
     addresses
+}
+
+/// The addresses the API server itself listens on, from the `kubernetes` Service's EndpointSlice (its
+/// ClusterIP alone would let a health check reach the API server by its real address). Best effort: an
+/// installation that may not read it still refuses the ClusterIP and the URL's host.
+async fn api_server_endpoints(client: &Client) -> Vec<std::net::IpAddr> {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    match Api::<EndpointSlice>::namespaced(client.clone(), "default").get_opt("kubernetes").await {
+        Ok(Some(slice)) => slice
+            .endpoints
+            .unwrap_or_default()
+            .iter()
+            .flat_map(|e| e.addresses.iter())
+            .filter_map(|a| a.parse().ok())
+            .collect(),
+        Ok(None) => Vec::new(),
+        Err(e) => {
+            debug!(error = %e, "cannot read the API server's endpoints; health checks refuse its Service address only");
+            Vec::new()
+        }
+    }
 }
 
 /// `fleetroll mcp`: the MCP server alone.
@@ -127,10 +150,10 @@ pub async fn serve_mcp(listen: SocketAddr, mcp_opts: mcp::Options) -> Result<()>
 }
 
 pub async fn run(opts: Options) -> Result<()> {
-    let Serving { client, api_server, metrics, shutdown, server } =
+    let Serving { client, cluster_url, metrics, shutdown, server } =
         serve(opts.listen, opts.mcp.clone()).await?;
     let mut settings = opts.settings;
-    settings.http_check.api_server = api_server;
+    settings.http_check.api_server = api_server_addresses(&cluster_url, &client).await;
 
     let elector = Arc::new(Elector::new(
         client.clone(),

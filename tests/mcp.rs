@@ -673,14 +673,10 @@ async fn only_this_user_may_write(fleet: &Fleet, user: &str) {
         "spec": {"image": NEXT_IMAGE, "targets": targets}}))
     .unwrap();
     let dry = PostParams { dry_run: true, ..Default::default() };
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        match fleet.rollouts().create(&dry, &probe).await {
-            Err(kube::Error::Api(e)) if e.message.contains("may write here") => return,
-            other => assert!(std::time::Instant::now() < deadline, "the policy never applied: {other:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::poll_until("the policy to apply", Duration::from_secs(30), || async {
+        matches!(fleet.rollouts().create(&dry, &probe).await, Err(kube::Error::Api(e)) if e.message.contains("may write here"))
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -506,16 +506,10 @@ async fn a_finished_rollout_is_deleted_after_its_ttl() {
             .wait_rollout("short-lived", "the rollout to succeed", DEADLINE, |f| phase(f) == Phase::Succeeded)
             .await;
         let uid = created.uid().unwrap();
-        let gone = tokio::time::timeout(
-            DEADLINE,
-            kube::runtime::wait::await_condition(
-                fleet.rollouts(),
-                "short-lived",
-                kube::runtime::conditions::is_deleted(&uid),
-            ),
-        )
-        .await;
-        assert!(gone.is_ok(), "the rollout was not deleted after its TTL");
+        assert!(
+            fleet.wait_deleted("short-lived", &uid, DEADLINE).await,
+            "the rollout was not deleted after its TTL"
+        );
         assert!(fleet.all_deployments().await.iter().all(|d| image_of(d) == NEXT_IMAGE));
     })
     .await;

@@ -156,9 +156,9 @@ async fn run() -> bool {
     let admin = common::client().await;
     ensure_crd(&admin).await;
     let namespaces = [
-        namespace(&admin, "sec-t1").await,
-        namespace(&admin, "sec-t2").await,
-        namespace(&admin, "sec-fleet").await,
+        common::create_namespace(&admin, "sec-t1", &[]).await,
+        common::create_namespace(&admin, "sec-t2", &[]).await,
+        common::create_namespace(&admin, "sec-fleet", &[]).await,
     ];
     // The namespaces go whatever happens to the attacks (the panic, if any, is raised afterwards).
     let outcome = tokio::spawn(attack_all(admin.clone(), namespaces.clone())).await;
@@ -237,10 +237,6 @@ fn table(rows: &[Row]) -> String {
         ));
     }
     out
-}
-
-async fn namespace(admin: &Client, prefix: &str) -> String {
-    common::create_namespace(admin, prefix, &[]).await
 }
 
 async fn setup(admin: Client, namespaces: &[String; 3]) -> Env {

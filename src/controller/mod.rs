@@ -595,7 +595,7 @@ async fn release_daemonset(ctx: &Context, fr: &FleetRollout, status: &FleetRollo
     let cached =
         ctx.stores.daemonsets.get(&ObjectRef::new(&name).within(&fr.namespace().unwrap_or_default()));
     if cached.is_none_or(|ds| crate::nodes::is_held(&ds.annotations)) {
-        nodes::release(&ctx.client, fr).await?;
+        nodes::release(&ctx.client, fr, true).await?;
     }
     nodes::set_finalizer(&ctx.client, fr, false).await.map(drop)
 }
@@ -745,27 +745,6 @@ fn cached_event<K: Resource>(
     }
 }
 
-/// The addresses the API server itself listens on, from the `kubernetes` Service's EndpointSlice (its
-/// ClusterIP alone would let a health check reach the API server by its real address). Best effort: an
-/// installation that may not read it still refuses the ClusterIP and the URL's host.
-async fn api_server_endpoints(client: &Client) -> Vec<std::net::IpAddr> {
-    use k8s_openapi::api::discovery::v1::EndpointSlice;
-    match Api::<EndpointSlice>::namespaced(client.clone(), "default").get_opt("kubernetes").await {
-        Ok(Some(slice)) => slice
-            .endpoints
-            .unwrap_or_default()
-            .iter()
-            .flat_map(|e| e.addresses.iter())
-            .filter_map(|a| a.parse().ok())
-            .collect(),
-        Ok(None) => Vec::new(),
-        Err(e) => {
-            debug!(error = %e, "cannot read the API server's endpoints; health checks refuse its Service address only");
-            Vec::new()
-        }
-    }
-}
-
 /// Runs the controller until `shutdown` fires. Call only while holding the leader lease.
 pub async fn run(
     client: Client,
@@ -800,9 +779,7 @@ pub async fn run(
         .reconcile_on(daemonset_triggers)
         .watches_stream(namespace_events, |_| None);
     let stores = Stores::new(deployments, statefulsets, daemonsets, namespaces);
-    let mut http_check = settings.http_check.clone();
-    http_check.api_server.extend(api_server_endpoints(&client).await);
-    let prober = Prober::new(http_check, Some(client.clone())).map_err(Error::Config)?;
+    let prober = Prober::new(settings.http_check.clone(), Some(client.clone())).map_err(Error::Config)?;
     let ctx = Arc::new(Context {
         recorder: Recorder::new(
             client.clone(),

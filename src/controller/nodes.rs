@@ -226,11 +226,7 @@ pub async fn finalize(client: &Client, fr: &FleetRollout) -> Result<()> {
     let finished =
         fr.status.as_ref().is_some_and(|s| matches!(s.phase, Phase::Succeeded | Phase::RolledBack));
     if !daemonset_name(fr).is_empty() {
-        if finished {
-            release(client, fr).await?;
-        } else {
-            hand_back(client, fr).await?;
-        }
+        release(client, fr, finished).await?;
     }
     set_finalizer(client, fr, false).await?;
     info!("handed the DaemonSet back; the rollout may go");
@@ -382,33 +378,20 @@ pub async fn restore(
     Ok(outcome)
 }
 
-/// Hands the DaemonSet's updates back (its strategy from before the rollout) once the rollout has
-/// succeeded or been rolled back. Idempotent.
-pub async fn release(client: &Client, fr: &FleetRollout) -> Result<()> {
+/// Hands the DaemonSet back, if this rollout holds it: a rollout that `finished` (succeeded or was rolled
+/// back) its update strategy only ([`nodes::release`]); any other one as it was before the rollout,
+/// template too ([`nodes::hand_back`]). Idempotent.
+pub async fn release(client: &Client, fr: &FleetRollout, finished: bool) -> Result<()> {
     let api = daemonsets(client, fr);
     let Some(ds) = api.get_opt(&daemonset_name(fr)).await? else { return Ok(()) };
     let own = format!("{}/{}", fr.namespace().unwrap_or_default(), fr.name_any());
     if !nodes::held_by(ds.annotations(), &own) {
         return Ok(());
     }
-    if let Some(next) = nodes::release(&ds) {
+    let next = if finished { nodes::release(&ds) } else { nodes::hand_back(&ds) };
+    if let Some(next) = next {
         api.replace(&ds.name_any(), &post_params(), &next).await?;
-        info!(daemonset = %ds.name_any(), "handed the DaemonSet's updates back");
-    }
-    Ok(())
-}
-
-/// Hands the DaemonSet back as it was before the rollout (template and strategy), if this rollout holds it.
-async fn hand_back(client: &Client, fr: &FleetRollout) -> Result<()> {
-    let api = daemonsets(client, fr);
-    let Some(ds) = api.get_opt(&daemonset_name(fr)).await? else { return Ok(()) };
-    let own = format!("{}/{}", fr.namespace().unwrap_or_default(), fr.name_any());
-    if !nodes::held_by(ds.annotations(), &own) {
-        return Ok(());
-    }
-    if let Some(next) = nodes::hand_back(&ds) {
-        api.replace(&ds.name_any(), &post_params(), &next).await?;
-        info!(daemonset = %ds.name_any(), "handed the DaemonSet back as it was before the rollout");
+        info!(daemonset = %ds.name_any(), template_restored = !finished, "handed the DaemonSet back");
     }
     Ok(())
 }

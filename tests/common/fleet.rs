@@ -181,6 +181,12 @@ impl Fleet {
         wait_for(&self.rollouts(), name, what, timeout, cond).await
     }
 
+    /// Whether the FleetRollout `name` (of `uid`) is gone within `timeout`, driven by a watch.
+    pub async fn wait_deleted(&self, name: &str, uid: &str, timeout: Duration) -> bool {
+        let gone = await_condition(self.rollouts(), name, conditions::is_deleted(uid));
+        tokio::time::timeout(timeout, gone).await.is_ok()
+    }
+
     /// Every Deployment of the fleet (the tenants', or the fleet namespace's when there are none).
     pub async fn all_deployments(&self) -> Vec<Deployment> {
         let mut out = Vec::new();
@@ -240,13 +246,12 @@ impl Fleet {
 }
 
 pub fn image_of(d: &Deployment) -> String {
-    d.spec
-        .template
-        .spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-        .and_then(|c| c.image.clone())
-        .unwrap_or_default()
+    template_image(&d.spec.template)
+}
+
+/// The image of a pod template's first container.
+pub fn template_image(t: &k8s_openapi::api::core::v1::PodTemplateSpec) -> String {
+    t.spec.as_ref().and_then(|s| s.containers.first()).and_then(|c| c.image.clone()).unwrap_or_default()
 }
 
 pub fn phase(fr: &FleetRollout) -> fleetroll::api::Phase {

@@ -118,6 +118,20 @@ where
     }
 }
 
+/// Polls `check` until it says yes, or panics after `timeout` naming `what`. Only for state that nothing can
+/// watch (the API server's authorizer and admission caches); objects are waited on with [`wait_for`].
+pub async fn poll_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A small, seedable generator (xorshift64*), so a failing run can be replayed exactly.
 pub struct Rng(pub u64);
 

@@ -181,16 +181,12 @@ async fn honoured(admin: &Client, user: &str, ns: &str, grant: &Grant) {
         ..Default::default()
     };
     let api: Api<SubjectAccessReview> = Api::all(admin.clone());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    let what = format!("RBAC to allow {user} {attributes:?}");
+    super::poll_until(&what, Duration::from_secs(30), || async {
         let reviewed = api.create(&PostParams::default(), &review).await.expect("SubjectAccessReview");
-        if reviewed.status.is_some_and(|s| s.allowed) {
-            return;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "RBAC never allowed {user} {attributes:?}");
-        // Nothing to watch: the authorizer's cache is internal to the API server. Poll, up to the deadline.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        reviewed.status.is_some_and(|s| s.allowed)
+    })
+    .await;
 }
 
 fn user_namespace(user: &str) -> &str {
@@ -339,22 +335,14 @@ impl PolicyProbe {
     /// Waits until the policy denies the probe (`enforced`), or no longer does.
     async fn until(&self, enforced: bool) {
         let dry_run = PostParams { dry_run: true, ..Default::default() };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
+        let what = format!("the admission policy to be {}enforced", if enforced { "" } else { "no longer " });
+        super::poll_until(&what, Duration::from_secs(60), || async {
             let outcome = self.rollouts.create(&dry_run, &self.rollout).await;
             let denied =
                 matches!(&outcome, Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(POLICY));
-            if denied == enforced {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the admission policy is {}enforced after 60 s: {outcome:?}",
-                if enforced { "not " } else { "still " }
-            );
-            // The policy reaches the admission plugin inside the API server, where nothing can be watched.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            denied == enforced
+        })
+        .await;
     }
 }
 

@@ -198,22 +198,18 @@ pub(super) async fn oversized_pause_between_batches(env: &'static Env) -> Row {
     .await
 }
 
-/// A duration of 11,000 years in one field. The schema must refuse it (at most 30 days) with a message; if it
-/// does not, the outcome reports what the operator does with it.
+/// A duration of 11,000 years in one field: the schema refuses it (at most 30 days) with a message. (How the
+/// operator treats such a value stored before the limit existed is a unit test of the engine.)
 async fn oversized(env: &'static Env, name: &str, field: &str, overrides: Value) -> Row {
     let mut spec = deployments_spec();
     merge(&mut spec, &overrides);
-    let ran = create_as(&env.dev1, &env.t1, &format!("huge-{name}"), spec.clone()).await;
-    let mut r = row(
+    let ran = create_as(&env.dev1, &env.t1, &format!("huge-{name}"), spec).await;
+    row(
         &format!("{field}: 99999999h (11,000 years)"),
         who(&env.dev1, "edit in t1"),
         Expect::Schema(field.into()),
         &ran,
-    );
-    if ran.code == 0 {
-        r.outcome = format!("admitted; {}", consequence(env, name, spec).await);
-    }
-    r
+    )
 }
 
 fn merge(into: &mut Value, from: &Value) {
@@ -225,69 +221,6 @@ fn merge(into: &mut Value, from: &Value) {
         }
         (a, b) => *a = b.clone(),
     }
-}
-
-/// Runs an operator on a rollout with `spec` over two Deployments (batches of one) in a namespace of its own,
-/// and says what became of the operator and the rollout.
-async fn consequence(env: &'static Env, name: &str, mut spec: Value) -> String {
-    let ns = namespace(&env.admin, &format!("sec-{name}")).await;
-    let fleet = Fleet { client: env.admin.clone(), ns: ns.clone(), tenants: vec![] };
-    fleet.deployments(&ns, 2, READY_IMAGE).await;
-    let mut op = Operator::start(&ns, &[], &[]);
-    spec["strategy"]["batchSize"] = json!(1);
-    fleet.rollout(name, spec).await;
-    // The verdict needs both the rollout and the operator's process and log, which no single watch shows:
-    // poll them together, up to a deadline.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let mut panicked_at = None;
-    // Once the rollout looks fine, a harmless spec change makes the operator take it up again: a deadline
-    // that cannot be computed fails at every reconcile, not only the first.
-    let mut nudged: Option<i64> = None;
-    let said = loop {
-        let log = std::fs::read_to_string(&op.log).unwrap_or_default();
-        let status = fleet.rollouts().get(name).await.ok().and_then(|f| f.status).unwrap_or_default();
-        let state = format!("{:?}: {}", status.phase, status.message.clone().unwrap_or_default());
-        if let Some(at) = log.lines().position(|l| l.contains("panicked at")) {
-            let why = log.lines().nth(at + 1).unwrap_or_default().trim().to_string();
-            let since = *panicked_at.get_or_insert_with(tokio::time::Instant::now);
-            // A panic in a reconcile ends the process a moment later (the controller's task is joined).
-            if !op.is_running() || since.elapsed() > Duration::from_secs(30) {
-                let process = if op.is_running() { "still running 30 s later" } else { "exited" };
-                break format!("the operator panicked ({why}) and {process}; the rollout stays {state}");
-            }
-        } else if copes(&status) {
-            match nudged {
-                None => {
-                    let ttl = json!({"spec": {"ttlSecondsAfterFinished": 86400}});
-                    let fr = fleet
-                        .rollouts()
-                        .patch(name, &PatchParams::default(), &Patch::Merge(&ttl))
-                        .await
-                        .unwrap();
-                    nudged = fr.metadata.generation;
-                }
-                Some(g) if status.observed_generation >= Some(g) => {
-                    break format!("the operator copes: {state}");
-                }
-                Some(_) => {}
-            }
-        } else if tokio::time::Instant::now() > deadline {
-            break format!("after 60 s the operator has not panicked; the rollout is {state}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    op.kill();
-    let _ = Api::<Namespace>::all(env.admin.clone()).delete(&ns, &DeleteParams::background()).await;
-    said
-}
-
-/// The rollout waits the long duration out (soaking with healthy targets, or waiting before batch 2), or has
-/// finished (a timeout that never needed to expire).
-fn copes(s: &fleetroll::api::FleetRolloutStatus) -> bool {
-    let soaking =
-        s.reason.as_deref() == Some("Soaking") && s.batches.iter().any(|b| b.healthy_since.is_some());
-    let pausing = s.message.as_deref().is_some_and(|m| m.starts_with("waiting before batch"));
-    s.phase == Phase::Succeeded || soaking || pausing
 }
 
 pub(super) async fn approver_forges_who_approved(env: &'static Env) -> Row {

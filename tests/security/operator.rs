@@ -380,37 +380,13 @@ pub(super) async fn node_rollouts_fight_over_a_daemonset(env: &'static Env) -> R
         )
         .await;
         let strategy = released.spec.update_strategy.clone().and_then(|s| s.type_).unwrap_or_default();
-        let template_image = released
-            .spec
-            .template
-            .spec
-            .as_ref()
-            .and_then(|s| s.containers.first())
-            .and_then(|c| c.image.clone())
-            .unwrap_or_default();
-        let gone = tokio::time::timeout(
-            VERDICT,
-            kube::runtime::wait::await_condition(
-                fleet.rollouts(),
-                "first",
-                kube::runtime::conditions::is_deleted(&first_uid),
-            ),
-        )
-        .await
-        .is_ok();
+        let template_image = common::fleet::template_image(&released.spec.template);
+        let gone = fleet.wait_deleted("first", &first_uid, VERDICT).await;
         let alive = serving(&mut op).await;
         // The second may plan now and hold the DaemonSet in turn: let the operator release it before it goes.
         let second_uid = second.uid().unwrap();
         fleet.rollouts().delete("second", &DeleteParams::default()).await.unwrap();
-        let _ = tokio::time::timeout(
-            VERDICT,
-            kube::runtime::wait::await_condition(
-                fleet.rollouts(),
-                "second",
-                kube::runtime::conditions::is_deleted(&second_uid),
-            ),
-        )
-        .await;
+        fleet.wait_deleted("second", &second_uid, VERDICT).await;
         *found.lock().unwrap() = Some((state(&second), delete_denied, strategy, template_image, gone, alive));
     })
     .await;
@@ -614,11 +590,10 @@ pub(super) async fn a_change_the_api_server_refuses(env: &'static Env) -> Row {
     // It applies once the API server has loaded it: nothing to watch, so a dry-run change, until refused.
     let dry = PatchParams { dry_run: true, ..Default::default() };
     let touch = json!({"metadata": {"annotations": {"probe": "1"}}});
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while deployments.patch("web-01", &dry, &Patch::Merge(touch.clone())).await.is_ok() {
-        assert!(tokio::time::Instant::now() < deadline, "the policy never applied");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::poll_until("the policy to apply", Duration::from_secs(30), || async {
+        deployments.patch("web-01", &dry, &Patch::Merge(touch.clone())).await.is_err()
+    })
+    .await;
 
     let mut op = Operator::start(&ns, &[], &[]);
     fleet
