@@ -11,5 +11,5 @@ fn main() -> std::process::ExitCode {
         .as_ref()
         .and_then(|p| p.file_name())
         .is_some_and(|name| name.to_string_lossy().starts_with("kubectl-fleetroll"));
-    if plugin { fleetroll::plugin::run() } else { fleetroll::cli::run() }
+    if plugin { fleetroll::plugin::run() } else { fleetroll::runtime::cli::run() }
 }

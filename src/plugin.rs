@@ -23,9 +23,9 @@ use serde_json::json;
 
 use crate::{
     api::{BatchState, FleetRollout, Phase},
-    control,
-    controller::{discovery, plans::PlanStore},
-    plan::Plan,
+    core::plan::Plan,
+    edge::control,
+    edge::{discovery, plans::PlanStore},
 };
 
 const FIELD_MANAGER: &str = "kubectl-fleetroll";
@@ -104,7 +104,7 @@ enum PluginCommand {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    crate::duration::parse(s).map_err(|e| e.to_string())
+    crate::core::duration::parse(s).map_err(|e| e.to_string())
 }
 
 /// Runs the plugin with the process's arguments.
@@ -411,9 +411,9 @@ async fn batch_health(client: &Client, plans: &PlanStore, fr: &FleetRollout) -> 
     let container = s.revision.as_ref().and_then(|r| r.inputs.container.as_deref());
     let mut healthy = 0;
     for t in plan.plan.batch(current.index).iter().take(100) {
-        if let Ok(Some(f)) = crate::controller::targets::live_facts(client, fr.spec.targets.kind, t).await
+        if let Ok(Some(f)) = crate::edge::targets::live_facts(client, fr.spec.targets.kind, t).await
             && f.container_image(container).is_ok_and(|(_, i)| i == image)
-            && f.readiness() == crate::workload::Readiness::Ready
+            && f.readiness() == crate::core::workload::Readiness::Ready
         {
             healthy += 1;
         }
@@ -462,7 +462,7 @@ fn render_with(fr: &FleetRollout, health: Option<(u32, u32)>) -> String {
     // Batch sizes follow from the revision's inputs and the fleet's size, as the plan's did.
     let sizes: Vec<u32> = match (&s.plan, &s.revision) {
         (Some(p), Some(r)) if total <= LISTED_BATCHES => {
-            crate::plan::batch_sizes(p.total_targets, &r.inputs.steps, &r.inputs.batch_size)
+            crate::core::plan::batch_sizes(p.total_targets, &r.inputs.steps, &r.inputs.batch_size)
                 .unwrap_or_default()
         }
         _ => Vec::new(),
@@ -519,8 +519,8 @@ fn render_with(fr: &FleetRollout, health: Option<(u32, u32)>) -> String {
     for f in s.failures.iter().rev().take(5) {
         // Refused and vanished targets are reported with failures but are not failures.
         let what = match f.reason.as_str() {
-            r if crate::scope::reason::ALL.contains(&r) => "refused",
-            crate::engine::reason::TARGET_MISSING => "skipped",
+            r if crate::core::scope::reason::ALL.contains(&r) => "refused",
+            crate::core::rollout::reason::TARGET_MISSING => "skipped",
             _ => "failed",
         };
         out.push_str(&format!(

@@ -16,7 +16,7 @@ use common::{
 };
 use fleetroll::{
     api::{APPLIED_ANNOTATION, BatchState, Phase},
-    nodes::{SAVED_STRATEGY_ANNOTATION, SAVED_TEMPLATE_ANNOTATION},
+    core::nodes::{SAVED_STRATEGY_ANNOTATION, SAVED_TEMPLATE_ANNOTATION},
 };
 use k8s_openapi::api::apps::v1::DaemonSet;
 use kube::{
@@ -124,9 +124,9 @@ async fn sigkills_of_the_operator_never_replace_a_pod_twice() {
             fleet.rollout("crashy", node_rollout(&pool, 2, json!({}))).await;
             let identity = ["--identity", "node-crash-operator"];
             let points = [
-                fleetroll::failpoint::AFTER_INTENT,
-                fleetroll::failpoint::BETWEEN_PATCHES,
-                fleetroll::failpoint::AFTER_APPLY,
+                fleetroll::runtime::failpoint::AFTER_INTENT,
+                fleetroll::runtime::failpoint::BETWEEN_PATCHES,
+                fleetroll::runtime::failpoint::AFTER_APPLY,
             ];
             let mut done = 0;
             while done < kills {
@@ -330,7 +330,7 @@ async fn a_not_ready_node_is_a_failure_not_a_hang_and_its_pod_is_left_alone() {
                 "message": "made NotReady by the test", "lastHeartbeatTime": null, "lastTransitionTime": null}]}});
             node_api.patch_status(sick, &PatchParams::default(), &Patch::Strategic(&status)).await.unwrap();
             wait_for(&node_api, sick, "the node to be NotReady", Duration::from_secs(30), |n| {
-                fleetroll::nodes::node_ready(n).is_err()
+                fleetroll::core::nodes::node_ready(n).is_err()
             })
             .await;
 

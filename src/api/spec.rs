@@ -183,7 +183,7 @@ const NODE_TRANSITION_RULE: &str = "oldSelf.kind != 'Node' || (self.kind == 'Nod
 const BATCH_SIZE_RULE: &str = "type(self) == int ? self >= 1 : self.matches('^(100|[1-9][0-9]?)%$')";
 const STEPS_RULE: &str = "self.all(s, type(s) == int ? s >= 1 : s.matches('^(100|[1-9][0-9]?)%$'))";
 const MAX_FAILURES_RULE: &str = "type(self) == int ? self >= 0 : self.matches('^(100|[1-9]?[0-9])%$')";
-const DURATION_RULE: &str = crate::duration::SCHEMA_RULE;
+const DURATION_RULE: &str = crate::core::duration::SCHEMA_RULE;
 
 fn default_batch_size() -> IntOrString {
     IntOrString::String("25%".into())

@@ -21,7 +21,7 @@ use kube::{
 };
 use tracing::{debug, warn};
 
-use crate::{api::FleetRollout, own_writes::OwnWrites};
+use crate::{api::FleetRollout, edge::own_writes::OwnWrites};
 
 #[derive(Clone)]
 pub struct Rollouts {

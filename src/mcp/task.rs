@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use crate::{
     api::{FleetRollout, FleetRolloutStatus, Phase},
-    plan::sha256_hex,
+    core::plan::sha256_hex,
 };
 
 /// Annotation holding a hash of the task's secret part ([`token_hash`]). The task id itself is shown only to
@@ -214,7 +214,7 @@ pub fn detailed(fr: &FleetRollout, id: &TaskId, elicitation: bool, now: Timestam
         Phase::Succeeded | Phase::Failed | Phase::RolledBack => {
             TaskPayload::Completed { result: to_object(&result_of(fr)) }
         }
-        Phase::Aborted if s.reason.as_deref() == Some(crate::engine::reason::ABORT_REQUESTED) => {
+        Phase::Aborted if s.reason.as_deref() == Some(crate::core::rollout::reason::ABORT_REQUESTED) => {
             TaskPayload::Cancelled
         }
         Phase::Aborted => TaskPayload::Completed { result: to_object(&result_of(fr)) },

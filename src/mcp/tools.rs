@@ -27,9 +27,9 @@ use super::{
 };
 use crate::{
     api::{FleetRollout, FleetRolloutSpec, Health, Strategy, Targets},
-    control::{self, explain},
-    controller::discovery,
-    plan,
+    core::plan,
+    edge::control::{self, explain},
+    edge::discovery,
 };
 
 /// Field manager of the MCP server's writes (distinct from the operator's and from GitOps tools').
@@ -432,7 +432,7 @@ impl Ops {
         Ok(fr)
     }
 
-    /// Approves (batch, plan) as `who`, recording them: see [`crate::control::approve`].
+    /// Approves (batch, plan) as `who`, recording them: see [`crate::edge::control::approve`].
     pub async fn approve(&self, args: &ApproveArgs, who: &Identity) -> Result<FleetRollout, String> {
         let client = self.writer.client_for(who)?;
         let fr = control::approve(

@@ -199,9 +199,9 @@ impl Fleet {
     }
 
     /// A rollout's frozen plan, from its status or its ConfigMaps, as the operator reads it.
-    pub async fn plan(&self, fr: &FleetRollout) -> fleetroll::plan::Plan {
+    pub async fn plan(&self, fr: &FleetRollout) -> fleetroll::core::plan::Plan {
         let plan_ref = fr.status.as_ref().and_then(|s| s.plan.as_ref()).expect("the rollout has a plan");
-        let store = fleetroll::controller::plans::PlanStore::default();
+        let store = fleetroll::edge::plans::PlanStore::default();
         store
             .load(&self.client, fr, plan_ref)
             .await

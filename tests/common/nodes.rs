@@ -69,7 +69,7 @@ pub async fn add_node(client: &Client, pool: &str, name: &str, taints: &[(&str, 
     let api: Api<Node> = Api::all(client.clone());
     api.create(&PostParams::default(), &node).await.expect("create a node");
     wait_for(&api, name, "the node to be Ready", Duration::from_secs(60), |n| {
-        fleetroll::nodes::node_ready(n).is_ok()
+        fleetroll::core::nodes::node_ready(n).is_ok()
     })
     .await;
 }

@@ -102,7 +102,7 @@ fn only_a_hash_of_the_token_is_stored_and_a_stored_token_does_not_match() {
     assert!(!TaskId { token: stored[..32].to_string(), ..id() }.matches(&fr));
     // Domain-separated: the same input under another purpose hashes differently.
     assert_ne!(token_hash(TOKEN), key_hash(TOKEN, "", ""));
-    assert_ne!(token_hash(TOKEN), crate::plan::sha256_hex(&TOKEN));
+    assert_ne!(token_hash(TOKEN), crate::core::plan::sha256_hex(&TOKEN));
     let mut plain = fr.clone();
     plain.metadata.annotations = Some([(TASK_TOKEN_HASH_ANNOTATION.to_string(), TOKEN.to_string())].into());
     assert!(!id().matches(&plain), "a plain-text token in the annotation does not match");

@@ -21,10 +21,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     api::{FleetRollout, PlanRef, PlanStorage, PlannedTarget},
-    engine::Blocked,
+    core::plan::Plan,
+    core::rollout::Blocked,
     error::{Error, Result, is_not_found},
-    failpoint,
-    plan::Plan,
+    runtime::failpoint,
 };
 
 /// Why a stored plan was refused.

@@ -17,10 +17,10 @@ use crate::{
     api::FleetRollout,
     controller::{self, Settings},
     error::{Error, Result},
-    http,
-    leader::{Elector, LeaseConfig},
     mcp,
-    metrics::Metrics,
+    runtime::http,
+    runtime::leader::{Elector, LeaseConfig},
+    runtime::metrics::Metrics,
 };
 
 #[derive(Clone, Debug)]

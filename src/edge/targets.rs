@@ -18,12 +18,12 @@ use tracing::{debug, info};
 
 use crate::{
     api::{FIELD_MANAGER, PlannedTarget, TargetKind},
-    engine::TargetState,
+    core::http_check::Policy,
+    core::rollout::TargetState,
+    core::workload::{self, Cached, WorkloadFacts},
     error::{Error, Result, denial, is_not_found},
-    failpoint,
-    http_check::Policy,
-    metrics::Metrics,
-    workload::{self, Cached, WorkloadFacts},
+    runtime::failpoint,
+    runtime::metrics::Metrics,
 };
 
 /// How many target patches of one batch are in flight at once.
@@ -288,7 +288,7 @@ pub async fn live_facts(
 
 /// Runs the HTTP check against each target, like a kubelet probe (TLS certificates are not verified: the
 /// host is the target's own), within the operator's rules for where checks may go (see
-/// [`crate::http_check`]): every address a name resolves to is checked, literal addresses too, and
+/// [`crate::core::http_check`]): every address a name resolves to is checked, literal addresses too, and
 /// redirects are not followed.
 #[derive(Clone)]
 pub struct Prober {
@@ -441,7 +441,10 @@ impl ServiceKinds {
         Self { client, seen: Arc::new(std::sync::Mutex::new(lru::LruCache::new(SERVICE_KINDS_KEPT))) }
     }
 
-    async fn is_external_name(&self, service: &crate::http_check::ServiceName) -> Result<bool, kube::Error> {
+    async fn is_external_name(
+        &self,
+        service: &crate::core::http_check::ServiceName,
+    ) -> Result<bool, kube::Error> {
         let key = (service.namespace.clone(), service.name.clone());
         let cached = self.seen.lock().ok().and_then(|mut seen| seen.get(&key).copied());
         if let Some((external, at)) = cached

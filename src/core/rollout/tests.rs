@@ -661,7 +661,7 @@ fn a_target_refused_at_its_batch_is_left_alone_and_reported_not_failed() {
     let mut sim = Sim::new(spec(5), 10);
     let opted_out: Vec<String> = sim.plan.batches[1].iter().take(2).map(key).collect();
     for t in &opted_out {
-        sim.refused.insert(t.clone(), crate::scope::reason::NOT_OPTED_IN);
+        sim.refused.insert(t.clone(), crate::core::scope::reason::NOT_OPTED_IN);
     }
     assert_eq!(sim.settle(), None);
     assert_eq!(sim.status.phase, Phase::Succeeded);
@@ -671,7 +671,7 @@ fn a_target_refused_at_its_batch_is_left_alone_and_reported_not_failed() {
     let c = &sim.status.counts;
     assert_eq!((c.updated, c.healthy, c.failed, c.refused), (8, 8, 0, 2));
     let reported: Vec<&str> = sim.status.failures.iter().map(|f| f.reason.as_str()).collect();
-    assert_eq!(reported, [crate::scope::reason::NOT_OPTED_IN; 2]);
+    assert_eq!(reported, [crate::core::scope::reason::NOT_OPTED_IN; 2]);
     assert!(sim.status.failures.iter().all(|f| f.batch == 1));
 }
 
@@ -682,7 +682,7 @@ fn a_target_changed_before_its_namespace_opted_out_is_judged_on_its_health() {
     sim.step(); // applied
     // Opted out after the change: the target carries the batch's key, so it counts as what it is.
     let first = key(&sim.plan.batches[0][0]);
-    sim.refused.insert(first.clone(), crate::scope::reason::NOT_OPTED_IN);
+    sim.refused.insert(first.clone(), crate::core::scope::reason::NOT_OPTED_IN);
     sim.settle();
     assert_eq!(sim.changes_of(&first), 1);
     assert_eq!(sim.status.counts.refused, 0);
@@ -699,13 +699,13 @@ fn a_rollback_restores_only_what_is_still_in_scope() {
     sim.pass(Duration::from_secs(601));
     // Meanwhile another rollout took over a target of batch 0.
     let taken = key(&sim.plan.batches[0][2]);
-    sim.refused.insert(taken.clone(), crate::scope::reason::HELD);
+    sim.refused.insert(taken.clone(), crate::core::scope::reason::HELD);
     assert_eq!(sim.settle(), None);
     assert_eq!(sim.status.phase, Phase::RolledBack);
     let rb = sim.status.rollback.clone().unwrap();
     assert_eq!((rb.restored, rb.skipped), (9, 1));
     assert_eq!(sim.changes_of(&taken), 1, "changed by the rollout, never restored");
-    assert!(sim.status.failures.iter().any(|f| f.reason == crate::scope::reason::HELD));
+    assert!(sim.status.failures.iter().any(|f| f.reason == crate::core::scope::reason::HELD));
 }
 
 #[test]

@@ -20,11 +20,11 @@ use crate::{
         PlannedTarget, Revision, RevisionInputs, RollbackState, RollbackStatus, SupersededRevision,
         TargetFailure, Unplanned, target_key, time,
     },
-    conditions::{self, Desired},
-    duration,
-    plan::{self, Plan},
-    scope::Refusal,
-    workload::Readiness,
+    core::conditions::{self, Desired},
+    core::duration,
+    core::plan::{self, Plan},
+    core::scope::Refusal,
+    core::workload::Readiness,
 };
 
 /// Phase reasons (also used as condition and event reasons).
@@ -80,7 +80,7 @@ pub struct Facts<'a> {
     pub target: &'a dyn Fn(&PlannedTarget) -> Option<TargetState>,
     /// Matching targets outside the plan (asked only when a batch starts: it scans the cache).
     pub unplanned: &'a dyn Fn() -> Option<Unplanned>,
-    /// Whether a target may be changed (or restored) now: see [`crate::scope`].
+    /// Whether a target may be changed (or restored) now: see [`crate::core::scope`].
     pub scope: &'a dyn Fn(&PlannedTarget) -> Result<(), Refusal>,
 }
 
@@ -829,7 +829,7 @@ fn in_scope(
 
 /// The event reason for a scope refusal (event reasons are static).
 fn static_reason(reason: &str) -> &'static str {
-    use crate::scope::reason::{ALL, OUT_OF_SCOPE};
+    use crate::core::scope::reason::{ALL, OUT_OF_SCOPE};
     ALL.into_iter().find(|r| *r == reason).unwrap_or(OUT_OF_SCOPE)
 }
 

@@ -8,7 +8,7 @@ use std::sync::{
 
 use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
 
-use crate::metrics::Metrics;
+use crate::runtime::metrics::Metrics;
 
 /// What the HTTP endpoints report on.
 #[derive(Clone, Debug)]

@@ -1,11 +1,6 @@
 //! The reconcile loop: reads facts, asks the state machine (`engine`) for the next step, performs it, and
 //! repeats until the machine says to wait. All decisions are the engine's; this module only does IO.
 
-pub mod discovery;
-pub mod nodes;
-pub mod plans;
-pub mod targets;
-
 use std::{
     collections::HashMap,
     panic::AssertUnwindSafe,
@@ -35,18 +30,20 @@ use crate::{
         BatchState, FleetRollout, FleetRolloutStatus, Phase, PlannedTarget, RevisionInputs, TargetFailure,
         TargetKind,
     },
-    engine::{self, EventType, Facts, NewRevision, Step, Transition},
+    core::plan,
+    core::rollout::{self, EventType, Facts, NewRevision, Step, Transition},
+    core::scope,
+    core::workload::{self, Cached, WorkloadFacts},
+    edge::own_writes::OwnWrites,
     error::{Error, Result},
-    failpoint,
-    metrics::{Metrics, PhaseLabel, StateLabel},
-    own_writes::OwnWrites,
-    plan, scope,
-    workload::{self, Cached, WorkloadFacts},
+    runtime::failpoint,
+    runtime::metrics::{Metrics, PhaseLabel, StateLabel},
 };
 
-use self::{
-    plans::PlanStore,
-    targets::{Change, Prober, Stores},
+use crate::edge::{
+    daemonset_pods, discovery,
+    plans::{self, PlanStore},
+    targets::{self, Change, Prober, Stores},
 };
 
 /// How many steps one reconcile may take before yielding (a safety net, never reached in practice).
@@ -80,7 +77,7 @@ pub struct Settings {
     pub node_rollouts: bool,
     /// Where health checks may go besides the targets (`--http-check-allow`), and the API server's
     /// addresses, which they may not reach.
-    pub http_check: crate::http_check::Policy,
+    pub http_check: crate::core::http_check::Policy,
 }
 
 /// Shared by every reconcile.
@@ -138,7 +135,7 @@ async fn reconcile(obj: Arc<FleetRollout>, ctx: Arc<Context>) -> Result<Action> 
 
 async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -> Result<Action> {
     if fr.meta().deletion_timestamp.is_some() {
-        nodes::finalize(&ctx.client, &fr).await?;
+        daemonset_pods::finalize(&ctx.client, &fr).await?;
         return Ok(Action::await_change());
     }
     // Target health is read from the caches: never decide on a cache that has not been filled yet (every
@@ -162,7 +159,7 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
             }
         }
 
-        if engine::needs_new_revision(&fr.spec, &status) {
+        if rollout::needs_new_revision(&fr.spec, &status) {
             match plan_revision(ctx, &fr, &status, generation, now).await? {
                 Some(t) => {
                     fr = match write_status(ctx, &fr, t).await {
@@ -202,7 +199,7 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
         let kind = fr.spec.targets.kind;
         if kind == TargetKind::Node
             && !status.phase.is_terminal()
-            && let Some(written) = nodes::set_finalizer(&ctx.client, &fr, true).await?
+            && let Some(written) = daemonset_pods::set_finalizer(&ctx.client, &fr, true).await?
         {
             // From now until it hands its DaemonSet back, deleting the rollout releases the DaemonSet first.
             fr = Arc::new(written);
@@ -214,7 +211,7 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
         // rollout left waiting must not list every node every few seconds.
         let waiting = matches!(status.phase, Phase::Paused | Phase::WaitingForApproval);
         let view = match kind == TargetKind::Node && !status.phase.is_terminal() && !waiting {
-            true => Some(nodes::View::read(&ctx.client, &fr).await?),
+            true => Some(daemonset_pods::View::read(&ctx.client, &fr).await?),
             false => None,
         };
         let node_states = view.as_ref().map(|v| node_states(v, &uid, &status, container.as_deref()));
@@ -242,7 +239,7 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
         let daemonset_holder = view
             .as_ref()
             .and_then(|v| v.daemonset.as_ref())
-            .and_then(|ds| crate::nodes::held_by_other(ds.annotations(), &rollout))
+            .and_then(|ds| crate::core::nodes::held_by_other(ds.annotations(), &rollout))
             .filter(|other| rollout_known(ctx, other))
             .map(String::from);
         let in_scope = |t: &PlannedTarget| {
@@ -261,7 +258,7 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
             };
             ctx.rules.check(scope_of, t, seen)
         };
-        let step = engine::advance(&Facts {
+        let step = rollout::advance(&Facts {
             now,
             uid: &uid,
             generation,
@@ -289,8 +286,8 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
                 // does not (roll it back, or delete it, which hands the DaemonSet back as it was).
                 let holding = kind == TargetKind::Node
                     && !matches!(status.phase, Phase::Succeeded | Phase::RolledBack)
-                    && fr.finalizers().iter().any(|f| f == nodes::FINALIZER);
-                if let Some(expiry) = engine::expires_at(&fr.spec, &status).filter(|_| !holding) {
+                    && fr.finalizers().iter().any(|f| f == daemonset_pods::FINALIZER);
+                if let Some(expiry) = rollout::expires_at(&fr.spec, &status).filter(|_| !holding) {
                     if now >= expiry {
                         info!("deleting: ttlSecondsAfterFinished has passed");
                         match api(ctx, &fr).delete(&fr.name_any(), &Default::default()).await {
@@ -306,7 +303,7 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
             }
             Step::Write(t) => {
                 let intent = is_intent(&status, &t.status);
-                if t.events.iter().any(|e| e.reason == engine::reason::BATCH_SUCCEEDED) {
+                if t.events.iter().any(|e| e.reason == rollout::reason::BATCH_SUCCEEDED) {
                     batch_settled_at = Some(started);
                 }
                 observe_batches(ctx, &status, &t.status);
@@ -321,9 +318,17 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
                     // Every target of the batch was refused: there is nothing to take over or patch.
                     targets::Outcome::default()
                 } else if kind == TargetKind::Node {
-                    let revision = crate::nodes::revision_key(&uid, revision_number(&status));
-                    nodes::apply(&ctx.client, &ctx.metrics, &fr, &revision, &image, &rollout, &targets)
-                        .await?
+                    let revision = crate::core::nodes::revision_key(&uid, revision_number(&status));
+                    daemonset_pods::apply(
+                        &ctx.client,
+                        &ctx.metrics,
+                        &fr,
+                        &revision,
+                        &image,
+                        &rollout,
+                        &targets,
+                    )
+                    .await?
                 } else {
                     let change = Change { key: &key, between: failpoint::BETWEEN_PATCHES, ..base_change };
                     targets::patch_all(&ctx.client, &ctx.stores, &ctx.metrics, &change, &targets, |_| {
@@ -337,13 +342,13 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
                 info!(key = %key, changed = out.changed, unchanged = out.unchanged, skipped = out.skipped, denied = out.denied.len(), "batch applied");
                 failpoint::hit(failpoint::AFTER_APPLY).await;
                 let batch = after.status.current_batch.unwrap_or_default();
-                write_status(ctx, &fr, engine::denied(after, batch, out.denied)).await
+                write_status(ctx, &fr, rollout::denied(after, batch, out.denied)).await
             }
             Step::Restore { key, targets, refused } => {
                 let out = if targets.is_empty() {
                     targets::Outcome::default()
                 } else if kind == TargetKind::Node {
-                    nodes::restore(&ctx.client, &ctx.metrics, &fr, &targets).await?
+                    daemonset_pods::restore(&ctx.client, &ctx.metrics, &fr, &targets).await?
                 } else {
                     let change = Change { key: &key, between: failpoint::BETWEEN_RESTORES, ..base_change };
                     targets::patch_all(&ctx.client, &ctx.stores, &ctx.metrics, &change, &targets, |t| {
@@ -358,10 +363,10 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
                     namespace: t.namespace.clone(),
                     name: t.name.clone(),
                     batch,
-                    reason: engine::reason::CHANGE_DENIED.into(),
+                    reason: rollout::reason::CHANGE_DENIED.into(),
                     message: message.clone(),
                 }));
-                let t = engine::restored(
+                let t = rollout::restored(
                     now,
                     generation,
                     &status,
@@ -386,9 +391,9 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
 
 /// Why this installation will not run a spec at all: node rollouts it was not given the rights for, or a
 /// health check that may not go where it points.
-fn not_served(ctx: &Context, spec: &crate::api::FleetRolloutSpec) -> Option<engine::Blocked> {
+fn not_served(ctx: &Context, spec: &crate::api::FleetRolloutSpec) -> Option<rollout::Blocked> {
     if spec.targets.kind == TargetKind::Node && !ctx.settings.node_rollouts {
-        return Some(engine::Blocked {
+        return Some(rollout::Blocked {
             reason: NODE_ROLLOUTS_DISABLED,
             message:
                 "node rollouts (targets.kind Node) are disabled in this installation: the operator runs \
@@ -398,7 +403,7 @@ fn not_served(ctx: &Context, spec: &crate::api::FleetRolloutSpec) -> Option<engi
     }
     let check = spec.health.http.as_ref()?;
     let message = ctx.prober.policy().check_template(&check.url, spec.targets.kind).err()?;
-    Some(engine::Blocked { reason: crate::http_check::REFUSED, message })
+    Some(rollout::Blocked { reason: crate::core::http_check::REFUSED, message })
 }
 
 /// The reason of a node rollout in an installation without node rollouts.
@@ -410,11 +415,11 @@ async fn halt(
     ctx: &Context,
     fr: &Arc<FleetRollout>,
     status: &FleetRolloutStatus,
-    why: &engine::Blocked,
+    why: &rollout::Blocked,
     now: Timestamp,
     generation: i64,
 ) -> Result<Option<Arc<FleetRollout>>> {
-    let Some(t) = engine::blocked(now, generation, status, why) else { return Ok(None) };
+    let Some(t) = rollout::blocked(now, generation, status, why) else { return Ok(None) };
     match write_status(ctx, fr, t).await {
         Ok(written) => Ok(Some(written)),
         Err(Error::Conflict) => refetch(ctx, fr).await.map(Some),
@@ -454,7 +459,7 @@ async fn plan_revision(
 ) -> Result<Option<Transition>> {
     let candidates = match discovery::discover(&ctx.client, &ctx.settings.fleet_namespace, fr).await? {
         Ok(c) => c,
-        Err(why) => return Ok(engine::blocked(now, generation, status, &why)),
+        Err(why) => return Ok(rollout::blocked(now, generation, status, &why)),
     };
     let namespace = fr.namespace().unwrap_or_default();
     let rollout = scope::Rollout {
@@ -463,8 +468,8 @@ async fn plan_revision(
         cross_namespace: fr.spec.targets.namespace_selector.is_some(),
     };
     if let Some(r) = ctx.rules.refuse_plan(rollout, fr.spec.targets.daemon_set.as_deref(), &candidates) {
-        let why = engine::Blocked { reason: r.reason, message: r.message };
-        return Ok(engine::blocked(now, generation, status, &why));
+        let why = rollout::Blocked { reason: r.reason, message: r.message };
+        return Ok(rollout::blocked(now, generation, status, &why));
     }
     let inputs = RevisionInputs::of(&fr.spec);
     let spec_hash = plan::sha256_hex(&inputs);
@@ -487,15 +492,15 @@ async fn plan_revision(
     let plan = match plan::build(candidates, &inputs, &spec_hash, &previous) {
         Ok(p) => p,
         Err(e) => {
-            let why = engine::Blocked { reason: engine::reason::INVALID_SPEC, message: e.to_string() };
-            return Ok(engine::blocked(now, generation, status, &why));
+            let why = rollout::Blocked { reason: rollout::reason::INVALID_SPEC, message: e.to_string() };
+            return Ok(rollout::blocked(now, generation, status, &why));
         }
     };
     let plan_ref = match ctx.plans.store(&ctx.client, fr, &plan).await? {
         Ok(r) => r,
-        Err(why) => return Ok(engine::blocked(now, generation, status, &why)),
+        Err(why) => return Ok(rollout::blocked(now, generation, status, &why)),
     };
-    Ok(Some(engine::start_revision(
+    Ok(Some(rollout::start_revision(
         now,
         generation,
         &fr.spec,
@@ -509,8 +514,8 @@ async fn http_checks(
     fr: &FleetRollout,
     status: &FleetRolloutStatus,
     plan: &plan::Plan,
-    view: Option<&nodes::View>,
-    node_states: Option<&HashMap<String, engine::TargetState>>,
+    view: Option<&daemonset_pods::View>,
+    node_states: Option<&HashMap<String, rollout::TargetState>>,
 ) -> HashMap<(String, String), Result<(), String>> {
     let Some(check) = &fr.spec.health.http else {
         return HashMap::new();
@@ -528,7 +533,7 @@ async fn http_checks(
             Some(states) => states.get(&t.name).cloned(),
             None => ctx.stores.state(fr.spec.targets.kind, container.as_deref(), t, &HashMap::new()),
         };
-        state.is_some_and(|s| s.readiness == crate::workload::Readiness::Ready)
+        state.is_some_and(|s| s.readiness == crate::core::workload::Readiness::Ready)
     };
     let checks: Vec<((String, String), String)> = plan
         .batch(batch.index)
@@ -547,12 +552,12 @@ async fn http_checks(
 
 /// What the state machine sees of each node target of a node rollout.
 fn node_states(
-    view: &nodes::View,
+    view: &daemonset_pods::View,
     uid: &str,
     status: &FleetRolloutStatus,
     container: Option<&str>,
-) -> HashMap<String, engine::TargetState> {
-    let revision = crate::nodes::revision_key(uid, revision_number(status));
+) -> HashMap<String, rollout::TargetState> {
+    let revision = crate::core::nodes::revision_key(uid, revision_number(status));
     let batch = status
         .current_batch
         .and_then(|i| status.batches.iter().find(|b| b.index == i))
@@ -594,10 +599,10 @@ async fn release_daemonset(ctx: &Context, fr: &FleetRollout, status: &FleetRollo
     let name = fr.spec.targets.daemon_set.clone().unwrap_or_default();
     let cached =
         ctx.stores.daemonsets.get(&ObjectRef::new(&name).within(&fr.namespace().unwrap_or_default()));
-    if cached.is_none_or(|ds| crate::nodes::is_held(&ds.annotations)) {
-        nodes::release(&ctx.client, fr, true).await?;
+    if cached.is_none_or(|ds| crate::core::nodes::is_held(&ds.annotations)) {
+        daemonset_pods::release(&ctx.client, fr, true).await?;
     }
-    nodes::set_finalizer(&ctx.client, fr, false).await.map(drop)
+    daemonset_pods::set_finalizer(&ctx.client, fr, false).await.map(drop)
 }
 
 /// Persists a status with the resourceVersion we read: if anything changed since, the API server refuses
@@ -618,7 +623,7 @@ async fn write_status(ctx: &Context, fr: &FleetRollout, t: Transition) -> Result
 }
 
 /// Events are best effort and must not slow the rollout down: they are sent in the background.
-fn publish(ctx: &Context, fr: &FleetRollout, events: Vec<engine::Event>) {
+fn publish(ctx: &Context, fr: &FleetRollout, events: Vec<rollout::Event>) {
     if events.is_empty() {
         return;
     }
@@ -665,7 +670,7 @@ fn update_gauges(ctx: &Context) {
 fn error_policy(fr: Arc<FleetRollout>, err: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics
         .reconcile_errors
-        .get_or_create(&crate::metrics::ErrorLabel { error: err.metric_label().into() })
+        .get_or_create(&crate::runtime::metrics::ErrorLabel { error: err.metric_label().into() })
         .inc();
     let failures = ctx.count_failure(&ObjectRef::from_obj(&*fr));
     let wait = retry_after(failures);

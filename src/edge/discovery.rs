@@ -13,10 +13,10 @@ use serde::de::DeserializeOwned;
 
 use crate::{
     api::{FleetRollout, OPT_IN_LABEL, OPT_IN_VALUE, TargetKind, Unplanned},
-    engine::Blocked,
+    core::plan::Candidate,
+    core::rollout::Blocked,
+    core::workload::{self, ContainerError, WorkloadFacts},
     error::Result,
-    plan::Candidate,
-    workload::{self, ContainerError, WorkloadFacts},
 };
 
 use super::targets::Stores;
@@ -147,7 +147,7 @@ pub async fn discover(
     fr: &FleetRollout,
 ) -> Result<Result<Vec<Candidate>, Blocked>> {
     if fr.spec.targets.kind == TargetKind::Node {
-        return super::nodes::discover(client, fr).await;
+        return super::daemonset_pods::discover(client, fr).await;
     }
     let selector = match Selector::try_from(fr.spec.targets.selector.clone()) {
         Ok(s) => s,
@@ -211,15 +211,15 @@ pub async fn preview(
     client: &Client,
     fleet_namespace: &str,
     fr: &FleetRollout,
-) -> Result<Result<crate::plan::Plan, Blocked>> {
+) -> Result<Result<crate::core::plan::Plan, Blocked>> {
     let candidates = match discover(client, fleet_namespace, fr).await? {
         Ok(c) => c,
         Err(b) => return Ok(Err(b)),
     };
     let inputs = crate::api::RevisionInputs::of(&fr.spec);
-    let spec_hash = crate::plan::sha256_hex(&inputs);
-    Ok(crate::plan::build(candidates, &inputs, &spec_hash, &Default::default())
-        .map_err(|e| Blocked { reason: crate::engine::reason::INVALID_SPEC, message: e.to_string() }))
+    let spec_hash = crate::core::plan::sha256_hex(&inputs);
+    Ok(crate::core::plan::build(candidates, &inputs, &spec_hash, &Default::default())
+        .map_err(|e| Blocked { reason: crate::core::rollout::reason::INVALID_SPEC, message: e.to_string() }))
 }
 
 /// Matching workloads in the cache that the plan does not contain (reported, never added).

@@ -19,9 +19,9 @@ use kube::ResourceExt;
 
 use crate::{
     api::{APPLIED_ANNOTATION, ROLLOUT_ANNOTATION},
-    engine::TargetState,
-    plan::Candidate,
-    workload::Readiness,
+    core::plan::Candidate,
+    core::rollout::TargetState,
+    core::workload::Readiness,
 };
 
 /// The DaemonSet's update strategy before fleetroll took over its updates (JSON).

@@ -108,7 +108,7 @@ impl Rules {
         &self,
         rollout: Rollout<'_>,
         daemon_set: Option<&str>,
-        candidates: &[crate::plan::Candidate],
+        candidates: &[crate::core::plan::Candidate],
     ) -> Option<Refusal> {
         if rollout.kind == TargetKind::Node {
             let ds = daemon_set.unwrap_or_default();
@@ -289,7 +289,7 @@ mod tests {
     #[test]
     fn a_plan_of_nothing_but_protected_targets_is_refused_whole() {
         let r = rules();
-        let candidate = |ns: &str, name: &str| crate::plan::Candidate {
+        let candidate = |ns: &str, name: &str| crate::core::plan::Candidate {
             namespace: ns.into(),
             name: name.into(),
             current_image: "x".into(),

@@ -1,7 +1,7 @@
 //! Node-scoped rollouts, the IO side: reading the DaemonSet, its pods and the nodes (live, from the API
 //! server: a node rollout is small and short-lived, and a cluster-wide pod cache would not be), taking over
 //! and handing back the DaemonSet's updates, and replacing pods node by node. The decisions are in
-//! [`crate::nodes`].
+//! [`crate::core::nodes`].
 
 use std::collections::{HashMap, HashSet};
 
@@ -20,13 +20,13 @@ use tracing::{debug, info};
 use super::{discovery::reason as blocked_reason, targets::Outcome};
 use crate::{
     api::{APPLIED_ANNOTATION, FIELD_MANAGER, FleetRollout, Phase, PlannedTarget, Unplanned},
-    engine::{Blocked, TargetState},
+    core::nodes::{self, NodeAction},
+    core::plan::Candidate,
+    core::rollout::{Blocked, TargetState},
+    core::workload::{self, ContainerError},
     error::{Error, Result, denial, is_not_found},
-    failpoint,
-    metrics::Metrics,
-    nodes::{self, NodeAction},
-    plan::Candidate,
-    workload::{self, ContainerError},
+    runtime::failpoint,
+    runtime::metrics::Metrics,
 };
 
 /// How many pod deletions of one batch are in flight at once.
@@ -158,7 +158,7 @@ pub async fn discover(client: &Client, fr: &FleetRollout) -> Result<Result<Vec<C
         && rollout_exists(client, other).await?
     {
         return Ok(Err(Blocked {
-            reason: crate::scope::reason::HELD,
+            reason: crate::core::scope::reason::HELD,
             message: format!(
                 "DaemonSet {ns}/{name} is held by FleetRollout {other} (it saved the DaemonSet's update strategy \
                  and has not handed it back); no pod was replaced. Roll that one back, or delete it"

@@ -5,7 +5,7 @@ use std::{net::SocketAddr, process::ExitCode, time::Duration};
 use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
-use crate::{controller::Settings, operator};
+use crate::{controller::Settings, runtime::operator};
 
 /// Durable, batched image rollouts across a fleet of Kubernetes workloads.
 #[derive(Debug, Parser)]
@@ -178,11 +178,11 @@ struct OperatorArgs {
     identity: Option<String>,
 
     /// Plans larger than this (JSON bytes) are stored in ConfigMaps instead of status.
-    #[arg(long, hide = true, default_value_t = crate::controller::plans::INLINE_MAX_BYTES)]
+    #[arg(long, hide = true, default_value_t = crate::edge::plans::INLINE_MAX_BYTES)]
     plan_inline_max_bytes: usize,
 
     /// Targets per plan ConfigMap.
-    #[arg(long, hide = true, default_value_t = crate::controller::plans::SHARD_TARGETS)]
+    #[arg(long, hide = true, default_value_t = crate::edge::plans::SHARD_TARGETS)]
     plan_shard_targets: usize,
 
     /// Namespaces whose workloads no rollout may change (comma-separated; "" for none).
@@ -197,7 +197,7 @@ struct OperatorArgs {
     /// The operator's own workload, which no rollout may change, as Kind/namespace/name (comma-separated
     /// or repeated). The Helm chart sets it.
     #[arg(long = "self-workload", env = "FLEETROLL_SELF_WORKLOADS", value_delimiter = ',')]
-    self_workloads: Vec<crate::scope::WorkloadRef>,
+    self_workloads: Vec<crate::core::scope::WorkloadRef>,
 
     /// Whether node rollouts (targets.kind Node) are served. They need rights to delete pods and update
     /// DaemonSets; the Helm chart grants those only when its nodeRollouts.enabled is set, and passes false
@@ -208,11 +208,11 @@ struct OperatorArgs {
     /// Hosts, addresses or CIDRs health-check URLs may name besides their targets (comma-separated or
     /// repeated; none by default). A CIDR also lets checks reach loopback or link-local addresses in it.
     #[arg(long = "http-check-allow", env = "FLEETROLL_HTTP_CHECK_ALLOW", value_delimiter = ',')]
-    http_check_allow: Vec<crate::http_check::Allowed>,
+    http_check_allow: Vec<crate::core::http_check::Allowed>,
 
     /// The cluster's DNS domain: health checks name a target's Service as {name}.{namespace}.svc, or with
     /// this domain, and resolve it as the absolute name in it.
-    #[arg(long, env = "FLEETROLL_CLUSTER_DOMAIN", default_value = crate::http_check::CLUSTER_DOMAIN)]
+    #[arg(long, env = "FLEETROLL_CLUSTER_DOMAIN", default_value = crate::core::http_check::CLUSTER_DOMAIN)]
     cluster_domain: String,
 
     #[command(flatten)]
@@ -231,7 +231,7 @@ impl OperatorArgs {
                 fleet_namespace: self.fleet_namespace,
                 watch_namespace: self.namespace,
                 identity: self.identity.unwrap_or_else(default_identity),
-                plan_limits: crate::controller::plans::Limits {
+                plan_limits: crate::edge::plans::Limits {
                     inline_max_bytes: self.plan_inline_max_bytes,
                     shard_targets: self.plan_shard_targets,
                 },
@@ -243,7 +243,7 @@ impl OperatorArgs {
                     .collect(),
                 self_workloads: self.self_workloads,
                 node_rollouts: self.node_rollouts,
-                http_check: crate::http_check::Policy {
+                http_check: crate::core::http_check::Policy {
                     allowed: self.http_check_allow,
                     api_server: Vec::new(),
                     cluster_domain: self.cluster_domain.trim_matches('.').to_ascii_lowercase(),
@@ -254,7 +254,7 @@ impl OperatorArgs {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    crate::duration::parse(s).map_err(|e| e.to_string())
+    crate::core::duration::parse(s).map_err(|e| e.to_string())
 }
 
 fn init_tracing(level: &str, format: LogFormat) {
@@ -335,7 +335,7 @@ mod tests {
 
     use super::{Cli, Command, log_filter};
 
-    fn operator(args: &[&str]) -> crate::operator::Options {
+    fn operator(args: &[&str]) -> crate::runtime::operator::Options {
         let cli = Cli::try_parse_from(["fleetroll", "operator"].iter().chain(args)).expect("valid arguments");
         match cli.command {
             Command::Operator(args) => args.options(),
