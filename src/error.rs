@@ -53,10 +53,7 @@ impl Error {
 
 impl From<kube::Error> for Error {
     fn from(e: kube::Error) -> Self {
-        match &e {
-            kube::Error::Api(s) if s.code == 409 => Error::Conflict,
-            _ => Error::Kube(e),
-        }
+        if is_conflict(&e) { Error::Conflict } else { Error::Kube(e) }
     }
 }
 
@@ -65,6 +62,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// True for a 404 from the API server.
 pub fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// True for a 409 from the API server: the object changed since it was read, or already exists.
+pub fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
 /// The API server's words when it refused a change for good: RBAC (403), or an admission webhook or

@@ -9,3 +9,8 @@ pub mod plan;
 pub mod rollout;
 pub mod scope;
 pub mod workload;
+
+/// A length as a count in status, saturating: no fleet is 4 billion targets, and no input may panic.
+pub fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}

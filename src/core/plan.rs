@@ -9,7 +9,10 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::api::{PlannedTarget, RevisionInputs};
+use crate::{
+    api::{PlannedTarget, RevisionInputs},
+    core::count,
+};
 
 /// A workload found by discovery, as planning needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -144,10 +147,6 @@ fn plan_hash(spec_hash: &str, batches: &[Vec<PlannedTarget>]) -> String {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn count(n: usize) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]

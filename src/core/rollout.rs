@@ -21,6 +21,7 @@ use crate::{
         TargetFailure, Unplanned, target_key, time,
     },
     core::conditions::{self, Desired},
+    core::count,
     core::duration,
     core::plan::{self, Plan},
     core::scope::Refusal,
@@ -1017,10 +1018,6 @@ fn until(now: Timestamp, then: Timestamp) -> Duration {
 fn later(t: Timestamp, d: Duration) -> Timestamp {
     let d = SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
     t.checked_add(d).unwrap_or(Timestamp::MAX)
-}
-
-fn count(n: usize) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]

@@ -85,7 +85,7 @@ pub async fn approve(
         let pp = PatchParams { field_manager: Some(manager.into()), ..Default::default() };
         match api.patch(name, &pp, &Patch::Merge(patch)).await {
             Ok(updated) => return Ok(updated),
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) if crate::error::is_conflict(&e) => continue,
             Err(e) => return Err(explain(&e, &what(ns, name))),
         }
     }

@@ -20,11 +20,12 @@ use tracing::{debug, info};
 use super::{discovery::reason as blocked_reason, targets::Outcome};
 use crate::{
     api::{APPLIED_ANNOTATION, FIELD_MANAGER, FleetRollout, Phase, PlannedTarget, Unplanned},
+    core::count,
     core::nodes::{self, NodeAction},
     core::plan::Candidate,
     core::rollout::{Blocked, TargetState},
     core::workload::{self, ContainerError},
-    error::{Error, Result, denial, is_not_found},
+    error::{Error, Result, denial, is_conflict, is_not_found},
     runtime::failpoint,
     runtime::metrics::Metrics,
 };
@@ -329,7 +330,7 @@ async fn delete(client: &Client, metrics: &Metrics, ns: &str, node: &str, action
         }
         // Gone already, or replaced (the uid precondition failed): either way the old pod is not there.
         Err(e) if is_not_found(&e) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) if is_conflict(&e) => Ok(()),
         Err(e) => Err(Error::Kube(e)),
     }
 }
@@ -406,10 +407,6 @@ fn tally(outcome: &mut Outcome, action: &NodeAction) {
 
 fn post_params() -> PostParams {
     PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }
-}
-
-fn count(n: usize) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]

@@ -203,7 +203,7 @@ impl PlanStore {
                 Ok(_) => {}
                 // Written before a crash (same name, same hash, same content), or planted by someone who
                 // predicted the name: read it back and compare.
-                Err(kube::Error::Api(s)) if s.code == 409 => {
+                Err(e) if crate::error::is_conflict(&e) => {
                     let existing = api.get(&name).await?;
                     if existing.data.as_ref().and_then(|d| d.get(DATA_KEY)) != Some(&data) {
                         return Ok(Err(tampered(

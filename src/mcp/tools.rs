@@ -319,7 +319,7 @@ impl Ops {
                 self.rollouts.wrote(&created);
                 Ok(Started { rollout: created, token, replayed: false })
             }
-            Err(kube::Error::Api(s)) if s.code == 409 => {
+            Err(e) if crate::error::is_conflict(&e) => {
                 let name = name.unwrap_or_default();
                 let existing = api(&client, &args.namespace)
                     .get(&name)

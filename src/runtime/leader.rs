@@ -143,7 +143,7 @@ impl Elector {
                 };
                 match self.api.create(&PostParams::default(), &lease).await {
                     Ok(_) => Ok(true),
-                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+                    Err(e) if crate::error::is_conflict(&e) => Ok(false),
                     Err(e) => Err(e),
                 }
             }
@@ -159,7 +159,7 @@ impl Elector {
                 // The resourceVersion we read makes this a compare-and-swap.
                 match self.api.replace(&self.config.name, &PostParams::default(), &lease).await {
                     Ok(_) => Ok(true),
-                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+                    Err(e) if crate::error::is_conflict(&e) => Ok(false),
                     Err(e) => Err(e),
                 }
             }
