@@ -519,8 +519,8 @@ fn render_with(fr: &FleetRollout, health: Option<(u32, u32)>) -> String {
     for f in s.failures.iter().rev().take(5) {
         // Refused and vanished targets are reported with failures but are not failures.
         let what = match f.reason.as_str() {
-            r if crate::core::scope::reason::ALL.contains(&r) => "refused",
-            crate::core::rollout::reason::TARGET_MISSING => "skipped",
+            r if crate::core::reason::REFUSALS.contains(&r) => "refused",
+            crate::core::reason::TARGET_MISSING => "skipped",
             _ => "failed",
         };
         out.push_str(&format!(

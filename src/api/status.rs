@@ -117,6 +117,27 @@ pub enum Phase {
     RolledBack,
 }
 
+impl FleetRolloutStatus {
+    /// The batch with this index, while status still holds it (it keeps the last [`BATCH_WINDOW`]).
+    pub fn batch(&self, index: u32) -> Option<&BatchStatus> {
+        self.batches.iter().find(|b| b.index == index)
+    }
+
+    pub fn batch_mut(&mut self, index: u32) -> Option<&mut BatchStatus> {
+        self.batches.iter_mut().find(|b| b.index == index)
+    }
+
+    /// The batch in flight, or the last one started.
+    pub fn current(&self) -> Option<&BatchStatus> {
+        self.current_batch.and_then(|i| self.batch(i))
+    }
+
+    /// The number of the revision being rolled out; 0 before the first is planned.
+    pub fn revision_number(&self) -> u32 {
+        self.revision.as_ref().map_or(0, |r| r.number)
+    }
+}
+
 impl Phase {
     pub const ALL: [Phase; 9] = [
         Phase::Pending,

@@ -20,9 +20,6 @@ use ipnet::IpNet;
 
 use crate::api::TargetKind;
 
-/// Why a rollout's check is refused (its status reason).
-pub const REFUSED: &str = "HttpCheckRefused";
-
 /// One entry of `--http-check-allow`: a CIDR (or a single address), or a host name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Allowed {

@@ -6,6 +6,7 @@ pub mod duration;
 pub mod http_check;
 pub mod nodes;
 pub mod plan;
+pub mod reason;
 pub mod rollout;
 pub mod scope;
 pub mod workload;
@@ -13,4 +14,11 @@ pub mod workload;
 /// A length as a count in status, saturating: no fleet is 4 billion targets, and no input may panic.
 pub fn count(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Why a spec cannot be acted on: the rollout stays Pending with Degraded=True and nothing changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Blocked {
+    pub reason: &'static str,
+    pub message: String,
 }

@@ -20,6 +20,7 @@ use kube::ResourceExt;
 use crate::{
     api::{APPLIED_ANNOTATION, ROLLOUT_ANNOTATION},
     core::plan::Candidate,
+    core::reason,
     core::rollout::TargetState,
     core::workload::Readiness,
 };
@@ -28,12 +29,6 @@ use crate::{
 pub const SAVED_STRATEGY_ANNOTATION: &str = "fleetroll.dev/saved-update-strategy";
 /// The DaemonSet's pod template before fleetroll first changed it (JSON), for a rollback.
 pub const SAVED_TEMPLATE_ANNOTATION: &str = "fleetroll.dev/saved-template";
-
-pub mod reason {
-    pub const NODE_NOT_READY: &str = "NodeNotReady";
-    pub const POD_FAILED: &str = "PodFailed";
-    pub const DAEMONSET_NOT_FOUND: &str = "DaemonSetNotFound";
-}
 
 /// The key every pod of a revision carries (the batch keys of that revision start with it).
 pub fn revision_key(uid: &str, revision: u32) -> String {
@@ -194,6 +189,23 @@ pub fn node_action(node: Option<&Node>, pod: Option<&Pod>, revision: &str) -> No
             NodeAction::Delete { pod: p.name_any(), uid: p.uid().unwrap_or_default() }
         }
         _ => NodeAction::Nothing,
+    }
+}
+
+/// The action for a node of a rollback by the rollout with uid `uid`: the pod this rollout created there
+/// is replaced (from the restored template); a node it never changed is left alone.
+pub fn restore_action(node: Option<&Node>, pod: Option<&Pod>, uid: &str) -> NodeAction {
+    let ours = format!("{uid}/");
+    let made_by_us = pod.is_some_and(|p| {
+        p.annotations().get(APPLIED_ANNOTATION).is_some_and(|k| k.starts_with(&ours))
+            && p.metadata.deletion_timestamp.is_none()
+    });
+    match (node, pod) {
+        (Some(n), Some(p)) if made_by_us && node_ready(n).is_ok() => {
+            NodeAction::Delete { pod: p.name_any(), uid: p.uid().unwrap_or_default() }
+        }
+        (Some(_), _) if !made_by_us => NodeAction::Nothing,
+        _ => NodeAction::Skip,
     }
 }
 

@@ -10,8 +10,8 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::{
-    api::{PlannedTarget, RevisionInputs},
-    core::count,
+    api::{FleetRolloutSpec, PlannedTarget, RevisionInputs, Unplanned},
+    core::{Blocked, count, reason},
 };
 
 /// A workload found by discovery, as planning needs it.
@@ -148,6 +148,38 @@ fn plan_hash(spec_hash: &str, batches: &[Vec<PlannedTarget>]) -> String {
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// A new revision's frozen plan, with the inputs it was made from and their hash.
+pub struct Planned {
+    pub inputs: RevisionInputs,
+    pub spec_hash: String,
+    pub plan: Plan,
+}
+
+/// Plans a new revision of `spec` over `candidates`, as the operator freezes it (and as a preview shows it).
+/// `previous`: see [`build`].
+pub fn plan_revision(
+    spec: &FleetRolloutSpec,
+    candidates: Vec<Candidate>,
+    previous: &HashMap<(String, String), String>,
+) -> Result<Planned, Blocked> {
+    let inputs = RevisionInputs::of(spec);
+    let spec_hash = sha256_hex(&inputs);
+    let plan = build(candidates, &inputs, &spec_hash, previous)
+        .map_err(|e| Blocked { reason: reason::INVALID_SPEC, message: e.to_string() })?;
+    Ok(Planned { inputs, spec_hash, plan })
+}
+
+/// Matching targets outside the plan (reported, never added): how many, and a sample of their names.
+pub fn unplanned(mut names: Vec<String>) -> Unplanned {
+    names.sort();
+    let count = count(names.len());
+    names.truncate(UNPLANNED_SAMPLE);
+    Unplanned { count, sample: names }
+}
+
+/// Names of unplanned targets listed in status.
+const UNPLANNED_SAMPLE: usize = 10;
 
 #[cfg(test)]
 mod tests {

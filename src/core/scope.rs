@@ -6,20 +6,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::api::{OPT_IN_LABEL, OPT_IN_VALUE, PlannedTarget, TargetKind, target_key};
-
-pub mod reason {
-    /// The target's namespace is neither the rollout's own nor one it may reach.
-    pub const OUT_OF_SCOPE: &str = "OutOfScope";
-    /// The target's namespace is not (or no longer) labelled `fleetroll.dev/rollouts: enabled`.
-    pub const NOT_OPTED_IN: &str = "NamespaceNotOptedIn";
-    /// The operator's own workload, or one in a protected namespace.
-    pub const PROTECTED: &str = "TargetProtected";
-    /// Another rollout that is still running changed the target last.
-    pub const HELD: &str = "TargetHeldByAnotherRollout";
-    /// Every refusal reason.
-    pub const ALL: [&str; 4] = [OUT_OF_SCOPE, NOT_OPTED_IN, PROTECTED, HELD];
-}
+use crate::{
+    api::{OPT_IN_LABEL, OPT_IN_VALUE, PlannedTarget, TargetKind, target_key},
+    core::reason,
+};
 
 /// A workload named on the command line: `Kind/namespace/name`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,14 +104,14 @@ impl Rules {
             let ds = daemon_set.unwrap_or_default();
             let why = self.protects(TargetKind::DaemonSet, rollout.namespace, ds)?;
             return Some(Refusal {
-                reason: reason::PROTECTED,
+                reason: reason::TARGET_PROTECTED,
                 message: format!("{why}; no pod was replaced"),
             });
         }
         let protected: Vec<String> =
             candidates.iter().filter_map(|c| self.protects(rollout.kind, &c.namespace, &c.name)).collect();
         (!candidates.is_empty() && protected.len() == candidates.len()).then(|| Refusal {
-            reason: reason::PROTECTED,
+            reason: reason::TARGET_PROTECTED,
             message: format!(
                 "every matching target is one no rollout may change ({}{}); no target was changed",
                 protected[0],
@@ -143,12 +133,14 @@ impl Rules {
         };
         if rollout.kind == TargetKind::Node {
             return match seen.held_by {
-                Some(other) => refuse(reason::HELD, format!("FleetRollout {other} holds the DaemonSet")),
+                Some(other) => {
+                    refuse(reason::TARGET_HELD, format!("FleetRollout {other} holds the DaemonSet"))
+                }
                 None => Ok(()),
             };
         }
         if let Some(why) = self.protects(rollout.kind, &target.namespace, &target.name) {
-            return refuse(reason::PROTECTED, why);
+            return refuse(reason::TARGET_PROTECTED, why);
         }
         if target.namespace != rollout.namespace {
             let may_span = rollout.cross_namespace && rollout.namespace == self.fleet_namespace;
@@ -166,7 +158,7 @@ impl Rules {
                 .is_some_and(|labels| labels.get(OPT_IN_LABEL).map(String::as_str) == Some(OPT_IN_VALUE));
             if !opted_in {
                 return refuse(
-                    reason::NOT_OPTED_IN,
+                    reason::NAMESPACE_NOT_OPTED_IN,
                     format!(
                         "namespace {} is not labelled {OPT_IN_LABEL}={OPT_IN_VALUE} now",
                         target.namespace
@@ -175,7 +167,10 @@ impl Rules {
             }
         }
         if let Some(other) = seen.held_by {
-            return refuse(reason::HELD, format!("FleetRollout {other}, still running, changed it last"));
+            return refuse(
+                reason::TARGET_HELD,
+                format!("FleetRollout {other}, still running, changed it last"),
+            );
         }
         Ok(())
     }
@@ -243,11 +238,11 @@ mod tests {
         let out = BTreeMap::from([(OPT_IN_LABEL.to_string(), "disabled".to_string())]);
         let seen = Seen { namespace_labels: Some(&out), held_by: None };
         let refusal = r.check(rollout("fleet", true), &target("t1", "web"), seen).unwrap_err();
-        assert_eq!(refusal.reason, reason::NOT_OPTED_IN);
+        assert_eq!(refusal.reason, reason::NAMESPACE_NOT_OPTED_IN);
         assert!(refusal.message.contains("t1/web"), "{}", refusal.message);
         assert_eq!(
             reason_of(r.check(rollout("fleet", true), &target("t1", "web"), Seen::default())),
-            Some(reason::NOT_OPTED_IN)
+            Some(reason::NAMESPACE_NOT_OPTED_IN)
         );
     }
 
@@ -257,18 +252,18 @@ mod tests {
         let labels = opted_in();
         let seen = Seen { namespace_labels: Some(&labels), held_by: None };
         let own = r.check(rollout("fleet", false), &target("fleet", "fleetroll"), seen).unwrap_err();
-        assert_eq!(own.reason, reason::PROTECTED);
+        assert_eq!(own.reason, reason::TARGET_PROTECTED);
         assert!(own.message.contains("operator's own workload"), "{}", own.message);
         // Same name as the operator, other kind: not the operator.
         let ds = Rollout { kind: TargetKind::DaemonSet, ..rollout("fleet", false) };
         assert_eq!(r.check(ds, &target("fleet", "fleetroll"), seen), Ok(()));
         assert_eq!(
             reason_of(r.check(rollout("fleet", true), &target("kube-system", "coredns"), seen)),
-            Some(reason::PROTECTED)
+            Some(reason::TARGET_PROTECTED)
         );
         assert_eq!(
             reason_of(r.check(rollout("kube-system", false), &target("kube-system", "coredns"), seen)),
-            Some(reason::PROTECTED)
+            Some(reason::TARGET_PROTECTED)
         );
         // Configurable: with no protected namespaces, kube-system is a namespace like any other.
         let open = Rules { protected_namespaces: vec![], ..rules() };
@@ -282,7 +277,7 @@ mod tests {
     fn a_target_held_by_another_running_rollout_is_not_taken() {
         let seen = Seen { namespace_labels: None, held_by: Some("team/first") };
         let refusal = rules().check(rollout("team", false), &target("team", "web"), seen).unwrap_err();
-        assert_eq!(refusal.reason, reason::HELD);
+        assert_eq!(refusal.reason, reason::TARGET_HELD);
         assert!(refusal.message.contains("team/first"), "{}", refusal.message);
     }
 
@@ -297,7 +292,7 @@ mod tests {
         let own = [candidate("fleet", "fleetroll")];
         assert_eq!(
             r.refuse_plan(rollout("fleet", false), None, &own).map(|r| r.reason),
-            Some(reason::PROTECTED)
+            Some(reason::TARGET_PROTECTED)
         );
         let mixed = [candidate("fleet", "fleetroll"), candidate("fleet", "web")];
         assert_eq!(
@@ -306,7 +301,10 @@ mod tests {
             "refused one by one at its batch"
         );
         let node = Rollout { kind: TargetKind::Node, ..rollout("kube-system", false) };
-        assert_eq!(r.refuse_plan(node, Some("kube-proxy"), &[]).map(|r| r.reason), Some(reason::PROTECTED));
+        assert_eq!(
+            r.refuse_plan(node, Some("kube-proxy"), &[]).map(|r| r.reason),
+            Some(reason::TARGET_PROTECTED)
+        );
         let node = Rollout { kind: TargetKind::Node, ..rollout("fleet", false) };
         assert_eq!(r.refuse_plan(node, Some("agent"), &[]), None);
     }
@@ -316,7 +314,7 @@ mod tests {
         let node = Rollout { kind: TargetKind::Node, ..rollout("fleet", false) };
         assert_eq!(rules().check(node, &target("", "node-1"), Seen::default()), Ok(()));
         let held = Seen { namespace_labels: None, held_by: Some("fleet/first") };
-        assert_eq!(reason_of(rules().check(node, &target("", "node-1"), held)), Some(reason::HELD));
+        assert_eq!(reason_of(rules().check(node, &target("", "node-1"), held)), Some(reason::TARGET_HELD));
     }
 
     #[test]

@@ -17,17 +17,19 @@ use kube::{
 };
 use tracing::{debug, info};
 
-use super::{discovery::reason as blocked_reason, targets::Outcome};
+use super::targets::Outcome;
 use crate::{
-    api::{APPLIED_ANNOTATION, FIELD_MANAGER, FleetRollout, Phase, PlannedTarget, Unplanned},
-    core::count,
-    core::nodes::{self, NodeAction},
-    core::plan::Candidate,
-    core::rollout::{Blocked, TargetState},
-    core::workload::{self, ContainerError},
+    api::{FIELD_MANAGER, FleetRollout, Phase, PlannedTarget, Unplanned},
+    core::{
+        Blocked, count,
+        nodes::{self, NodeAction},
+        plan::{self, Candidate},
+        reason,
+        rollout::TargetState,
+        workload::{self, ContainerError},
+    },
     error::{Error, Result, denial, is_conflict, is_not_found},
-    runtime::failpoint,
-    runtime::metrics::Metrics,
+    runtime::{failpoint, metrics::Metrics},
 };
 
 /// How many pod deletions of one batch are in flight at once.
@@ -50,7 +52,7 @@ fn daemonset_name(fr: &FleetRollout) -> String {
 
 fn node_selector(fr: &FleetRollout) -> Result<Option<Selector>, Blocked> {
     fr.spec.targets.node_selector.clone().map(Selector::try_from).transpose().map_err(|e| Blocked {
-        reason: blocked_reason::INVALID_SELECTOR,
+        reason: reason::INVALID_SELECTOR,
         message: format!("targets.nodeSelector: {e}"),
     })
 }
@@ -111,16 +113,13 @@ impl View {
 
     /// Matching nodes with a pod of the DaemonSet that the plan does not contain (reported, never added).
     pub fn unplanned(&self, members: &HashSet<(String, String)>) -> Unplanned {
-        let mut extra: Vec<String> = self
+        let extra = self
             .candidates(None)
             .into_iter()
             .filter(|c| !members.contains(&(c.namespace.clone(), c.name.clone())))
             .map(|c| c.name)
             .collect();
-        extra.sort();
-        let count = u32::try_from(extra.len()).unwrap_or(u32::MAX);
-        extra.truncate(10);
-        Unplanned { count, sample: extra }
+        plan::unplanned(extra)
     }
 
     /// URL placeholders of a node target's HTTP check: `{name}`/`{node}`, `{namespace}`, `{pod}`,
@@ -150,7 +149,7 @@ pub async fn discover(client: &Client, fr: &FleetRollout) -> Result<Result<Vec<C
     let name = daemonset_name(fr);
     let Some(ds) = &view.daemonset else {
         return Ok(Err(Blocked {
-            reason: nodes::reason::DAEMONSET_NOT_FOUND,
+            reason: reason::DAEMONSET_NOT_FOUND,
             message: format!("DaemonSet {ns}/{name} (targets.daemonSet) does not exist; no pod was replaced"),
         }));
     };
@@ -159,7 +158,7 @@ pub async fn discover(client: &Client, fr: &FleetRollout) -> Result<Result<Vec<C
         && rollout_exists(client, other).await?
     {
         return Ok(Err(Blocked {
-            reason: crate::core::scope::reason::HELD,
+            reason: reason::TARGET_HELD,
             message: format!(
                 "DaemonSet {ns}/{name} is held by FleetRollout {other} (it saved the DaemonSet's update strategy \
                  and has not handed it back); no pod was replaced. Roll that one back, or delete it"
@@ -168,15 +167,15 @@ pub async fn discover(client: &Client, fr: &FleetRollout) -> Result<Result<Vec<C
     }
     if let Err(e) = workload::daemonset_facts(ds).container_image(fr.spec.container.as_deref()) {
         let reason = match e {
-            ContainerError::NotFound { .. } => blocked_reason::CONTAINER_NOT_FOUND,
-            ContainerError::Ambiguous { .. } => blocked_reason::CONTAINER_AMBIGUOUS,
+            ContainerError::NotFound { .. } => reason::CONTAINER_NOT_FOUND,
+            ContainerError::Ambiguous { .. } => reason::CONTAINER_AMBIGUOUS,
         };
         return Ok(Err(Blocked { reason, message: format!("{e}; no pod was replaced") }));
     }
     let found = view.candidates(fr.spec.container.as_deref());
     if found.is_empty() {
         return Ok(Err(Blocked {
-            reason: blocked_reason::NO_TARGETS,
+            reason: reason::NO_TARGETS,
             message: format!("no node matching targets.nodeSelector runs a pod of DaemonSet {ns}/{name}"),
         }));
     }
@@ -189,39 +188,12 @@ async fn rollout_exists(client: &Client, key: &str) -> Result<bool> {
     Ok(Api::<FleetRollout>::namespaced(client.clone(), ns).get_opt(name).await?.is_some())
 }
 
-/// The finalizer a node rollout carries while it holds its DaemonSet, so that deleting the rollout (by hand,
-/// or by `ttlSecondsAfterFinished`) hands the DaemonSet back instead of leaving it on OnDelete for good.
-pub const FINALIZER: &str = "fleetroll.dev/release-daemonset";
-
-/// Adds or removes [`FINALIZER`], with the resourceVersion read (a concurrent change gets a conflict, not
-/// a lost update). Returns the rollout as written; unchanged when there is nothing to do.
-pub async fn set_finalizer(client: &Client, fr: &FleetRollout, on: bool) -> Result<Option<FleetRollout>> {
-    let mut finalizers = fr.finalizers().to_vec();
-    if finalizers.iter().any(|f| f == FINALIZER) == on {
-        return Ok(None);
-    }
-    finalizers.retain(|f| f != FINALIZER);
-    if on {
-        finalizers.push(FINALIZER.into());
-    }
-    let patch =
-        serde_json::json!({"metadata": {"resourceVersion": fr.resource_version(), "finalizers": finalizers}});
-    let params = kube::api::PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-    let api = Api::<FleetRollout>::namespaced(client.clone(), &fr.namespace().unwrap_or_default());
-    match api.patch(&fr.name_any(), &params, &kube::api::Patch::Merge(patch)).await {
-        Ok(written) => Ok(Some(written)),
-        // Deleted and finalized meanwhile: nothing left to hold.
-        Err(e) if is_not_found(&e) && !on => Ok(None),
-        Err(e) => Err(e.into()),
-    }
-}
-
 /// A node rollout being deleted: hands its DaemonSet back if it still holds it, then lets it go. After
 /// success or a rollback only the update strategy goes back (the template is the one the rollout ended
 /// on); otherwise the template from before the rollout goes back too, so deleting an unfinished rollout
 /// undoes it instead of letting the DaemonSet controller finish it on every node at once.
 pub async fn finalize(client: &Client, fr: &FleetRollout) -> Result<()> {
-    if !fr.finalizers().iter().any(|f| f == FINALIZER) {
+    if !super::rollouts::holds_daemonset(fr) {
         return Ok(());
     }
     let finished =
@@ -229,7 +201,7 @@ pub async fn finalize(client: &Client, fr: &FleetRollout) -> Result<()> {
     if !daemonset_name(fr).is_empty() {
         release(client, fr, finished).await?;
     }
-    set_finalizer(client, fr, false).await?;
+    super::rollouts::set_finalizer(client, fr, false).await?;
     info!("handed the DaemonSet back; the rollout may go");
     Ok(())
 }
@@ -336,7 +308,7 @@ async fn delete(client: &Client, metrics: &Metrics, ns: &str, node: &str, action
 }
 
 /// A rollback: restores the template from before the rollout, then replaces, node by node, the pods this
-/// rollout created on `targets`. Returns (restored, skipped).
+/// rollout created on `targets`.
 pub async fn restore(
     client: &Client,
     metrics: &Metrics,
@@ -351,25 +323,13 @@ pub async fn restore(
         api.replace(&ds.name_any(), &post_params(), &next).await?;
         info!(daemonset = %ds.name_any(), "restored the pod template from before the rollout");
     }
-    let ours = format!("{}/", fr.uid().unwrap_or_default());
+    let ours = fr.uid().unwrap_or_default();
     let view = View::read(client, fr).await?;
     let pods = view.pods_by_node();
     let ns = fr.namespace().unwrap_or_default();
     let mut outcome = Outcome::default();
     for (i, t) in targets.iter().enumerate() {
-        let pod = pods.get(&t.name).copied();
-        let node = view.nodes.get(&t.name);
-        let made_by_us = pod.is_some_and(|p| {
-            p.annotations().get(APPLIED_ANNOTATION).is_some_and(|k| k.starts_with(&ours))
-                && p.metadata.deletion_timestamp.is_none()
-        });
-        let action = match (node, pod) {
-            (Some(n), Some(p)) if made_by_us && nodes::node_ready(n).is_ok() => {
-                NodeAction::Delete { pod: p.name_any(), uid: p.uid().unwrap_or_default() }
-            }
-            (Some(_), _) if !made_by_us => NodeAction::Nothing,
-            _ => NodeAction::Skip,
-        };
+        let action = nodes::restore_action(view.nodes.get(&t.name), pods.get(&t.name).copied(), &ours);
         if i > 0 {
             failpoint::hit(failpoint::BETWEEN_RESTORES).await;
         }

@@ -13,23 +13,16 @@ use serde::de::DeserializeOwned;
 
 use crate::{
     api::{FleetRollout, OPT_IN_LABEL, OPT_IN_VALUE, TargetKind, Unplanned},
-    core::plan::Candidate,
-    core::rollout::Blocked,
-    core::workload::{self, ContainerError, WorkloadFacts},
+    core::{
+        Blocked,
+        plan::{self, Candidate},
+        reason,
+        workload::{self, ContainerError, WorkloadFacts},
+    },
     error::Result,
 };
 
 use super::targets::Stores;
-
-pub mod reason {
-    pub const INVALID_SELECTOR: &str = "InvalidSelector";
-    pub const CROSS_NAMESPACE_NOT_ALLOWED: &str = "CrossNamespaceNotAllowed";
-    pub const NO_NAMESPACES: &str = "NoNamespacesMatch";
-    pub const NAMESPACE_NOT_OPTED_IN: &str = "NamespaceNotOptedIn";
-    pub const NO_TARGETS: &str = "NoTargets";
-    pub const CONTAINER_NOT_FOUND: &str = "ContainerNotFound";
-    pub const CONTAINER_AMBIGUOUS: &str = "ContainerAmbiguous";
-}
 
 /// Workloads per page of a discovery list.
 const LIST_PAGE: u32 = 500;
@@ -211,15 +204,11 @@ pub async fn preview(
     client: &Client,
     fleet_namespace: &str,
     fr: &FleetRollout,
-) -> Result<Result<crate::core::plan::Plan, Blocked>> {
-    let candidates = match discover(client, fleet_namespace, fr).await? {
-        Ok(c) => c,
-        Err(b) => return Ok(Err(b)),
-    };
-    let inputs = crate::api::RevisionInputs::of(&fr.spec);
-    let spec_hash = crate::core::plan::sha256_hex(&inputs);
-    Ok(crate::core::plan::build(candidates, &inputs, &spec_hash, &Default::default())
-        .map_err(|e| Blocked { reason: crate::core::rollout::reason::INVALID_SPEC, message: e.to_string() }))
+) -> Result<Result<plan::Plan, Blocked>> {
+    Ok(discover(client, fleet_namespace, fr)
+        .await?
+        .and_then(|candidates| plan::plan_revision(&fr.spec, candidates, &Default::default()))
+        .map(|planned| planned.plan))
 }
 
 /// Matching workloads in the cache that the plan does not contain (reported, never added).
@@ -236,15 +225,12 @@ pub fn unplanned(
     };
     let allowed: HashSet<String> =
         allowed_namespaces(fr, fleet_namespace, Some(&namespaces)).ok()?.into_iter().collect();
-    let mut extra = stores.keys_where(fr.spec.targets.kind, |f| {
+    let extra = stores.keys_where(fr.spec.targets.kind, |f| {
         allowed.contains(&f.namespace)
             && selector.matches(&f.labels)
             && !members.contains(&(f.namespace.clone(), f.name.clone()))
     });
-    extra.sort();
-    let count = u32::try_from(extra.len()).unwrap_or(u32::MAX);
-    extra.truncate(10);
-    Some(Unplanned { count, sample: extra })
+    Some(plan::unplanned(extra))
 }
 
 fn sample(names: &[String]) -> String {

@@ -7,4 +7,5 @@ pub mod daemonset_pods;
 pub mod discovery;
 pub mod own_writes;
 pub mod plans;
+pub mod rollouts;
 pub mod targets;

@@ -27,9 +27,6 @@ use crate::{
     runtime::failpoint,
 };
 
-/// Why a stored plan was refused.
-pub const PLAN_TAMPERED: &str = "PlanTampered";
-
 /// Plans whose JSON is larger than this (about 20 targets) go to ConfigMaps. The API server validates and
 /// tracks every field of a structured status on every write: a 100-target plan inline made each status
 /// write twice as slow (17.6 ms against 10.2 ms), and batch transitions with it; a ConfigMap holds the plan
@@ -95,7 +92,7 @@ impl Default for PlanStore {
 
 fn tampered(fr: &FleetRollout, what: String) -> Blocked {
     Blocked {
-        reason: PLAN_TAMPERED,
+        reason: crate::core::reason::PLAN_TAMPERED,
         message: format!(
             "the frozen plan of {}: {what}; nothing was changed on its word. Abort, or change the spec \
              (image, targets, batch sizes) to plan anew",

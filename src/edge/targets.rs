@@ -109,19 +109,13 @@ impl Stores {
     }
 
     /// What the state machine needs of a target.
-    pub fn state(
-        &self,
-        kind: TargetKind,
-        container: Option<&str>,
-        t: &PlannedTarget,
-        http: &HashMap<(String, String), Result<(), String>>,
-    ) -> Option<TargetState> {
+    pub fn state(&self, kind: TargetKind, container: Option<&str>, t: &PlannedTarget) -> Option<TargetState> {
         let facts = self.facts(kind, &t.namespace, &t.name)?;
         Some(TargetState {
             image: facts.container_image(container).map(|(_, i)| i.to_string()).map_err(|e| e.to_string()),
             applied: facts.applied.clone(),
             readiness: facts.readiness(),
-            http: http.get(&(t.namespace.clone(), t.name.clone())).cloned(),
+            http: None,
         })
     }
 }

@@ -214,7 +214,7 @@ pub fn detailed(fr: &FleetRollout, id: &TaskId, elicitation: bool, now: Timestam
         Phase::Succeeded | Phase::Failed | Phase::RolledBack => {
             TaskPayload::Completed { result: to_object(&result_of(fr)) }
         }
-        Phase::Aborted if s.reason.as_deref() == Some(crate::core::rollout::reason::ABORT_REQUESTED) => {
+        Phase::Aborted if s.reason.as_deref() == Some(crate::core::reason::ABORT_REQUESTED) => {
             TaskPayload::Cancelled
         }
         Phase::Aborted => TaskPayload::Completed { result: to_object(&result_of(fr)) },

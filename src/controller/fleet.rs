@@ -1,0 +1,299 @@
+//! One implementation per kind of target, behind one trait: how the controller finds a fleet, sees its
+//! targets at a step, and carries out the core's changes on them. Workloads (Deployments, StatefulSets,
+//! DaemonSets) are read from watch caches and patched; the nodes of a node rollout are read live and their
+//! DaemonSet's pods replaced. A new kind of target (member clusters) is a third implementation.
+
+use std::{
+    collections::{HashMap, HashSet},
+    future::Future,
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
+
+use kube::{ResourceExt, runtime::reflector::ObjectRef};
+
+use super::Context;
+use crate::{
+    api::{FleetRollout, FleetRolloutStatus, Phase, PlannedTarget, TargetKind, Unplanned},
+    core::{Blocked, nodes, plan::Candidate, rollout::TargetState, scope},
+    edge::{
+        daemonset_pods::{self, View},
+        discovery,
+        targets::{self, Change, Outcome, Stores},
+    },
+    error::Result,
+    runtime::failpoint,
+};
+
+/// How soon a node rollout in progress looks at its nodes and pods again (they are not watched).
+const NODE_RECHECK: Duration = Duration::from_secs(2);
+
+/// A kind of target, as the controller drives it.
+pub(super) trait Fleet {
+    /// What one step sees of the targets.
+    type Seen: Seen + Send + Sync;
+
+    /// The targets of a new revision, or why there are none to plan. The outer error is an API failure.
+    fn discover(
+        ctx: &Context,
+        fr: &FleetRollout,
+    ) -> impl Future<Output = Result<Result<Vec<Candidate>, Blocked>>> + Send;
+
+    /// What the state machine sees of the targets now.
+    fn observe(
+        ctx: &Context,
+        fr: &FleetRollout,
+        status: &FleetRolloutStatus,
+    ) -> impl Future<Output = Result<Self::Seen>> + Send;
+
+    /// Changes `targets` to `image`, stamping `key`; a target that carries it already is left alone.
+    fn apply(
+        ctx: &Context,
+        fr: &FleetRollout,
+        change: Batch<'_>,
+    ) -> impl Future<Output = Result<Outcome>> + Send;
+
+    /// Restores the previous image of `targets`, stamping `key`.
+    fn restore(
+        ctx: &Context,
+        fr: &FleetRollout,
+        key: &str,
+        targets: &[PlannedTarget],
+    ) -> impl Future<Output = Result<Outcome>> + Send;
+}
+
+/// One step's view of the targets.
+pub(super) trait Seen {
+    /// A target of the plan as it is now (its HTTP check aside); None when it is gone.
+    fn target(&self, t: &PlannedTarget) -> Option<TargetState>;
+    /// The URL of a target's HTTP check, its placeholders filled in.
+    fn probe_url(&self, template: &str, t: &PlannedTarget) -> String;
+    /// Matching targets outside the plan; None when not known at this step.
+    fn unplanned(&self, members: &HashSet<(String, String)>) -> Option<Unplanned>;
+    /// Another rollout, still running, that holds the target (`namespace/name`).
+    fn held_by(&self, t: &PlannedTarget) -> Option<String>;
+    /// How soon to look again when nothing wakes the rollout (what is not watched).
+    fn recheck(&self) -> Option<Duration>;
+}
+
+/// A batch to change.
+pub(super) struct Batch<'a> {
+    pub key: &'a str,
+    pub image: &'a str,
+    pub targets: &'a [PlannedTarget],
+    /// The revision being rolled out.
+    pub revision: u32,
+}
+
+/// The revision's container (None: the targets' only one).
+fn container(status: &FleetRolloutStatus) -> Option<String> {
+    status.revision.as_ref().and_then(|r| r.inputs.container.clone())
+}
+
+fn rollout_key(fr: &FleetRollout) -> String {
+    format!("{}/{}", fr.namespace().unwrap_or_default(), fr.name_any())
+}
+
+/// Deployments, StatefulSets and DaemonSets, read from the watch caches.
+pub(super) struct Workloads;
+
+pub(super) struct WorkloadsSeen {
+    kind: TargetKind,
+    container: Option<String>,
+    stores: Stores,
+    fr: Arc<FleetRollout>,
+    fleet_namespace: String,
+    /// The other rollouts still running, by uid, read once per step and only if asked.
+    running: OnceLock<HashMap<String, String>>,
+    rollouts: kube::runtime::reflector::Store<FleetRollout>,
+}
+
+impl Fleet for Workloads {
+    type Seen = WorkloadsSeen;
+
+    async fn discover(ctx: &Context, fr: &FleetRollout) -> Result<Result<Vec<Candidate>, Blocked>> {
+        discovery::discover(&ctx.client, &ctx.settings.fleet_namespace, fr).await
+    }
+
+    async fn observe(ctx: &Context, fr: &FleetRollout, status: &FleetRolloutStatus) -> Result<WorkloadsSeen> {
+        Ok(WorkloadsSeen {
+            kind: fr.spec.targets.kind,
+            container: container(status),
+            stores: ctx.stores.clone(),
+            fr: Arc::new(fr.clone()),
+            fleet_namespace: ctx.settings.fleet_namespace.clone(),
+            running: OnceLock::new(),
+            rollouts: ctx.rollouts.clone(),
+        })
+    }
+
+    async fn apply(ctx: &Context, fr: &FleetRollout, batch: Batch<'_>) -> Result<Outcome> {
+        let rollout = rollout_key(fr);
+        let container = container(fr.status.as_ref().unwrap_or(&Default::default()));
+        let change = Change {
+            kind: fr.spec.targets.kind,
+            container: container.as_deref(),
+            key: batch.key,
+            rollout: &rollout,
+            between: failpoint::BETWEEN_PATCHES,
+        };
+        targets::patch_all(&ctx.client, &ctx.stores, &ctx.metrics, &change, batch.targets, |_| {
+            batch.image.to_string()
+        })
+        .await
+    }
+
+    async fn restore(
+        ctx: &Context,
+        fr: &FleetRollout,
+        key: &str,
+        targets: &[PlannedTarget],
+    ) -> Result<Outcome> {
+        let rollout = rollout_key(fr);
+        let container = container(fr.status.as_ref().unwrap_or(&Default::default()));
+        let change = Change {
+            kind: fr.spec.targets.kind,
+            container: container.as_deref(),
+            key,
+            rollout: &rollout,
+            between: failpoint::BETWEEN_RESTORES,
+        };
+        targets::patch_all(&ctx.client, &ctx.stores, &ctx.metrics, &change, targets, |t| {
+            t.previous_image.clone()
+        })
+        .await
+    }
+}
+
+impl Seen for WorkloadsSeen {
+    fn target(&self, t: &PlannedTarget) -> Option<TargetState> {
+        self.stores.state(self.kind, self.container.as_deref(), t)
+    }
+
+    fn probe_url(&self, template: &str, t: &PlannedTarget) -> String {
+        template.replace("{name}", &t.name).replace("{namespace}", &t.namespace)
+    }
+
+    fn unplanned(&self, members: &HashSet<(String, String)>) -> Option<Unplanned> {
+        discovery::unplanned(&self.fr, &self.fleet_namespace, &self.stores, members)
+    }
+
+    fn held_by(&self, t: &PlannedTarget) -> Option<String> {
+        let applied = self.stores.facts(self.kind, &t.namespace, &t.name)?.applied?;
+        let own_uid = self.fr.uid().unwrap_or_default();
+        let running = self.running.get_or_init(|| running_rollouts(&self.rollouts, &own_uid));
+        running.get(scope::key_owner(&applied)).cloned()
+    }
+
+    fn recheck(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// The other rollouts still running, by uid (`namespace/name`): a target one of them changed last is held.
+fn running_rollouts(
+    rollouts: &kube::runtime::reflector::Store<FleetRollout>,
+    own_uid: &str,
+) -> HashMap<String, String> {
+    rollouts
+        .state()
+        .iter()
+        .filter(|fr| !fr.status.as_ref().is_some_and(|s| s.phase.is_terminal()))
+        .filter_map(|fr| {
+            let uid = fr.uid()?;
+            (uid != own_uid).then(|| (uid, rollout_key(fr)))
+        })
+        .collect()
+}
+
+/// The nodes of a node rollout, read live while it runs (a cluster-wide pod cache would cost more than
+/// the short, small node rollouts it would serve).
+pub(super) struct Nodes;
+
+pub(super) struct NodesSeen {
+    /// None while there is nothing to look at: the rollout is finished, or waits for a person (no batch
+    /// is in flight then, and a rollout left waiting must not list every node every few seconds).
+    view: Option<View>,
+    states: HashMap<String, TargetState>,
+    /// Another existing rollout holding the DaemonSet: every node is held then.
+    daemonset_holder: Option<String>,
+}
+
+impl Fleet for Nodes {
+    type Seen = NodesSeen;
+
+    async fn discover(ctx: &Context, fr: &FleetRollout) -> Result<Result<Vec<Candidate>, Blocked>> {
+        daemonset_pods::discover(&ctx.client, fr).await
+    }
+
+    async fn observe(ctx: &Context, fr: &FleetRollout, status: &FleetRolloutStatus) -> Result<NodesSeen> {
+        let waiting = matches!(status.phase, Phase::Paused | Phase::WaitingForApproval);
+        if status.phase.is_terminal() || waiting {
+            return Ok(NodesSeen { view: None, states: HashMap::new(), daemonset_holder: None });
+        }
+        let view = View::read(&ctx.client, fr).await?;
+        let revision = nodes::revision_key(&fr.uid().unwrap_or_default(), status.revision_number());
+        let batch = status.current().map(|b| b.idempotency_key.clone()).unwrap_or_default();
+        let image = status.revision.as_ref().map(|r| r.inputs.image.clone()).unwrap_or_default();
+        let states = view.states(&revision, &batch, &image, container(status).as_deref());
+        let own = rollout_key(fr);
+        let daemonset_holder = view
+            .daemonset
+            .as_ref()
+            .and_then(|ds| nodes::held_by_other(ds.annotations(), &own))
+            .filter(|other| rollout_known(ctx, other))
+            .map(String::from);
+        Ok(NodesSeen { view: Some(view), states, daemonset_holder })
+    }
+
+    async fn apply(ctx: &Context, fr: &FleetRollout, batch: Batch<'_>) -> Result<Outcome> {
+        let revision = nodes::revision_key(&fr.uid().unwrap_or_default(), batch.revision);
+        daemonset_pods::apply(
+            &ctx.client,
+            &ctx.metrics,
+            fr,
+            &revision,
+            batch.image,
+            &rollout_key(fr),
+            batch.targets,
+        )
+        .await
+    }
+
+    async fn restore(
+        ctx: &Context,
+        fr: &FleetRollout,
+        _key: &str,
+        targets: &[PlannedTarget],
+    ) -> Result<Outcome> {
+        daemonset_pods::restore(&ctx.client, &ctx.metrics, fr, targets).await
+    }
+}
+
+impl Seen for NodesSeen {
+    fn target(&self, t: &PlannedTarget) -> Option<TargetState> {
+        self.states.get(&t.name).cloned()
+    }
+
+    fn probe_url(&self, template: &str, t: &PlannedTarget) -> String {
+        self.view.as_ref().map_or_else(String::new, |v| v.url_for(template, &t.name))
+    }
+
+    fn unplanned(&self, members: &HashSet<(String, String)>) -> Option<Unplanned> {
+        self.view.as_ref().map(|v| v.unplanned(members))
+    }
+
+    fn held_by(&self, _: &PlannedTarget) -> Option<String> {
+        self.daemonset_holder.clone()
+    }
+
+    fn recheck(&self) -> Option<Duration> {
+        // Pods and nodes are not watched: look again soon (a NotReady node fails, never hangs).
+        self.view.as_ref().map(|_| NODE_RECHECK)
+    }
+}
+
+/// Whether the rollout `namespace/name` exists (in this operator's view of the FleetRollouts).
+fn rollout_known(ctx: &Context, key: &str) -> bool {
+    key.split_once('/').is_some_and(|(ns, name)| ctx.rollouts.get(&ObjectRef::new(name).within(ns)).is_some())
+}

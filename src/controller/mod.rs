@@ -1,0 +1,295 @@
+//! The controller, as wiring: the watches that wake a rollout, the context every reconcile shares, retries
+//! with backoff, and the gauges. What a reconcile does is in [`reconcile`]; how each kind of target is
+//! found, seen and changed is in [`fleet`].
+
+mod fleet;
+mod reconcile;
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use futures::{Stream, StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::ListParams,
+    runtime::{
+        Controller, WatchStreamExt,
+        controller::Action,
+        reflector::{self, ObjectRef, Store},
+        watcher,
+    },
+};
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::{
+    api::{FleetRollout, FleetRolloutStatus, Phase},
+    core::{
+        http_check, scope,
+        workload::{self, Cached, WorkloadFacts},
+    },
+    edge::{
+        plans::{self, PlanStore},
+        rollouts::Rollouts,
+        targets::{Prober, Stores},
+    },
+    error::{Error, Result},
+    runtime::metrics::{ErrorLabel, Metrics, PhaseLabel, StateLabel},
+};
+
+/// How long a shutdown waits for reconciles in flight.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Cross-namespace rollouts are honoured only in this namespace.
+    pub fleet_namespace: String,
+    /// Only FleetRollouts in this namespace are reconciled (all namespaces when None).
+    pub watch_namespace: Option<String>,
+    /// Name of this replica, for events.
+    pub identity: String,
+    /// When plans move from status to ConfigMaps.
+    pub plan_limits: plans::Limits,
+    /// Namespaces whose workloads no rollout changes.
+    pub protected_namespaces: Vec<String>,
+    /// The operator's own workloads, which no rollout changes.
+    pub self_workloads: Vec<scope::WorkloadRef>,
+    /// Whether node rollouts are served (the installation granted the rights they need).
+    pub node_rollouts: bool,
+    /// Where health checks may go besides the targets (`--http-check-allow`), and the API server's
+    /// addresses, which they may not reach.
+    pub http_check: http_check::Policy,
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    client: Client,
+    settings: Settings,
+    /// What rollouts may touch (from the settings).
+    rules: scope::Rules,
+    stores: Stores,
+    rollouts: Store<FleetRollout>,
+    plans: PlanStore,
+    prober: Prober,
+    metrics: Arc<Metrics>,
+    /// Status writes, events, the finalizer and deletion of the rollouts themselves.
+    rollouts_io: Rollouts,
+    /// Consecutive failed reconciles per rollout, for the retry backoff.
+    failures: std::sync::Mutex<HashMap<ObjectRef<FleetRollout>, u32>>,
+}
+
+fn update_gauges(ctx: &Context) {
+    let mut phases: HashMap<Phase, i64> = Phase::ALL.iter().map(|p| (*p, 0)).collect();
+    let (mut updated, mut healthy, mut failed, mut pending) = (0i64, 0i64, 0i64, 0i64);
+    for fr in ctx.rollouts.state() {
+        let s = fr.status.clone().unwrap_or_default();
+        *phases.entry(s.phase).or_default() += 1;
+        updated += i64::from(s.counts.updated);
+        healthy += i64::from(s.counts.healthy);
+        failed += i64::from(s.counts.failed);
+        pending += i64::from(s.counts.total.saturating_sub(s.counts.updated));
+    }
+    for (phase, n) in phases {
+        ctx.metrics.rollouts.get_or_create(&PhaseLabel { phase: phase.to_string() }).set(n);
+    }
+    for (state, n) in [("updated", updated), ("healthy", healthy), ("failed", failed), ("pending", pending)] {
+        ctx.metrics.targets.get_or_create(&StateLabel { state: state.into() }).set(n);
+    }
+}
+
+fn error_policy(fr: Arc<FleetRollout>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconcile_errors.get_or_create(&ErrorLabel { error: err.metric_label().into() }).inc();
+    let failures = ctx.count_failure(&ObjectRef::from_obj(&*fr));
+    let wait = retry_after(failures);
+    warn!(rollout = %fr.name_any(), error = %err, failures, retry_in = ?wait, "reconcile failed; retrying");
+    Action::requeue(wait)
+}
+
+/// First retry after a failed reconcile; each further failure doubles it, up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(500);
+/// A rollout failing for good (an API it may not use, say) is retried this often, not hammered.
+const RETRY_MAX: Duration = Duration::from_secs(300);
+/// Failure counts kept before those of deleted rollouts are dropped.
+const FAILURES_KEPT: usize = 4096;
+
+/// How long to wait before retrying after `failures` consecutive failed reconciles (1 for the first).
+fn retry_after(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(20);
+    RETRY_FIRST.saturating_mul(1 << doublings).min(RETRY_MAX)
+}
+
+impl Context {
+    /// Records how long each batch that just finished took.
+    fn observe_batches(&self, before: &FleetRolloutStatus, after: &FleetRolloutStatus) {
+        for b in &after.batches {
+            let was_open = before.batches.iter().any(|x| x.index == b.index && x.finished_at.is_none());
+            if let (true, Some(start), Some(end)) = (was_open, &b.started_at, &b.finished_at) {
+                let secs = end.0.duration_since(start.0).as_secs_f64();
+                self.metrics.batch_duration.observe(secs.max(0.0));
+            }
+        }
+    }
+
+    /// Whether the node rollout's DaemonSet may still carry its hold: it does in the cache, or the cache does
+    /// not have it (the edge reads it live before handing it back).
+    fn daemonset_held(&self, fr: &FleetRollout) -> bool {
+        let name = fr.spec.targets.daemon_set.clone().unwrap_or_default();
+        let cached =
+            self.stores.daemonsets.get(&ObjectRef::new(&name).within(&fr.namespace().unwrap_or_default()));
+        cached.is_none_or(|ds| crate::core::nodes::is_held(&ds.annotations))
+    }
+
+    /// Counts one more consecutive failure of a rollout's reconcile; returns how many there have been.
+    fn count_failure(&self, key: &ObjectRef<FleetRollout>) -> u32 {
+        // A panic elsewhere while holding the lock must not switch the backoff off.
+        let mut failures = self.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if failures.len() >= FAILURES_KEPT {
+            // Rollouts deleted while failing leave their count behind: drop those.
+            failures.retain(|k, _| self.rollouts.get(k).is_some());
+        }
+        let n = failures.entry(key.clone()).or_default();
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    fn forget_failures(&self, key: &ObjectRef<FleetRollout>) {
+        self.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(key);
+    }
+}
+
+/// Caches one workload kind as facts, and says which rollout each change concerns (the one that last
+/// changed the workload, from our annotation).
+fn watch_workloads<K>(
+    client: &Client,
+    config: &watcher::Config,
+    facts: fn(&K) -> WorkloadFacts,
+) -> (Store<Cached<K>>, impl Stream<Item = ObjectRef<FleetRollout>> + Send + 'static)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store::<Cached<K>>();
+    let events = watcher(Api::<K>::all(client.clone()), config.clone())
+        .default_backoff()
+        .map_ok(move |event| cached_event(event, facts));
+    let triggers = reflector::reflector(writer, events).touched_objects().filter_map(|touched| {
+        futures::future::ready(match touched {
+            Ok(c) => c.rollout().map(|(ns, name)| ObjectRef::new(name).within(ns)),
+            Err(e) => {
+                warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying with backoff");
+                None
+            }
+        })
+    });
+    (store, triggers)
+}
+
+fn cached_event<K: Resource>(
+    event: watcher::Event<K>,
+    facts: fn(&K) -> WorkloadFacts,
+) -> watcher::Event<Cached<K>> {
+    use watcher::Event;
+    match event {
+        Event::Apply(o) => Event::Apply(Cached::new(&o, facts)),
+        Event::Delete(o) => Event::Delete(Cached::new(&o, facts)),
+        Event::Init => Event::Init,
+        Event::InitApply(o) => Event::InitApply(Cached::new(&o, facts)),
+        Event::InitDone => Event::InitDone,
+    }
+}
+
+/// Runs the controller until `shutdown` fires. Call only while holding the leader lease.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let rollouts: Api<FleetRollout> = match &settings.watch_namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    rollouts.list(&ListParams::default().limit(1)).await.map_err(Error::CrdMissing)?;
+
+    let watch_cfg = watcher::Config::default().any_semantic();
+    let (deployments, deployment_triggers) = watch_workloads(&client, &watch_cfg, workload::deployment_facts);
+    let (statefulsets, statefulset_triggers) =
+        watch_workloads(&client, &watch_cfg, workload::statefulset_facts);
+    let (daemonsets, daemonset_triggers) = watch_workloads(&client, &watch_cfg, workload::daemonset_facts);
+    let (namespaces, namespaces_w) = reflector::store::<Namespace>();
+    let namespace_events = watcher(Api::<Namespace>::all(client.clone()), watch_cfg.clone())
+        .default_backoff()
+        .modify(|n| {
+            n.metadata.managed_fields = None;
+            n.metadata.annotations = None;
+        })
+        .reflect(namespaces_w)
+        .touched_objects();
+
+    let controller = Controller::new(rollouts, watch_cfg)
+        .reconcile_on(deployment_triggers)
+        .reconcile_on(statefulset_triggers)
+        .reconcile_on(daemonset_triggers)
+        .watches_stream(namespace_events, |_| None);
+    let stores = Stores::new(deployments, statefulsets, daemonsets, namespaces);
+    let prober = Prober::new(settings.http_check.clone(), Some(client.clone())).map_err(Error::Config)?;
+    let ctx = Arc::new(Context {
+        rollouts_io: Rollouts::new(client.clone(), &settings.identity, metrics.clone()),
+        rollouts: controller.store(),
+        client,
+        plans: PlanStore::new(settings.plan_limits),
+        prober,
+        rules: scope::Rules {
+            fleet_namespace: settings.fleet_namespace.clone(),
+            protected_namespaces: settings.protected_namespaces.clone(),
+            self_workloads: settings.self_workloads.clone(),
+        },
+        settings,
+        stores: stores.clone(),
+        metrics,
+        failures: Default::default(),
+    });
+
+    let stop = shutdown.clone();
+    info!("controller starting");
+    let running = controller
+        .graceful_shutdown_on(async move { stop.cancelled().await })
+        .run(reconcile::reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                match e {
+                    kube::runtime::controller::Error::ObjectNotFound(_) => {}
+                    other => error!(error = %other, "controller error"),
+                }
+            }
+        });
+    tokio::pin!(running);
+    tokio::select! {
+        _ = &mut running => {}
+        _ = shutdown.cancelled() => {
+            // Give reconciles in flight a moment to finish; stopping mid-step is safe anyway (it is a crash,
+            // and every step survives one).
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut running).await.is_err() {
+                warn!("reconciles still running after {SHUTDOWN_GRACE:?}; stopping anyway");
+            }
+        }
+    }
+    info!("controller stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failing_reconciles_back_off_exponentially_up_to_a_cap() {
+        let waits: Vec<Duration> = (1..=12).map(retry_after).collect();
+        assert_eq!(waits[0], Duration::from_millis(500));
+        assert_eq!(waits[1], Duration::from_secs(1));
+        assert_eq!(waits[4], Duration::from_secs(8));
+        assert!(waits.windows(2).all(|w| w[0] <= w[1]), "{waits:?}");
+        assert_eq!(retry_after(11), RETRY_MAX);
+        assert_eq!(retry_after(u32::MAX), RETRY_MAX, "no overflow, however long it fails");
+    }
+}

@@ -1,0 +1,421 @@
+//! One reconcile: gather the facts, ask the core for the next step, perform it, and repeat until the core
+//! says to wait. Every decision is the core's; this only reads and carries out.
+
+use std::{
+    collections::HashMap,
+    panic::AssertUnwindSafe,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use futures::FutureExt;
+use k8s_openapi::jiff::Timestamp;
+use kube::{
+    Resource, ResourceExt,
+    runtime::{controller::Action, reflector::ObjectRef},
+};
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use super::{
+    Context,
+    fleet::{Batch, Fleet, Nodes, Seen, Workloads},
+};
+use crate::{
+    api::{
+        BatchState, FleetRollout, FleetRolloutSpec, FleetRolloutStatus, Phase, PlannedTarget, TargetFailure,
+        TargetKind,
+    },
+    core::{
+        Blocked,
+        plan::{self, Plan},
+        reason,
+        rollout::{self, Facts, NewRevision, Step, Transition},
+        scope,
+    },
+    edge::{daemonset_pods, plans::LoadedPlan, rollouts::holds_daemonset, targets::Outcome},
+    error::{Error, Result},
+    runtime::failpoint,
+};
+
+/// How many steps one reconcile may take before yielding (a safety net, never reached in practice).
+const MAX_STEPS: usize = 64;
+/// Re-check rollouts that wait on nothing in particular this often (reads only; writes happen on change).
+const RESYNC: Duration = Duration::from_secs(300);
+/// Longest a single reconcile may take.
+const RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Re-try a spec that cannot be acted on (targets or namespaces may appear).
+const BLOCKED_RETRY: Duration = Duration::from_secs(30);
+
+/// What a step leaves: the rollout to look at again, or how the reconcile ends.
+enum Next {
+    Again(Arc<FleetRollout>),
+    Done(Action),
+}
+
+pub(super) async fn reconcile(obj: Arc<FleetRollout>, ctx: Arc<Context>) -> Result<Action> {
+    let started = Instant::now();
+    ctx.metrics.reconciles.inc();
+    let key = ObjectRef::from_obj(&*obj);
+    let span = info_span!("reconcile", rollout = %format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any()));
+    // Every step survives being cut short, so a reconcile that hangs (a stuck connection, say) is cut short
+    // and retried rather than left to hold the rollout forever. A panic (a bug meeting some input) fails
+    // this rollout's step only: the process, its other rollouts and MCP keep running.
+    let steps = AssertUnwindSafe(run_steps(ctx.rollouts_io.newest(obj), &ctx, started).instrument(span));
+    let result = match tokio::time::timeout(RECONCILE_TIMEOUT, steps.catch_unwind()).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(panic)) => {
+            ctx.metrics.reconcile_panics.inc();
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            error!(rollout = %key, %message, "reconcile panicked; this rollout will be retried with backoff");
+            Err(Error::Panicked(message))
+        }
+        Err(_) => Err(Error::Timeout(RECONCILE_TIMEOUT)),
+    };
+    if result.is_ok() {
+        ctx.forget_failures(&key);
+    }
+    ctx.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
+    super::update_gauges(&ctx);
+    result
+}
+
+async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -> Result<Action> {
+    if fr.meta().deletion_timestamp.is_some() {
+        daemonset_pods::finalize(&ctx.client, &fr).await?;
+        return Ok(Action::await_change());
+    }
+    // Target health is read from the caches: never decide on a cache that has not been filled yet (every
+    // target would look deleted).
+    ctx.stores.wait_until_ready().await;
+    let mut batch_settled_at: Option<Instant> = None;
+    for _ in 0..MAX_STEPS {
+        let next = match fr.spec.targets.kind {
+            TargetKind::Node => step::<Nodes>(ctx, fr, started, &mut batch_settled_at).await?,
+            _ => step::<Workloads>(ctx, fr, started, &mut batch_settled_at).await?,
+        };
+        match next {
+            Next::Again(written) => fr = written,
+            Next::Done(action) => return Ok(action),
+        }
+    }
+    Ok(Action::requeue(Duration::from_millis(100)))
+}
+
+/// One step: the gates that keep a rollout from running at all, planning, then the core's next step.
+async fn step<F: Fleet>(
+    ctx: &Context,
+    fr: Arc<FleetRollout>,
+    started: Instant,
+    batch_settled_at: &mut Option<Instant>,
+) -> Result<Next> {
+    let status = fr.status.clone().unwrap_or_default();
+    let now = Timestamp::now();
+    // A rollout this installation may not run halts before anything changes.
+    if let Some(why) = (!status.phase.is_terminal()).then(|| not_served(ctx, &fr.spec)).flatten() {
+        return halt(ctx, &fr, &status, &why, now).await;
+    }
+    if rollout::needs_new_revision(&fr.spec, &status) {
+        return match plan_revision::<F>(ctx, &fr, &status, now).await? {
+            Some(t) => settle(ctx, &fr, ctx.rollouts_io.write_status(&fr, t).await).await,
+            None => Ok(Next::Done(Action::requeue(BLOCKED_RETRY))),
+        };
+    }
+    let Some(plan_ref) = status.plan.clone() else {
+        return Ok(Next::Done(Action::requeue(BLOCKED_RETRY)));
+    };
+    // A finished rollout needs its plan only to roll back.
+    let loaded = if status.phase.is_terminal() && !fr.spec.rollback {
+        LoadedPlan::none()
+    } else {
+        match ctx.plans.load(&ctx.client, &fr, &plan_ref).await? {
+            Ok(loaded) => loaded,
+            // An abort needs no plan: honour it, so a halted rollout can still be stopped for good.
+            Err(_) if fr.spec.abort && status.phase != Phase::RollingBack => LoadedPlan::none(),
+            Err(why) => {
+                warn!(reason = why.reason, message = %why.message, "the stored plan is refused; nothing changes");
+                return halt(ctx, &fr, &status, &why, now).await;
+            }
+        }
+    };
+    let seen = F::observe(ctx, &fr, &status).await?;
+    let decided = decide(ctx, &fr, &status, &loaded, &seen, now).await;
+    act::<F>(ctx, fr, &status, decided, seen.recheck(), started, batch_settled_at).await
+}
+
+/// Probes what the core says to probe, then asks it for the next step.
+async fn decide(
+    ctx: &Context,
+    fr: &FleetRollout,
+    status: &FleetRolloutStatus,
+    loaded: &LoadedPlan,
+    seen: &impl Seen,
+    now: Timestamp,
+) -> Step {
+    let http = probe(ctx, &fr.spec, status, &loaded.plan, seen).await;
+    let target = |t: &PlannedTarget| {
+        seen.target(t).map(|mut s| {
+            s.http = http.get(&(t.namespace.clone(), t.name.clone())).cloned();
+            s
+        })
+    };
+    let unplanned = || seen.unplanned(&loaded.members);
+    let own_namespace = fr.namespace().unwrap_or_default();
+    let scope_of = scope::Rollout {
+        namespace: &own_namespace,
+        kind: fr.spec.targets.kind,
+        cross_namespace: status.revision.as_ref().is_some_and(|r| r.inputs.namespace_selector.is_some()),
+    };
+    let in_scope = |t: &PlannedTarget| {
+        let namespace = (t.namespace != own_namespace)
+            .then(|| ctx.stores.namespaces.get(&ObjectRef::new(&t.namespace)))
+            .flatten();
+        let held_by = seen.held_by(t);
+        let seen = scope::Seen {
+            namespace_labels: namespace.as_ref().map(|n| n.labels()),
+            held_by: held_by.as_deref(),
+        };
+        ctx.rules.check(scope_of, t, seen)
+    };
+    let uid = fr.uid().unwrap_or_default();
+    rollout::decide(&Facts {
+        now,
+        uid: &uid,
+        generation: fr.metadata.generation.unwrap_or(0),
+        spec: &fr.spec,
+        status,
+        plan: &loaded.plan,
+        holds_daemonset: holds_daemonset(fr),
+        target: &target,
+        unplanned: &unplanned,
+        scope: &in_scope,
+    })
+}
+
+/// The HTTP checks of the targets the core says to probe now, keyed by (namespace, name).
+async fn probe(
+    ctx: &Context,
+    spec: &FleetRolloutSpec,
+    status: &FleetRolloutStatus,
+    plan: &Plan,
+    seen: &impl Seen,
+) -> HashMap<(String, String), Result<(), String>> {
+    let Some(check) = &spec.health.http else { return HashMap::new() };
+    let checks = rollout::probes(spec, status, plan, &|t| seen.target(t))
+        .into_iter()
+        .map(|t| {
+            let url = seen.probe_url(&check.url, &t);
+            ((t.namespace, t.name), url)
+        })
+        .collect();
+    ctx.prober.check_all(check.expect_status, checks).await
+}
+
+/// Performs the core's step.
+async fn act<F: Fleet>(
+    ctx: &Context,
+    fr: Arc<FleetRollout>,
+    status: &FleetRolloutStatus,
+    step: Step,
+    recheck: Option<Duration>,
+    started: Instant,
+    batch_settled_at: &mut Option<Instant>,
+) -> Result<Next> {
+    let written = match step {
+        Step::Wait { after } => {
+            let wait = after.map_or(RESYNC, |d| d.min(RESYNC) + Duration::from_millis(10));
+            return Ok(Next::Done(Action::requeue(recheck.map_or(wait, |r| wait.min(r)))));
+        }
+        Step::Delete => {
+            info!("deleting: ttlSecondsAfterFinished has passed");
+            ctx.rollouts_io.delete(&fr).await?;
+            return Ok(Next::Done(Action::await_change()));
+        }
+        Step::HoldDaemonSet => return Ok(held(&fr, ctx.rollouts_io.set_finalizer(&fr, true).await?)),
+        Step::ReleaseDaemonSet => {
+            if ctx.daemonset_held(&fr) {
+                daemonset_pods::release(&ctx.client, &fr, true).await?;
+            }
+            return Ok(held(&fr, ctx.rollouts_io.set_finalizer(&fr, false).await?));
+        }
+        Step::Write(t) => {
+            let intent = is_intent(status, &t.status);
+            if t.events.iter().any(|e| e.reason == reason::BATCH_SUCCEEDED) {
+                *batch_settled_at = Some(started);
+            }
+            ctx.observe_batches(status, &t.status);
+            let written = ctx.rollouts_io.write_status(&fr, t).await;
+            if intent && written.is_ok() {
+                failpoint::hit(failpoint::AFTER_INTENT).await;
+            }
+            written
+        }
+        Step::Apply { key, image, targets, after } => {
+            let batch =
+                Batch { key: &key, image: &image, targets: &targets, revision: status.revision_number() };
+            let out = if targets.is_empty() { Outcome::default() } else { F::apply(ctx, &fr, batch).await? };
+            if let Some(at) = batch_settled_at.take() {
+                ctx.metrics.batch_transition.observe(at.elapsed().as_secs_f64());
+            }
+            info!(key = %key, changed = out.changed, unchanged = out.unchanged, skipped = out.skipped, denied = out.denied.len(), "batch applied");
+            failpoint::hit(failpoint::AFTER_APPLY).await;
+            let batch = after.status.current_batch.unwrap_or_default();
+            ctx.rollouts_io.write_status(&fr, rollout::denied(after, batch, out.denied)).await
+        }
+        Step::Restore { key, targets, refused } => {
+            let out = if targets.is_empty() {
+                Outcome::default()
+            } else {
+                F::restore(ctx, &fr, &key, &targets).await?
+            };
+            info!(key = %key, changed = out.changed, unchanged = out.unchanged, skipped = out.skipped, "rollback applied");
+            ctx.rollouts_io.write_status(&fr, restored(&fr, status, out, refused)).await
+        }
+    };
+    settle(ctx, &fr, written).await
+}
+
+/// The rollout after a finalizer change: as written, or (nothing to change) as it was.
+fn held(fr: &Arc<FleetRollout>, written: Option<Arc<FleetRollout>>) -> Next {
+    Next::Again(written.unwrap_or_else(|| fr.clone()))
+}
+
+/// The status that ends a rollback: what was restored, and what could not be (refused by the scope rules,
+/// or by the API server).
+fn restored(
+    fr: &FleetRollout,
+    status: &FleetRolloutStatus,
+    out: Outcome,
+    refused: Vec<TargetFailure>,
+) -> Transition {
+    let batch = status.current_batch.unwrap_or_default();
+    let mut not_restored = refused;
+    not_restored.extend(out.denied.iter().map(|(t, message)| TargetFailure {
+        namespace: t.namespace.clone(),
+        name: t.name.clone(),
+        batch,
+        reason: reason::CHANGE_DENIED.into(),
+        message: message.clone(),
+    }));
+    let generation = fr.metadata.generation.unwrap_or(0);
+    rollout::restored(
+        Timestamp::now(),
+        generation,
+        status,
+        out.changed + out.unchanged,
+        out.skipped,
+        not_restored,
+    )
+}
+
+/// A write's result: the rollout as written, or (it changed underneath us) as it is now.
+async fn settle(ctx: &Context, fr: &FleetRollout, written: Result<Arc<FleetRollout>>) -> Result<Next> {
+    match written {
+        Ok(f) => Ok(Next::Again(f)),
+        Err(Error::Conflict) => {
+            debug!("status changed underneath us; re-reading");
+            Ok(Next::Again(ctx.rollouts_io.refetch(fr).await?))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Why this installation will not run a spec at all: node rollouts it was not given the rights for, or a
+/// health check that may not go where it points.
+fn not_served(ctx: &Context, spec: &FleetRolloutSpec) -> Option<Blocked> {
+    if spec.targets.kind == TargetKind::Node && !ctx.settings.node_rollouts {
+        return Some(Blocked {
+            reason: reason::NODE_ROLLOUTS_DISABLED,
+            message:
+                "node rollouts (targets.kind Node) are disabled in this installation: the operator runs \
+                      with --node-rollouts=false (Helm value nodeRollouts.enabled); nothing was changed"
+                    .into(),
+        });
+    }
+    let check = spec.health.http.as_ref()?;
+    let message = ctx.prober.policy().check_template(&check.url, spec.targets.kind).err()?;
+    Some(Blocked { reason: reason::HTTP_CHECK_REFUSED, message })
+}
+
+/// Records that the rollout cannot go on (Pending, Degraded with `why`), unless the status says so already.
+async fn halt(
+    ctx: &Context,
+    fr: &Arc<FleetRollout>,
+    status: &FleetRolloutStatus,
+    why: &Blocked,
+    now: Timestamp,
+) -> Result<Next> {
+    let generation = fr.metadata.generation.unwrap_or(0);
+    match rollout::blocked(now, generation, status, why) {
+        Some(t) => settle(ctx, fr, ctx.rollouts_io.write_status(fr, t).await).await,
+        None => Ok(Next::Done(Action::requeue(BLOCKED_RETRY))),
+    }
+}
+
+/// A write that moves a batch to Applying: the intent before any target of it changes.
+fn is_intent(before: &FleetRolloutStatus, after: &FleetRolloutStatus) -> bool {
+    after.current_batch.is_some()
+        && after.current_batch != before.current_batch
+        && after.batches.last().is_some_and(|b| b.state == BatchState::Applying)
+}
+
+/// Discovers the fleet and freezes the plan of a new revision; None when the spec cannot be acted on and
+/// the status already says so.
+async fn plan_revision<F: Fleet>(
+    ctx: &Context,
+    fr: &FleetRollout,
+    status: &FleetRolloutStatus,
+    now: Timestamp,
+) -> Result<Option<Transition>> {
+    let generation = fr.metadata.generation.unwrap_or(0);
+    let blocked = |why: Blocked| Ok(rollout::blocked(now, generation, status, &why));
+    let candidates = match F::discover(ctx, fr).await? {
+        Ok(c) => c,
+        Err(why) => return blocked(why),
+    };
+    let namespace = fr.namespace().unwrap_or_default();
+    let rollout = scope::Rollout {
+        namespace: &namespace,
+        kind: fr.spec.targets.kind,
+        cross_namespace: fr.spec.targets.namespace_selector.is_some(),
+    };
+    if let Some(r) = ctx.rules.refuse_plan(rollout, fr.spec.targets.daemon_set.as_deref(), &candidates) {
+        return blocked(Blocked { reason: r.reason, message: r.message });
+    }
+    let previous = previous_images(ctx, fr, status).await?;
+    let planned = match plan::plan_revision(&fr.spec, candidates, &previous) {
+        Ok(p) => p,
+        Err(why) => return blocked(why),
+    };
+    let plan_ref = match ctx.plans.store(&ctx.client, fr, &planned.plan).await? {
+        Ok(r) => r,
+        Err(why) => return blocked(why),
+    };
+    let new =
+        NewRevision { inputs: planned.inputs, spec_hash: planned.spec_hash, plan: &planned.plan, plan_ref };
+    Ok(Some(rollout::start_revision(now, generation, &fr.spec, status, new)))
+}
+
+/// A superseded revision's targets keep the image they had before this rollout first changed them. A
+/// superseded plan that is not the one frozen is not believed: previous images then come from the targets
+/// as they are now (re-planning is how a rollout recovers from a tampered plan).
+async fn previous_images(
+    ctx: &Context,
+    fr: &FleetRollout,
+    status: &FleetRolloutStatus,
+) -> Result<HashMap<(String, String), String>> {
+    let mut previous = HashMap::new();
+    let Some(old_ref) = &status.plan else { return Ok(previous) };
+    match ctx.plans.load(&ctx.client, fr, old_ref).await? {
+        Ok(old) => {
+            for t in old.plan.batches.iter().flatten() {
+                previous.insert((t.namespace.clone(), t.name.clone()), t.previous_image.clone());
+            }
+        }
+        Err(why) => warn!(message = %why.message, "previous images of the superseded revision are not known"),
+    }
+    Ok(previous)
+}

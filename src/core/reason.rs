@@ -1,0 +1,66 @@
+//! Why a rollout is where it is: the reasons of its phase, conditions and events, and of each target that
+//! failed or was refused. One list, so that a reason means the same thing in `kubectl`, in events, over MCP
+//! and in the plugin.
+
+// How a rollout moves on.
+pub const PLANNED: &str = "Planned";
+pub const BATCH_STARTED: &str = "BatchStarted";
+pub const BATCH_APPLIED: &str = "BatchApplied";
+pub const BATCH_SUCCEEDED: &str = "BatchSucceeded";
+pub const BATCH_FAILED: &str = "BatchFailed";
+pub const SOAKING: &str = "Soaking";
+pub const WAITING_BETWEEN_BATCHES: &str = "WaitingBetweenBatches";
+pub const PAUSED_BY_SPEC: &str = "PausedBySpec";
+pub const RESUMED: &str = "Resumed";
+pub const WAITING_FOR_APPROVAL: &str = "WaitingForApproval";
+pub const APPROVED: &str = "Approved";
+pub const SUCCEEDED: &str = "Succeeded";
+pub const FAILURE_BUDGET_EXCEEDED: &str = "FailureBudgetExceeded";
+pub const ABORT_REQUESTED: &str = "AbortRequested";
+pub const ROLLBACK_REQUESTED: &str = "RollbackRequested";
+pub const ROLLED_BACK: &str = "RolledBack";
+pub const SUPERSEDED: &str = "Superseded";
+
+// Why a target failed.
+pub const TIMEOUT: &str = "Timeout";
+pub const TARGET_MISSING: &str = "TargetMissing";
+pub const IMAGE_CHANGED: &str = "ImageChangedByOthers";
+pub const HTTP_CHECK_FAILED: &str = "HttpCheckFailed";
+/// The API server refused the change (RBAC, an admission webhook or policy).
+pub const CHANGE_DENIED: &str = "ChangeDenied";
+pub const INVALID_SPEC: &str = "InvalidSpec";
+pub const NODE_NOT_READY: &str = "NodeNotReady";
+pub const POD_FAILED: &str = "PodFailed";
+
+// Why a revision cannot be planned or run: the rollout stays Pending with Degraded=True, nothing changes.
+pub const INVALID_SELECTOR: &str = "InvalidSelector";
+pub const CROSS_NAMESPACE_NOT_ALLOWED: &str = "CrossNamespaceNotAllowed";
+pub const NO_NAMESPACES: &str = "NoNamespacesMatch";
+pub const NO_TARGETS: &str = "NoTargets";
+pub const CONTAINER_NOT_FOUND: &str = "ContainerNotFound";
+pub const CONTAINER_AMBIGUOUS: &str = "ContainerAmbiguous";
+pub const DAEMONSET_NOT_FOUND: &str = "DaemonSetNotFound";
+/// A stored plan does not match the hash recorded when it was frozen.
+pub const PLAN_TAMPERED: &str = "PlanTampered";
+/// A node rollout in an installation without node rollouts.
+pub const NODE_ROLLOUTS_DISABLED: &str = "NodeRolloutsDisabled";
+/// A health check aimed where this installation does not let checks go.
+pub const HTTP_CHECK_REFUSED: &str = "HttpCheckRefused";
+
+// Why the scope rules refuse a target (the whole plan, or one target right before it changes).
+/// The target's namespace is neither the rollout's own nor one it may reach.
+pub const OUT_OF_SCOPE: &str = "OutOfScope";
+/// The target's namespace is not (or no longer) labelled `fleetroll.dev/rollouts: enabled`.
+pub const NAMESPACE_NOT_OPTED_IN: &str = "NamespaceNotOptedIn";
+/// The operator's own workload, or one in a protected namespace.
+pub const TARGET_PROTECTED: &str = "TargetProtected";
+/// Another rollout that is still running changed the target last.
+pub const TARGET_HELD: &str = "TargetHeldByAnotherRollout";
+/// Every reason a target is refused for.
+pub const REFUSALS: [&str; 4] = [OUT_OF_SCOPE, NAMESPACE_NOT_OPTED_IN, TARGET_PROTECTED, TARGET_HELD];
+
+/// The static reason for a refusal read back as text (event reasons are static); unknown ones are
+/// reported as [`OUT_OF_SCOPE`].
+pub fn refusal(reason: &str) -> &'static str {
+    REFUSALS.into_iter().find(|r| *r == reason).unwrap_or(OUT_OF_SCOPE)
+}

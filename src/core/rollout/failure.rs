@@ -1,0 +1,157 @@
+//! The failure budget and what happens when a batch exceeds it (pause, stop, or roll back), changes the
+//! API server refused, and the rollback: which targets it restores and how it ends.
+
+use k8s_openapi::jiff::Timestamp;
+
+use super::{Event, Facts, Step, Transition, finish, trim_front, truncate, write};
+use crate::{
+    api::{
+        BatchStatus, DENIED_LISTED, FAILURE_DETAILS, FailurePolicy, FleetRolloutStatus, Phase, PlannedTarget,
+        RollbackState, RollbackStatus, TargetFailure, target_key, time,
+    },
+    core::{count, plan, reason},
+};
+
+pub(super) fn over_budget(f: &Facts<'_>, s: &FleetRolloutStatus) -> bool {
+    s.counts.failed > budget(f)
+}
+
+pub(super) fn budget(f: &Facts<'_>) -> u32 {
+    plan::failure_budget(&f.spec.strategy.max_failures, f.plan.total_targets())
+}
+
+pub(super) fn apply_failure_policy(
+    f: &Facts<'_>,
+    mut s: FleetRolloutStatus,
+    b: &BatchStatus,
+    mut events: Vec<Event>,
+) -> Step {
+    let summary = format!(
+        "{} targets failed, more than maxFailures allows ({}); last in batch {}",
+        s.counts.failed,
+        budget(f),
+        b.index + 1
+    );
+    let why = reason::FAILURE_BUDGET_EXCEEDED;
+    match f.spec.strategy.on_failure {
+        FailurePolicy::Pause => {
+            s.phase = Phase::Paused;
+            s.reason = Some(why.into());
+            let message = format!("{summary}: paused; raise maxFailures to continue, or abort or roll back");
+            events.push(Event::warning(why, None, message));
+            write(f, s, events)
+        }
+        FailurePolicy::Abort => {
+            s.phase = Phase::Failed;
+            s.reason = Some(why.into());
+            s.finished_at = Some(time(f.now));
+            events.push(Event::warning(why, None, format!("{summary}: stopped (onFailure: Abort)")));
+            write(f, s, events)
+        }
+        FailurePolicy::Rollback => match start_rollback(f, s, why) {
+            Step::Write(mut t) => {
+                events.append(&mut t.events);
+                t.events = events;
+                Step::Write(t)
+            }
+            other => other,
+        },
+    }
+}
+
+pub(super) fn start_rollback(f: &Facts<'_>, mut s: FleetRolloutStatus, why: &'static str) -> Step {
+    s.phase = Phase::RollingBack;
+    s.reason = Some(why.into());
+    s.pending_approval = None;
+    s.rollback = Some(RollbackStatus {
+        state: RollbackState::Restoring,
+        idempotency_key: super::rollback_key(f.uid, s.revision_number()),
+        reason: why.into(),
+        started_at: time(f.now),
+        finished_at: None,
+        restored: 0,
+        skipped: 0,
+    });
+    let message =
+        format!("rolling back the {} targets changed so far to their previous images", s.counts.updated);
+    write(f, s, vec![Event::warning(why, None, message)])
+}
+
+/// Targets this revision changed: every target of every batch that got past Pending.
+pub(super) fn changed_targets(f: &Facts<'_>) -> Vec<PlannedTarget> {
+    match f.status.current_batch {
+        Some(last) => f.plan.through(last).cloned().collect(),
+        None => Vec::new(),
+    }
+}
+
+/// Splits targets into those the scope rules let this rollout change now and the refused ones, as failure
+/// records of batch `batch`.
+pub(super) fn in_scope(
+    f: &Facts<'_>,
+    targets: Vec<PlannedTarget>,
+    batch: u32,
+) -> (Vec<PlannedTarget>, Vec<TargetFailure>) {
+    let mut refused = Vec::new();
+    let allowed = targets
+        .into_iter()
+        .filter(|t| match (f.scope)(t) {
+            Ok(()) => true,
+            Err(r) => {
+                refused.push(super::failure(t, batch, r.reason, r.message));
+                false
+            }
+        })
+        .collect();
+    (allowed, refused)
+}
+
+/// Records, in the status written after a batch was applied, the targets whose change the API server
+/// refused: each fails now, with the API server's message, and counts against the failure budget.
+pub fn denied(mut after: Transition, batch: u32, denied: Vec<(PlannedTarget, String)>) -> Transition {
+    let s = &mut after.status;
+    for (t, message) in denied {
+        let key = target_key(&t.namespace, &t.name);
+        let Some(entry) = s.batch_mut(batch) else { return after };
+        if entry.denied.len() >= DENIED_LISTED || entry.denied.contains(&key) {
+            continue;
+        }
+        entry.denied.push(key);
+        entry.failed += 1;
+        s.counts.failed += 1;
+        s.counts.updated = s.counts.updated.saturating_sub(1);
+        after.events.push(Event::warning(reason::CHANGE_DENIED, Some(batch), message.clone()));
+        s.failures.push(super::failure(&t, batch, reason::CHANGE_DENIED, message));
+    }
+    trim_front(&mut s.failures, FAILURE_DETAILS);
+    after
+}
+
+/// Finishes a rollback once the controller has restored what it could.
+pub fn restored(
+    now: Timestamp,
+    generation: i64,
+    status: &FleetRolloutStatus,
+    restored: u32,
+    skipped: u32,
+    refused: Vec<TargetFailure>,
+) -> Transition {
+    let mut s = status.clone();
+    s.observed_generation = Some(generation);
+    let skipped = skipped.saturating_add(count(refused.len()));
+    s.counts.refused = s.counts.refused.saturating_add(count(refused.len()));
+    s.failures.extend(refused.into_iter().map(|f| TargetFailure { message: truncate(f.message, 512), ..f }));
+    trim_front(&mut s.failures, FAILURE_DETAILS);
+    if let Some(rb) = s.rollback.as_mut() {
+        rb.state = RollbackState::Done;
+        rb.finished_at = Some(time(now));
+        rb.restored = restored;
+        rb.skipped = skipped;
+    }
+    s.phase = Phase::RolledBack;
+    s.finished_at = Some(time(now));
+    finish(&mut s, generation, now);
+    let message =
+        format!("restored the previous image of {restored} targets ({skipped} could not be restored)");
+    Transition { status: s, events: vec![Event::normal(reason::ROLLED_BACK, None, message)] }
+}

@@ -1,0 +1,224 @@
+//! Planning a revision, the gates a batch passes (the end of the plan, a pause, an approval, the pause
+//! between batches) and the start of a batch: its intent, written before any of its targets changes.
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+
+use super::{
+    Event, Facts, Step, Transition, finish, later, summary::set_conditions, total_batches, trim_front, until,
+    write, write_if_changed,
+};
+use crate::{
+    api::{
+        ApprovalMode, ApprovalRecord, BATCH_WINDOW, BatchState, BatchStatus, FleetRolloutSpec,
+        FleetRolloutStatus, HISTORY, PendingApproval, Phase, PlanRef, Revision, RevisionInputs,
+        SupersededRevision, time,
+    },
+    core::{Blocked, count, duration, plan::Plan, reason},
+};
+
+/// The status for a spec that cannot be acted on. The stored revision (if any) is kept as it is.
+pub fn blocked(
+    now: Timestamp,
+    generation: i64,
+    status: &FleetRolloutStatus,
+    why: &Blocked,
+) -> Option<Transition> {
+    let mut s = status.clone();
+    s.observed_generation = Some(generation);
+    s.phase = Phase::Pending;
+    s.reason = Some(why.reason.to_string());
+    s.message = Some(why.message.clone());
+    set_conditions(&mut s, generation, now, Some(why));
+    (s != *status).then(|| Transition {
+        status: s,
+        events: vec![Event::warning(why.reason, None, why.message.clone())],
+    })
+}
+
+/// A revision about to start: its inputs, their hash, and its frozen plan (and where that is stored).
+#[derive(Clone, Debug)]
+pub struct NewRevision<'a> {
+    pub inputs: RevisionInputs,
+    pub spec_hash: String,
+    pub plan: &'a Plan,
+    pub plan_ref: PlanRef,
+}
+
+/// Starts a new revision with a frozen plan: the old revision (if any) is recorded as superseded, and
+/// every counter starts again.
+pub fn start_revision(
+    now: Timestamp,
+    generation: i64,
+    spec: &FleetRolloutSpec,
+    status: &FleetRolloutStatus,
+    new: NewRevision<'_>,
+) -> Transition {
+    let NewRevision { inputs, spec_hash, plan, plan_ref } = new;
+    let mut s = FleetRolloutStatus { superseded: status.superseded.clone(), ..Default::default() };
+    let mut events = Vec::new();
+    let number = match &status.revision {
+        Some(old) => {
+            s.superseded.push(SupersededRevision {
+                number: old.number,
+                image: old.inputs.image.clone(),
+                updated: status.counts.updated,
+                superseded_at: time(now),
+            });
+            trim_front(&mut s.superseded, HISTORY);
+            let message = format!(
+                "revision {} ({}) superseded after {} of {} targets were updated; re-planning for {}",
+                old.number, old.inputs.image, status.counts.updated, status.counts.total, spec.image
+            );
+            events.push(Event::normal(reason::SUPERSEDED, None, message));
+            old.number + 1
+        }
+        None => 1,
+    };
+    s.revision = Some(Revision { number, spec_hash, inputs, started_at: time(now) });
+    s.counts.total = plan.total_targets();
+    s.plan = Some(plan_ref);
+    s.started_at = Some(time(now));
+    s.phase = Phase::Progressing;
+    s.reason = Some(reason::PLANNED.into());
+    let message = format!(
+        "revision {number}: {} targets in {} batches, plan {}",
+        plan.total_targets(),
+        plan.total_batches(),
+        plan.hash
+    );
+    events.push(Event::normal(reason::PLANNED, None, message));
+    finish(&mut s, generation, now);
+    Transition { status: s, events }
+}
+
+/// A gate that holds the next batch: Some(the step to take instead of starting it).
+type Gate = Option<Step>;
+
+/// Gates and starts the next batch, or finishes the rollout.
+pub(super) fn next_batch(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: Vec<Event>) -> Step {
+    let next = s.current_batch.map_or(0, |i| i + 1);
+    if next >= total_batches(f) {
+        return succeed(f, s, events);
+    }
+    let held = paused(f, &mut s, &mut events, next)
+        .or_else(|| approved(f, &mut s, &mut events, next))
+        .or_else(|| paced(f, &mut s, &mut events));
+    match held {
+        Some(step) => step,
+        None => start_batch(f, s, events, next),
+    }
+}
+
+fn succeed(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: Vec<Event>) -> Step {
+    s.phase = Phase::Succeeded;
+    s.reason = Some(reason::SUCCEEDED.into());
+    s.pending_approval = None;
+    s.finished_at = Some(time(f.now));
+    let c = &s.counts;
+    let message = format!(
+        "{} targets on {}: {} healthy, {} failed, {} skipped",
+        c.total, f.spec.image, c.healthy, c.failed, c.skipped
+    );
+    events.push(Event::normal(reason::SUCCEEDED, None, message));
+    write(f, s, events)
+}
+
+/// `spec.paused` holds the next batch; clearing it lets it go.
+fn paused(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, next: u32) -> Gate {
+    let total = total_batches(f);
+    if f.spec.paused {
+        if s.phase != Phase::Paused {
+            let message = format!("paused before batch {}/{total}", next + 1);
+            events.push(Event::normal(reason::PAUSED_BY_SPEC, Some(next), message));
+        }
+        s.phase = Phase::Paused;
+        s.reason = Some(reason::PAUSED_BY_SPEC.into());
+        return Some(write_if_changed(f, s.clone(), std::mem::take(events), None));
+    }
+    if s.phase == Phase::Paused {
+        let message = format!("resumed before batch {}/{total}", next + 1);
+        events.push(Event::normal(reason::RESUMED, Some(next), message));
+    }
+    None
+}
+
+/// A batch that needs an approval waits for one bound to this plan's hash, and records it once given.
+fn approved(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, next: u32) -> Gate {
+    if !needs_approval(f.spec.strategy.approval, next) {
+        return None;
+    }
+    let total = total_batches(f);
+    let plan_hash = f.plan.hash.clone();
+    let Some(a) = f.spec.approvals.iter().find(|a| a.batch == next && a.plan_hash == plan_hash) else {
+        if s.pending_approval.as_ref().is_none_or(|p| p.batch != next || p.plan_hash != plan_hash) {
+            s.pending_approval =
+                Some(PendingApproval { batch: next, plan_hash: plan_hash.clone(), since: time(f.now) });
+            let message = format!("batch {}/{total} waits for an approval of plan {plan_hash}", next + 1);
+            events.push(Event::normal(reason::WAITING_FOR_APPROVAL, Some(next), message));
+        }
+        s.phase = Phase::WaitingForApproval;
+        s.reason = Some(reason::WAITING_FOR_APPROVAL.into());
+        return Some(write_if_changed(f, s.clone(), std::mem::take(events), None));
+    };
+    s.approvals.push(ApprovalRecord {
+        batch: next,
+        plan_hash,
+        approved_by: a.approved_by.clone(),
+        approved_at: time(f.now),
+    });
+    trim_front(&mut s.approvals, HISTORY);
+    let by = a.approved_by.as_deref().map(|w| format!(" by {w}")).unwrap_or_default();
+    events.push(Event::normal(
+        reason::APPROVED,
+        Some(next),
+        format!("batch {}/{total} approved{by}", next + 1),
+    ));
+    None
+}
+
+fn needs_approval(mode: ApprovalMode, batch: u32) -> bool {
+    match mode {
+        ApprovalMode::None => false,
+        ApprovalMode::FirstBatch => batch == 0,
+        ApprovalMode::EveryBatch => true,
+    }
+}
+
+/// `pauseBetweenBatches`: a timer from the end of the last batch, not a loop.
+fn paced(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>) -> Gate {
+    let pause = duration::parse(&f.spec.strategy.pause_between_batches).unwrap_or(Duration::ZERO);
+    let last_finished = s.batches.iter().filter_map(|b| b.finished_at.as_ref()).map(|t| t.0).max();
+    let done = last_finished.filter(|done| !pause.is_zero() && f.now < later(*done, pause))?;
+    s.phase = Phase::Progressing;
+    s.reason = Some(reason::WAITING_BETWEEN_BATCHES.into());
+    s.pending_approval = None;
+    let left = until(f.now, later(done, pause));
+    Some(write_if_changed(f, s.clone(), std::mem::take(events), Some(left)))
+}
+
+/// Records the intent (batch `next` is Applying, with its key) before any of its targets is touched.
+fn start_batch(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: Vec<Event>, next: u32) -> Step {
+    let size = count(f.plan.batch(next).len());
+    s.batches.push(BatchStatus {
+        index: next,
+        size,
+        state: BatchState::Applying,
+        idempotency_key: super::batch_key(f.uid, s.revision_number(), next),
+        started_at: Some(time(f.now)),
+        ..Default::default()
+    });
+    trim_front(&mut s.batches, BATCH_WINDOW);
+    s.current_batch = Some(next);
+    s.phase = Phase::Progressing;
+    s.reason = Some(reason::BATCH_STARTED.into());
+    s.pending_approval = None;
+    if let Some(u) = (f.unplanned)() {
+        s.unplanned = Some(u).filter(|u| u.count > 0);
+    }
+    let message =
+        format!("batch {}/{}: changing {size} targets to {}", next + 1, total_batches(f), f.spec.image);
+    events.push(Event::normal(reason::BATCH_STARTED, Some(next), message));
+    write(f, s, events)
+}

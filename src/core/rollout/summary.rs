@@ -1,0 +1,127 @@
+//! What people read of a rollout: the summary fields (`progress`, `batch`, `message`) and the conditions,
+//! derived from the rest of the status after every transition.
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::{
+    api::{FleetRolloutStatus, Phase},
+    core::{
+        Blocked,
+        conditions::{self, Desired},
+        reason,
+    },
+};
+
+/// Derives the summary fields and conditions from the rest of the status.
+pub(super) fn finish(s: &mut FleetRolloutStatus, generation: i64, now: Timestamp) {
+    s.observed_generation = Some(generation);
+    let total_batches = s.plan.as_ref().map_or(0, |p| p.total_batches);
+    s.progress = Some(format!("{}/{}", s.counts.updated, s.counts.total));
+    s.batch = Some(match s.current_batch {
+        Some(i) => format!("{}/{total_batches}", i + 1),
+        None => format!("0/{total_batches}"),
+    });
+    s.message = Some(message(s, total_batches));
+    set_conditions(s, generation, now, None);
+}
+
+fn message(s: &FleetRolloutStatus, total_batches: u32) -> String {
+    let batch = s.current_batch.map_or(0, |i| i + 1);
+    let c = &s.counts;
+    let tally = format!("{}/{} updated, {} healthy, {} failed", c.updated, c.total, c.healthy, c.failed);
+    match s.phase {
+        Phase::Pending => "waiting to be planned".into(),
+        Phase::Progressing => match s.reason.as_deref() {
+            Some(reason::WAITING_BETWEEN_BATCHES) => {
+                format!("waiting before batch {}/{total_batches}; {tally}", batch + 1)
+            }
+            Some(reason::SOAKING) => format!("batch {batch}/{total_batches} soaking; {tally}"),
+            _ => format!("batch {batch}/{total_batches} in progress; {tally}"),
+        },
+        Phase::Paused if s.reason.as_deref() == Some(reason::FAILURE_BUDGET_EXCEEDED) => {
+            format!("paused: failure budget exceeded in batch {batch}/{total_batches}; {tally}")
+        }
+        Phase::Paused => format!("paused before batch {}/{total_batches}; {tally}", batch + 1),
+        Phase::WaitingForApproval => match &s.pending_approval {
+            Some(p) => {
+                format!("batch {}/{total_batches} waits for approval of plan {}", p.batch + 1, p.plan_hash)
+            }
+            None => "waiting for approval".into(),
+        },
+        Phase::RollingBack => format!("rolling back {} targets", c.updated),
+        Phase::Succeeded => format!("succeeded: {tally}"),
+        Phase::Failed => format!("failed: failure budget exceeded; {tally}"),
+        Phase::Aborted => format!("aborted on request; {tally}"),
+        Phase::RolledBack => match &s.rollback {
+            Some(rb) => format!(
+                "rolled back ({}): {} targets restored, {} could not be",
+                rb.reason, rb.restored, rb.skipped
+            ),
+            None => "rolled back".into(),
+        },
+    }
+}
+
+pub(super) fn set_conditions(
+    s: &mut FleetRolloutStatus,
+    generation: i64,
+    now: Timestamp,
+    blocked: Option<&Blocked>,
+) {
+    let reason = s.reason.clone().unwrap_or_else(|| s.phase.to_string());
+    let message = s.message.clone().unwrap_or_default();
+    let phase = s.phase;
+    let progressing = matches!(phase, Phase::Progressing | Phase::RollingBack) && blocked.is_none();
+    let cs = &mut s.conditions;
+    conditions::set(
+        cs,
+        Desired {
+            type_: conditions::PROGRESSING,
+            status: progressing,
+            reason: &reason,
+            message: message.clone(),
+        },
+        generation,
+        now,
+    );
+    let paused = matches!(phase, Phase::Paused | Phase::WaitingForApproval);
+    conditions::set(
+        cs,
+        Desired {
+            type_: conditions::PAUSED,
+            status: paused,
+            reason: if paused { &reason } else { "NotPaused" },
+            message: if paused { message.clone() } else { String::new() },
+        },
+        generation,
+        now,
+    );
+    let (degraded, degraded_reason, degraded_message) = match blocked {
+        Some(b) => (true, b.reason.to_string(), b.message.clone()),
+        None if reason == reason::FAILURE_BUDGET_EXCEEDED => (true, reason.clone(), message.clone()),
+        None => (false, "AsExpected".to_string(), String::new()),
+    };
+    conditions::set(
+        cs,
+        Desired {
+            type_: conditions::DEGRADED,
+            status: degraded,
+            reason: &degraded_reason,
+            message: degraded_message,
+        },
+        generation,
+        now,
+    );
+    let complete = phase == Phase::Succeeded;
+    conditions::set(
+        cs,
+        Desired {
+            type_: conditions::COMPLETE,
+            status: complete,
+            reason: if complete { reason::SUCCEEDED } else { phase.as_str() },
+            message: if complete { message } else { String::new() },
+        },
+        generation,
+        now,
+    );
+}

@@ -1,0 +1,186 @@
+//! Failures: timeouts, the failure policies, aborts and rollbacks, refused and denied targets.
+
+use super::*;
+
+#[test]
+fn targets_that_never_become_ready_fail_at_the_timeout_and_pause_the_rollout() {
+    let mut s = spec(10);
+    s.health.timeout = "2m".into();
+    let mut sim = Sim::new(s, 20);
+    sim.broken = vec!["tenant-0/web-00".into()];
+    let wait = sim.settle().expect("waits for the timeout");
+    assert!(wait <= Duration::from_secs(120));
+    assert_eq!(sim.status.phase, Phase::Progressing);
+    sim.pass(Duration::from_secs(121));
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::Paused);
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::FAILURE_BUDGET_EXCEEDED));
+    assert_eq!(sim.status.counts.failed, 1);
+    assert_eq!(sim.status.failures[0].reason, reason::TIMEOUT);
+    assert!(conditions::is_true(&sim.status.conditions, conditions::DEGRADED));
+    assert_eq!(sim.changes.len(), 10, "the next batch did not start");
+
+    // Raising the budget lets it go on.
+    sim.spec.strategy.max_failures = IntOrString::Int(1);
+    sim.generation = 2;
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    assert_eq!(sim.changes.len(), 20);
+    assert!(!conditions::is_true(&sim.status.conditions, conditions::DEGRADED));
+}
+
+#[test]
+fn the_rollback_policy_restores_each_changed_target_once() {
+    let mut s = spec(5);
+    s.health.timeout = "1m".into();
+    s.strategy.on_failure = FailurePolicy::Rollback;
+    let mut sim = Sim::new(s, 15);
+    // Batch 2 (targets 5..10) has a broken target.
+    let victim = key(&sim.plan.batches[1][0]);
+    sim.broken = vec![victim];
+    sim.settle();
+    sim.pass(Duration::from_secs(61));
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::RolledBack);
+    let rb = sim.status.rollback.clone().unwrap();
+    assert_eq!((rb.reason.as_str(), rb.restored), (reason::FAILURE_BUDGET_EXCEEDED, 10));
+    // 10 forward changes, 10 restores, batch 3 never touched.
+    let rollback_key = format!("{UID}/1/rollback");
+    assert_eq!(sim.changes.iter().filter(|(_, k)| *k == rollback_key).count(), 10);
+    assert_eq!(sim.changes.len(), 20);
+    for t in sim.plan.through(1) {
+        assert_eq!(sim.world[&key(t)].image, Ok("web:v1".into()));
+    }
+    for t in sim.plan.batch(2) {
+        assert_eq!(sim.changes_of(&key(t)), 0);
+    }
+    // Done means done: nothing more happens.
+    assert!(matches!(sim.advance(), Step::Wait { after: None }));
+}
+
+#[test]
+fn the_abort_policy_stops_as_failed_and_leaves_targets_alone() {
+    let mut s = spec(5);
+    s.health.timeout = "1m".into();
+    s.strategy.on_failure = FailurePolicy::Abort;
+    let mut sim = Sim::new(s, 10);
+    sim.broken = vec![key(&sim.plan.batches[0][2])];
+    sim.settle();
+    sim.pass(Duration::from_secs(61));
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Failed);
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::FAILURE_BUDGET_EXCEEDED));
+    assert_eq!(sim.changes.len(), 5);
+    assert!(!conditions::is_true(&sim.status.conditions, conditions::COMPLETE));
+}
+
+#[test]
+fn abort_on_request_stops_before_the_next_batch() {
+    let mut sim = Sim::new(spec(5), 20);
+    sim.auto_ready = false;
+    sim.step();
+    sim.step(); // batch 1 applied
+    sim.spec.abort = true;
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Aborted);
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::ABORT_REQUESTED));
+    assert_eq!(sim.changes.len(), 5);
+}
+
+#[test]
+fn a_requested_rollback_after_success_undoes_the_rollout() {
+    let mut sim = Sim::new(spec(10), 20);
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    sim.spec.rollback = true;
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::RolledBack);
+    assert!(sim.world.values().all(|s| s.image == Ok("web:v1".into())));
+    assert_eq!(sim.status.rollback.as_ref().map(|r| r.reason.as_str()), Some(reason::ROLLBACK_REQUESTED));
+}
+
+#[test]
+fn a_target_refused_at_its_batch_is_left_alone_and_reported_not_failed() {
+    // A namespace opts out after the plan was frozen: its targets in later batches are never changed.
+    let mut sim = Sim::new(spec(5), 10);
+    let opted_out: Vec<String> = sim.plan.batches[1].iter().take(2).map(key).collect();
+    for t in &opted_out {
+        sim.refused.insert(t.clone(), reason::NAMESPACE_NOT_OPTED_IN);
+    }
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    for t in &opted_out {
+        assert_eq!(sim.changes_of(t), 0, "{t} was changed");
+    }
+    let c = &sim.status.counts;
+    assert_eq!((c.updated, c.healthy, c.failed, c.refused), (8, 8, 0, 2));
+    let reported: Vec<&str> = sim.status.failures.iter().map(|f| f.reason.as_str()).collect();
+    assert_eq!(reported, [reason::NAMESPACE_NOT_OPTED_IN; 2]);
+    assert!(sim.status.failures.iter().all(|f| f.batch == 1));
+}
+
+#[test]
+fn a_target_changed_before_its_namespace_opted_out_is_judged_on_its_health() {
+    let mut sim = Sim::new(spec(5), 10);
+    sim.step(); // intent of batch 0
+    sim.step(); // applied
+    // Opted out after the change: the target carries the batch's key, so it counts as what it is.
+    let first = key(&sim.plan.batches[0][0]);
+    sim.refused.insert(first.clone(), reason::NAMESPACE_NOT_OPTED_IN);
+    sim.settle();
+    assert_eq!(sim.changes_of(&first), 1);
+    assert_eq!(sim.status.counts.refused, 0);
+    assert!(sim.status.batches.iter().any(|b| b.index == 0 && b.state == BatchState::Succeeded));
+}
+
+#[test]
+fn a_rollback_restores_only_what_is_still_in_scope() {
+    let mut s = spec(5);
+    s.strategy.on_failure = FailurePolicy::Rollback;
+    let mut sim = Sim::new(s, 10);
+    sim.broken.push(key(&sim.plan.batches[1][4]));
+    sim.settle();
+    sim.pass(Duration::from_secs(601));
+    // Meanwhile another rollout took over a target of batch 0.
+    let taken = key(&sim.plan.batches[0][2]);
+    sim.refused.insert(taken.clone(), reason::TARGET_HELD);
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::RolledBack);
+    let rb = sim.status.rollback.clone().unwrap();
+    assert_eq!((rb.restored, rb.skipped), (9, 1));
+    assert_eq!(sim.changes_of(&taken), 1, "changed by the rollout, never restored");
+    assert!(sim.status.failures.iter().any(|f| f.reason == reason::TARGET_HELD));
+}
+
+#[test]
+fn a_change_the_api_server_refuses_fails_that_target_at_once_with_its_message() {
+    let mut s = spec(5);
+    s.strategy.max_failures = IntOrString::Int(1);
+    let mut sim = Sim::new(s, 10);
+    let refused = key(&sim.plan.batches[0][1]);
+    sim.denied.insert(refused.clone());
+    sim.step(); // intent
+    sim.step(); // applied, one denied
+    let b = &sim.status.batches[0];
+    assert_eq!(b.denied, std::slice::from_ref(&refused));
+    assert_eq!(sim.status.counts.failed, 1, "failed at once, not at the timeout");
+    let f = sim.status.failures.last().unwrap();
+    assert_eq!(
+        (f.reason.as_str(), f.message.as_str()),
+        (reason::CHANGE_DENIED, format!("admission webhook denied {refused}").as_str())
+    );
+    // The batch settles without waiting for it, and counts it once.
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    let c = &sim.status.counts;
+    assert_eq!((c.updated, c.healthy, c.failed), (9, 9, 1));
+    assert_eq!(sim.changes_of(&refused), 0);
+
+    // Over the budget, the failure policy applies as for any failure.
+    let mut sim = Sim::new(spec(5), 10);
+    sim.denied.insert(key(&sim.plan.batches[0][0]));
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Paused);
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::FAILURE_BUDGET_EXCEEDED));
+    assert_eq!(sim.status.batches[0].failed, 1);
+}

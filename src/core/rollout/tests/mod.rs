@@ -1,0 +1,245 @@
+//! The state machine driven against a simulated fleet: every transition, the exactly-once guarantee under
+//! replays, the failure policies and the gates, without a cluster.
+
+use std::collections::HashMap;
+
+use k8s_openapi::apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString};
+
+mod batches;
+mod failures;
+mod gates;
+mod housekeeping;
+mod revisions;
+
+use super::*;
+use crate::{
+    api::{
+        ApprovalMode, BATCH_WINDOW, FAILURE_DETAILS, FailurePolicy, Health, PlanRef, PlanStorage, Strategy,
+        TargetKind, Targets,
+    },
+    core::{conditions, duration, plan, workload::Readiness},
+};
+
+const UID: &str = "0d4c8f2e";
+
+pub(super) fn spec(n_batch: i32) -> FleetRolloutSpec {
+    FleetRolloutSpec {
+        image: "web:v2".into(),
+        container: None,
+        targets: Targets {
+            kind: TargetKind::Deployment,
+            selector: LabelSelector::default(),
+            namespace_selector: None,
+            daemon_set: None,
+            node_selector: None,
+        },
+        strategy: Strategy { batch_size: IntOrString::Int(n_batch), ..Strategy::default() },
+        health: Health::default(),
+        paused: false,
+        abort: false,
+        rollback: false,
+        ttl_seconds_after_finished: None,
+        approvals: Vec::new(),
+    }
+}
+
+/// A fleet whose targets follow the simulated cluster: a change makes a target NotReady until the test
+/// (or `auto_ready`) marks it Ready.
+pub(super) struct Sim {
+    pub(super) spec: FleetRolloutSpec,
+    pub(super) status: FleetRolloutStatus,
+    pub(super) plan: Plan,
+    pub(super) world: HashMap<String, TargetState>,
+    pub(super) now: Timestamp,
+    pub(super) generation: i64,
+    /// Every (target, key) change the controller made, in order.
+    pub(super) changes: Vec<(String, String)>,
+    pub(super) writes: usize,
+    pub(super) auto_ready: bool,
+    /// Targets that never become ready.
+    pub(super) broken: Vec<String>,
+    /// Targets changed and not Ready yet (kept so a step need not scan the whole fleet).
+    pub(super) not_ready: std::collections::HashSet<String>,
+    pub(super) max_in_flight: usize,
+    /// Targets the scope rules refuse now, and why.
+    pub(super) refused: HashMap<String, &'static str>,
+    /// Targets whose change the API server refuses.
+    pub(super) denied: std::collections::HashSet<String>,
+    /// Whether the rollout carries the finalizer of a node rollout.
+    pub(super) holds_daemonset: bool,
+}
+
+pub(super) fn key(t: &PlannedTarget) -> String {
+    format!("{}/{}", t.namespace, t.name)
+}
+
+impl Sim {
+    pub(super) fn new(spec: FleetRolloutSpec, n: usize) -> Self {
+        let candidates: Vec<plan::Candidate> = (0..n)
+            .map(|i| plan::Candidate {
+                namespace: format!("tenant-{}", i % 4),
+                name: format!("web-{i:02}"),
+                current_image: "web:v1".into(),
+            })
+            .collect();
+        let inputs = RevisionInputs::of(&spec);
+        let plan = plan::build(candidates, &inputs, "spechash", &HashMap::new()).unwrap();
+        let world = plan
+            .batches
+            .iter()
+            .flatten()
+            .map(|t| {
+                (
+                    key(t),
+                    TargetState {
+                        image: Ok("web:v1".into()),
+                        applied: None,
+                        readiness: Readiness::Ready,
+                        http: None,
+                    },
+                )
+            })
+            .collect();
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
+        let plan_ref = PlanRef {
+            hash: plan.hash.clone(),
+            total_targets: plan.total_targets(),
+            total_batches: plan.total_batches(),
+            storage: PlanStorage::Status,
+            batches: plan.batches.clone(),
+            shards: Vec::new(),
+        };
+        let t = start_revision(
+            now,
+            1,
+            &spec,
+            &FleetRolloutStatus::default(),
+            NewRevision { inputs, spec_hash: "spechash".into(), plan: &plan, plan_ref },
+        );
+        Sim {
+            spec,
+            status: t.status,
+            plan,
+            world,
+            now,
+            generation: 1,
+            changes: Vec::new(),
+            writes: 1,
+            auto_ready: true,
+            broken: Vec::new(),
+            not_ready: Default::default(),
+            max_in_flight: 0,
+            refused: HashMap::new(),
+            denied: Default::default(),
+            holds_daemonset: false,
+        }
+    }
+
+    pub(super) fn advance(&self) -> Step {
+        let world = &self.world;
+        let lookup = |t: &PlannedTarget| world.get(&key(t)).cloned();
+        let refused = &self.refused;
+        let scope = |t: &PlannedTarget| match refused.get(&key(t)) {
+            Some(reason) => Err(Refusal { reason, message: format!("{}: refused", key(t)) }),
+            None => Ok(()),
+        };
+        decide(&Facts {
+            now: self.now,
+            uid: UID,
+            generation: self.generation,
+            spec: &self.spec,
+            status: &self.status,
+            plan: &self.plan,
+            holds_daemonset: self.holds_daemonset,
+            target: &lookup,
+            unplanned: &|| None,
+            scope: &scope,
+        })
+    }
+
+    /// Performs one step like the controller would. Returns it for inspection.
+    pub(super) fn step(&mut self) -> Step {
+        let step = self.advance();
+        match &step {
+            Step::Write(t) => {
+                self.status = t.status.clone();
+                self.writes += 1;
+            }
+            Step::Apply { key: k, image, targets, after } => {
+                let mut refused = Vec::new();
+                for t in targets {
+                    if self.denied.contains(&key(t)) {
+                        refused.push((t.clone(), format!("admission webhook denied {}", key(t))));
+                    } else {
+                        self.change(t, image, k);
+                    }
+                }
+                let batch = after.status.current_batch.unwrap_or_default();
+                self.status = denied(after.clone(), batch, refused).status;
+                self.writes += 1;
+            }
+            Step::Restore { key: k, targets, refused } => {
+                let mut restored = 0;
+                for t in targets {
+                    self.change(t, &t.previous_image.clone(), k);
+                    restored += 1;
+                }
+                self.status = restored_status(self, restored, refused.clone());
+                self.writes += 1;
+            }
+            Step::HoldDaemonSet => self.holds_daemonset = true,
+            Step::ReleaseDaemonSet => self.holds_daemonset = false,
+            Step::Delete | Step::Wait { .. } => {}
+        }
+        self.max_in_flight = self.max_in_flight.max(self.not_ready.len());
+        if self.auto_ready {
+            let ready: Vec<String> =
+                self.not_ready.iter().filter(|t| !self.broken.contains(t)).cloned().collect();
+            for t in ready {
+                self.not_ready.remove(&t);
+                if let Some(s) = self.world.get_mut(&t) {
+                    s.readiness = Readiness::Ready;
+                }
+            }
+        }
+        step
+    }
+
+    pub(super) fn change(&mut self, t: &PlannedTarget, image: &str, k: &str) {
+        let Some(s) = self.world.get_mut(&key(t)) else {
+            return;
+        };
+        if s.applied.as_deref() == Some(k) {
+            return; // already carries the key: not changed again
+        }
+        s.image = Ok(image.to_string());
+        s.applied = Some(k.to_string());
+        s.readiness = Readiness::NotReady("rolling".into());
+        self.not_ready.insert(key(t));
+        self.changes.push((key(t), k.to_string()));
+    }
+
+    /// Steps until the machine waits; returns how long it wants to wait.
+    pub(super) fn settle(&mut self) -> Option<Duration> {
+        for _ in 0..10_000 {
+            match self.step() {
+                Step::Wait { after } => return after,
+                Step::Delete => return None,
+                _ => {}
+            }
+        }
+        panic!("no wait after 10000 steps: a hot loop");
+    }
+
+    pub(super) fn pass(&mut self, d: Duration) {
+        self.now = later(self.now, d);
+    }
+
+    pub(super) fn changes_of(&self, target: &str) -> usize {
+        self.changes.iter().filter(|(t, _)| t == target).count()
+    }
+}
+
+pub(super) fn restored_status(sim: &Sim, restored: u32, refused: Vec<TargetFailure>) -> FleetRolloutStatus {
+    super::restored(sim.now, sim.generation, &sim.status, restored, 0, refused).status
+}

@@ -1,0 +1,222 @@
+//! The batch in flight: each target's verdict (healthy, failed, gone, refused or not yet), the soak that
+//! follows, and the batch settled once every target is judged.
+
+use std::time::Duration;
+
+use super::{
+    Event, Facts, Step, failure, failure::apply_failure_policy, gates::next_batch, later, total_batches,
+    trim_front, until, write, write_if_changed,
+};
+use crate::{
+    api::{
+        BatchState, BatchStatus, FAILURE_DETAILS, FleetRolloutStatus, PlannedTarget, TargetFailure,
+        target_key, time,
+    },
+    core::{count, duration, reason, workload::Readiness},
+};
+
+use super::TargetState;
+
+const HTTP_NOT_RUN: &str = "the HTTP check has not run yet";
+
+/// What the targets of a batch look like now.
+#[derive(Default)]
+struct Tally {
+    healthy: u32,
+    /// Failed targets, and gone ones (`skipped` of them), as failure records.
+    failures: Vec<TargetFailure>,
+    skipped: u32,
+    refused: Vec<TargetFailure>,
+    /// The first target not settled yet, and why.
+    waiting: Option<String>,
+}
+
+pub(super) fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -> Step {
+    let timeout = duration::parse(&f.spec.health.timeout).unwrap_or(Duration::from_secs(600));
+    let applied_at = b.applied_at.as_ref().map_or(f.now, |t| t.0);
+    let deadline = later(applied_at, timeout);
+    let tally = tally(f, &b, f.now >= deadline);
+
+    if let Some(why) = tally.waiting {
+        // A target waiting only for its first probe is probed at the next step: take it soon.
+        let soon = why.ends_with(HTTP_NOT_RUN).then_some(Duration::from_millis(200));
+        // Not settled yet. A soak clock that was running stops: not everything is healthy any more.
+        let mut events = Vec::new();
+        if s.batch_mut(b.index).is_some_and(|entry| entry.healthy_since.take().is_some()) {
+            let message = format!("batch {}: soak restarted, {why}", b.index + 1);
+            events.push(Event::warning(reason::SOAKING, Some(b.index), message));
+        }
+        s.reason = Some(reason::BATCH_APPLIED.into());
+        let wait = until(f.now, deadline).max(Duration::from_millis(100));
+        return write_if_changed(f, s, events, Some(soon.map_or(wait, |soon| soon.min(wait))));
+    }
+    let failed = count(tally.failures.len()) - tally.skipped;
+    if failed == 0
+        && let Some(step) = soak(f, &mut s, b.index)
+    {
+        return step;
+    }
+    settle(f, s, &b, tally, failed)
+}
+
+/// Judges every target of the batch.
+fn tally(f: &Facts<'_>, b: &BatchStatus, timed_out: bool) -> Tally {
+    let want_image = super::image(f);
+    let http_required = f.spec.health.http.is_some();
+    let mut t = Tally::default();
+    for target in f.plan.batch(b.index) {
+        let state = (f.target)(target);
+        // A target the batch did not change because the scope rules refused it (its namespace opted out,
+        // it is protected, another rollout holds it) is reported as refused, not awaited.
+        let ours = state.as_ref().is_some_and(|s| s.applied.as_deref() == Some(b.idempotency_key.as_str()));
+        if !ours && b.denied.contains(&target_key(&target.namespace, &target.name)) {
+            // Failed when its change was refused; counted then.
+            continue;
+        }
+        if !ours && let Err(r) = (f.scope)(target) {
+            t.refused.push(super::failure(target, b.index, r.reason, r.message));
+            continue;
+        }
+        match verdict(target, state, &b.idempotency_key, &want_image, http_required, timed_out) {
+            Verdict::Healthy => t.healthy += 1,
+            Verdict::Missing => {
+                t.skipped += 1;
+                let message = "the target was deleted during the rollout (skipped, not counted as a failure)";
+                t.failures.push(super::failure(target, b.index, reason::TARGET_MISSING, message.into()));
+            }
+            Verdict::Failed(reason, message) => {
+                t.failures.push(super::failure(target, b.index, reason, message))
+            }
+            Verdict::Waiting(why) => {
+                t.waiting
+                    .get_or_insert_with(|| format!("{}: {why}", target_key(&target.namespace, &target.name)));
+            }
+        }
+    }
+    t
+}
+
+/// Holds a healthy batch for `health.soak` before it counts; None once it has soaked (or needs no soak).
+fn soak(f: &Facts<'_>, s: &mut FleetRolloutStatus, index: u32) -> Option<Step> {
+    let soak = duration::parse(&f.spec.health.soak).unwrap_or(Duration::ZERO);
+    if soak.is_zero() {
+        return None;
+    }
+    match s.batch(index).and_then(|x| x.healthy_since.clone()) {
+        None => {
+            if let Some(entry) = s.batch_mut(index) {
+                entry.healthy_since = Some(time(f.now));
+            }
+            s.reason = Some(reason::SOAKING.into());
+            let message =
+                format!("batch {}: all targets healthy, soaking for {}", index + 1, f.spec.health.soak);
+            Some(write(f, s.clone(), vec![Event::normal(reason::SOAKING, Some(index), message)]))
+        }
+        Some(since) if f.now < later(since.0, soak) => {
+            let left = until(f.now, later(since.0, soak));
+            Some(write_if_changed(f, s.clone(), Vec::new(), Some(left)))
+        }
+        Some(_) => None,
+    }
+}
+
+/// The batch is settled: count it, then either go on or apply the failure policy.
+fn settle(f: &Facts<'_>, mut s: FleetRolloutStatus, b: &BatchStatus, t: Tally, failed: u32) -> Step {
+    s.counts.healthy += t.healthy;
+    s.counts.failed += failed;
+    s.counts.skipped += t.skipped;
+    s.counts.refused += count(t.refused.len());
+    s.failures.extend(t.failures);
+    s.failures.extend(t.refused.iter().cloned());
+    trim_front(&mut s.failures, FAILURE_DETAILS);
+    let over_budget = failure::over_budget(f, &s);
+    if let Some(entry) = s.batch_mut(b.index) {
+        entry.state = if over_budget { BatchState::Failed } else { BatchState::Succeeded };
+        entry.failed = entry.failed.saturating_add(failed);
+        entry.finished_at = Some(time(f.now));
+    }
+    let total = total_batches(f);
+    if over_budget {
+        let message = format!(
+            "batch {}/{total}: {} of {} targets failed; {} failed in total, budget {}",
+            b.index + 1,
+            failed.saturating_add(count(b.denied.len())),
+            b.size,
+            s.counts.failed,
+            failure::budget(f)
+        );
+        return apply_failure_policy(
+            f,
+            s,
+            b,
+            vec![Event::warning(reason::BATCH_FAILED, Some(b.index), message)],
+        );
+    }
+    let mut events: Vec<Event> = t
+        .refused
+        .iter()
+        .map(|r| Event::warning(reason::refusal(&r.reason), Some(b.index), r.message.clone()))
+        .collect();
+    let message = format!(
+        "batch {}/{total}: {} healthy, {failed} failed, {} skipped, {} refused",
+        b.index + 1,
+        t.healthy,
+        t.skipped,
+        t.refused.len()
+    );
+    events.push(Event::normal(reason::BATCH_SUCCEEDED, Some(b.index), message));
+    next_batch(f, s, events)
+}
+
+enum Verdict {
+    Healthy,
+    Missing,
+    Failed(&'static str, String),
+    Waiting(String),
+}
+
+fn verdict(
+    t: &PlannedTarget,
+    state: Option<TargetState>,
+    key: &str,
+    image: &str,
+    http_required: bool,
+    timed_out: bool,
+) -> Verdict {
+    let Some(state) = state else {
+        return Verdict::Missing;
+    };
+    let current = match &state.image {
+        Ok(i) => i,
+        Err(e) => return Verdict::Failed(reason::INVALID_SPEC, e.clone()),
+    };
+    if current != image {
+        if state.applied.as_deref() == Some(key) {
+            return Verdict::Failed(
+                reason::IMAGE_CHANGED,
+                format!(
+                    "{} was changed to {current} by someone else after fleetroll set {image}",
+                    target_key(&t.namespace, &t.name)
+                ),
+            );
+        }
+        // Our change is not in the cache yet.
+        return Verdict::Waiting("the change is not visible yet".into());
+    }
+    let (why, failure_reason) = match state.readiness {
+        Readiness::Failed { reason, message } => return Verdict::Failed(reason, message),
+        Readiness::NotReady(why) => (why, reason::TIMEOUT),
+        Readiness::Ready => match state.http {
+            Some(Ok(())) => return Verdict::Healthy,
+            None if !http_required => return Verdict::Healthy,
+            // Ready only since the probes of this step ran: probed at the next step, never passed unprobed.
+            None => (HTTP_NOT_RUN.to_string(), reason::HTTP_CHECK_FAILED),
+            Some(Err(e)) => (format!("HTTP check: {e}"), reason::HTTP_CHECK_FAILED),
+        },
+    };
+    if timed_out {
+        Verdict::Failed(failure_reason, format!("not healthy within the health timeout: {why}"))
+    } else {
+        Verdict::Waiting(why)
+    }
+}

@@ -1,0 +1,147 @@
+//! The controller's writes to FleetRollouts themselves: status (the checkpoint, always with the
+//! resourceVersion read), the events that announce it, the finalizer of a node rollout, and deletion when
+//! its TTL has passed.
+
+use std::sync::Arc;
+
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{Patch, PatchParams, PostParams},
+    runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter},
+};
+use tracing::{debug, warn};
+
+use super::own_writes::OwnWrites;
+use crate::{
+    api::{FIELD_MANAGER, FleetRollout},
+    core::rollout::{Event, EventType, Transition},
+    error::{Result, is_not_found},
+    runtime::metrics::Metrics,
+};
+
+/// The finalizer a node rollout carries while it holds its DaemonSet, so that deleting the rollout (by hand,
+/// or by `ttlSecondsAfterFinished`) hands the DaemonSet back instead of leaving it on OnDelete for good.
+pub const FINALIZER: &str = "fleetroll.dev/release-daemonset";
+
+pub struct Rollouts {
+    client: Client,
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+    /// The cache may lag behind our own writes, and acting on a stale status would only earn a conflict.
+    written: OwnWrites<FleetRollout>,
+}
+
+impl Rollouts {
+    /// `identity` names this replica in the events it publishes.
+    pub fn new(client: Client, identity: &str, metrics: Arc<Metrics>) -> Self {
+        let reporter = Reporter { controller: "fleetroll".into(), instance: Some(identity.to_string()) };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            metrics,
+            written: OwnWrites::default(),
+        }
+    }
+
+    fn api(&self, fr: &FleetRollout) -> Api<FleetRollout> {
+        Api::namespaced(self.client.clone(), &fr.namespace().unwrap_or_default())
+    }
+
+    /// The cached rollout, or our own write of it when that is newer.
+    pub fn newest(&self, cached: Arc<FleetRollout>) -> Arc<FleetRollout> {
+        self.written.newest(cached)
+    }
+
+    /// Persists a status with the resourceVersion we read: if anything changed since, the API server refuses
+    /// (409, [`crate::error::Error::Conflict`]) and the caller re-reads instead of overwriting.
+    pub async fn write_status(&self, fr: &FleetRollout, t: Transition) -> Result<Arc<FleetRollout>> {
+        let mut next = fr.clone();
+        next.status = Some(t.status);
+        next.metadata.managed_fields = None;
+        let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+        let written = Arc::new(self.api(fr).replace_status(&fr.name_any(), &pp, &next).await?);
+        self.metrics.status_writes.inc();
+        self.written.remember(&written);
+        if let Some(s) = &written.status {
+            debug!(phase = %s.phase, batch = ?s.current_batch, "status written");
+        }
+        self.publish(&written, t.events);
+        Ok(written)
+    }
+
+    /// The rollout as the API server has it now.
+    pub async fn refetch(&self, fr: &FleetRollout) -> Result<Arc<FleetRollout>> {
+        Ok(Arc::new(self.api(fr).get(&fr.name_any()).await?))
+    }
+
+    /// Deletes the rollout (its TTL has passed); gone already is fine.
+    pub async fn delete(&self, fr: &FleetRollout) -> Result<()> {
+        match self.api(fr).delete(&fr.name_any(), &Default::default()).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Adds or removes [`FINALIZER`], with the resourceVersion read (a concurrent change gets a conflict, not
+    /// a lost update). Returns the rollout as written; None when there was nothing to do.
+    pub async fn set_finalizer(&self, fr: &FleetRollout, on: bool) -> Result<Option<Arc<FleetRollout>>> {
+        set_finalizer(&self.client, fr, on).await.map(|written| written.map(Arc::new))
+    }
+
+    /// Events are best effort and must not slow the rollout down: they are sent in the background.
+    fn publish(&self, fr: &FleetRollout, events: Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
+        let recorder = self.recorder.clone();
+        let reference = fr.object_ref(&());
+        tokio::spawn(async move {
+            for e in events {
+                let event = KubeEvent {
+                    type_: match e.type_ {
+                        EventType::Normal => KubeEventType::Normal,
+                        EventType::Warning => KubeEventType::Warning,
+                    },
+                    reason: e.reason.to_string(),
+                    note: Some(e.message),
+                    action: e.batch.map_or_else(|| "Rollout".to_string(), |b| format!("Batch{}", b + 1)),
+                    secondary: None,
+                };
+                if let Err(err) = recorder.publish(&event, &reference).await {
+                    warn!(error = %err, "could not publish an event");
+                }
+            }
+        });
+    }
+}
+
+/// Whether the rollout carries [`FINALIZER`].
+pub fn holds_daemonset(fr: &FleetRollout) -> bool {
+    fr.finalizers().iter().any(|f| f == FINALIZER)
+}
+
+pub(super) async fn set_finalizer(
+    client: &Client,
+    fr: &FleetRollout,
+    on: bool,
+) -> Result<Option<FleetRollout>> {
+    let mut finalizers = fr.finalizers().to_vec();
+    if holds_daemonset(fr) == on {
+        return Ok(None);
+    }
+    finalizers.retain(|f| f != FINALIZER);
+    if on {
+        finalizers.push(FINALIZER.into());
+    }
+    let patch =
+        serde_json::json!({"metadata": {"resourceVersion": fr.resource_version(), "finalizers": finalizers}});
+    let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+    let api = Api::<FleetRollout>::namespaced(client.clone(), &fr.namespace().unwrap_or_default());
+    match api.patch(&fr.name_any(), &params, &Patch::Merge(patch)).await {
+        Ok(written) => Ok(Some(written)),
+        // Deleted and finalized meanwhile: nothing left to hold.
+        Err(e) if is_not_found(&e) && !on => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
