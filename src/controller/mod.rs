@@ -32,7 +32,7 @@ use crate::{
     edge::{
         plans::{self, PlanStore},
         rollouts::Rollouts,
-        targets::{Prober, Stores},
+        {probe::Prober, targets::Stores},
     },
     error::{Error, Result},
     runtime::metrics::{ErrorLabel, Metrics, PhaseLabel, StateLabel},
@@ -198,24 +198,14 @@ fn cached_event<K: Resource>(
     }
 }
 
-/// Runs the controller until `shutdown` fires. Call only while holding the leader lease.
-pub async fn run(
-    client: Client,
-    settings: Settings,
-    metrics: Arc<Metrics>,
-    shutdown: CancellationToken,
-) -> Result<()> {
-    let rollouts: Api<FleetRollout> = match &settings.watch_namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    rollouts.list(&ListParams::default().limit(1)).await.map_err(Error::CrdMissing)?;
-
+/// The controller over the FleetRollouts, woken by changes of the workloads they changed last, and the
+/// caches of the workloads and namespaces.
+fn watches(client: &Client, rollouts: Api<FleetRollout>) -> (Controller<FleetRollout>, Stores) {
     let watch_cfg = watcher::Config::default().any_semantic();
-    let (deployments, deployment_triggers) = watch_workloads(&client, &watch_cfg, workload::deployment_facts);
+    let (deployments, deployment_triggers) = watch_workloads(client, &watch_cfg, workload::deployment_facts);
     let (statefulsets, statefulset_triggers) =
-        watch_workloads(&client, &watch_cfg, workload::statefulset_facts);
-    let (daemonsets, daemonset_triggers) = watch_workloads(&client, &watch_cfg, workload::daemonset_facts);
+        watch_workloads(client, &watch_cfg, workload::statefulset_facts);
+    let (daemonsets, daemonset_triggers) = watch_workloads(client, &watch_cfg, workload::daemonset_facts);
     let (namespaces, namespaces_w) = reflector::store::<Namespace>();
     let namespace_events = watcher(Api::<Namespace>::all(client.clone()), watch_cfg.clone())
         .default_backoff()
@@ -231,7 +221,23 @@ pub async fn run(
         .reconcile_on(statefulset_triggers)
         .reconcile_on(daemonset_triggers)
         .watches_stream(namespace_events, |_| None);
-    let stores = Stores::new(deployments, statefulsets, daemonsets, namespaces);
+    (controller, Stores::new(deployments, statefulsets, daemonsets, namespaces))
+}
+
+/// Runs the controller until `shutdown` fires. Call only while holding the leader lease.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let rollouts: Api<FleetRollout> = match &settings.watch_namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    rollouts.list(&ListParams::default().limit(1)).await.map_err(Error::CrdMissing)?;
+
+    let (controller, stores) = watches(&client, rollouts);
     let prober = Prober::new(settings.http_check.clone(), Some(client.clone())).map_err(Error::Config)?;
     let ctx = Arc::new(Context {
         rollouts_io: Rollouts::new(client.clone(), &settings.identity, metrics.clone()),

@@ -19,10 +19,12 @@ use kube::ResourceExt;
 
 use crate::{
     api::{APPLIED_ANNOTATION, ROLLOUT_ANNOTATION},
-    core::plan::Candidate,
-    core::reason,
-    core::rollout::TargetState,
-    core::workload::Readiness,
+    core::{
+        plan::Candidate,
+        reason,
+        rollout::TargetState,
+        workload::{Readiness, rolled_container},
+    },
 };
 
 /// The DaemonSet's update strategy before fleetroll took over its updates (JSON).
@@ -86,12 +88,7 @@ fn container_image<'a>(
     containers: &'a [k8s_openapi::api::core::v1::Container],
     container: Option<&str>,
 ) -> Option<&'a str> {
-    match container {
-        Some(name) => containers.iter().find(|c| c.name == name),
-        None if containers.len() == 1 => containers.first(),
-        None => None,
-    }
-    .and_then(|c| c.image.as_deref())
+    rolled_container(containers, |c| &c.name, container).and_then(|i| containers.get(i)?.image.as_deref())
 }
 
 fn pod_image<'a>(pod: &'a Pod, container: Option<&str>) -> Option<&'a str> {
@@ -257,12 +254,9 @@ pub fn take_control(
     tpl_annotations.insert(APPLIED_ANNOTATION.into(), revision.into());
     tpl_annotations.insert(ROLLOUT_ANNOTATION.into(), rollout.into());
     let containers = &mut tpl.spec.as_mut().ok_or_else(missing)?.containers;
-    let target = match container {
-        Some(name) => containers.iter_mut().find(|c| c.name == name),
-        None if containers.len() == 1 => containers.first_mut(),
-        None => None,
-    }
-    .ok_or_else(missing)?;
+    let target = rolled_container(containers, |c| &c.name, container)
+        .and_then(|i| containers.get_mut(i))
+        .ok_or_else(missing)?;
     target.image = Some(image.into());
     Ok(Some(next))
 }

@@ -59,21 +59,18 @@ pub enum Readiness {
 impl WorkloadFacts {
     /// The image of the container a rollout changes: the named one, or the only one.
     pub fn container_image(&self, container: Option<&str>) -> Result<(&str, &str), ContainerError> {
-        match container {
-            Some(wanted) => self
-                .containers
-                .iter()
-                .find(|(n, _)| n == wanted)
-                .map(|(n, i)| (n.as_str(), i.as_str()))
-                .ok_or_else(|| ContainerError::NotFound {
+        match rolled_container(&self.containers, |(name, _)| name, container)
+            .and_then(|i| self.containers.get(i))
+        {
+            Some((name, image)) => Ok((name.as_str(), image.as_str())),
+            None => Err(match container {
+                Some(wanted) => ContainerError::NotFound {
                     target: self.key(),
                     container: wanted.to_string(),
                     available: self.container_names(),
-                }),
-            None => match self.containers.as_slice() {
-                [(n, i)] => Ok((n.as_str(), i.as_str())),
-                _ => Err(ContainerError::Ambiguous { target: self.key(), available: self.container_names() }),
-            },
+                },
+                None => ContainerError::Ambiguous { target: self.key(), available: self.container_names() },
+            }),
         }
     }
 
@@ -130,6 +127,18 @@ pub enum ContainerError {
     NotFound { target: String, container: String, available: String },
     #[error("{target} has several containers ({available}): set spec.container to choose one")]
     Ambiguous { target: String, available: String },
+}
+
+/// Which of a pod template's containers a rollout changes: the one named, or else the only one.
+pub fn rolled_container<T>(
+    containers: &[T],
+    name_of: impl Fn(&T) -> &str,
+    wanted: Option<&str>,
+) -> Option<usize> {
+    match wanted {
+        Some(wanted) => containers.iter().position(|c| name_of(c) == wanted),
+        None => (containers.len() == 1).then_some(0),
+    }
 }
 
 fn containers(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<(String, String)> {

@@ -7,5 +7,6 @@ pub mod daemonset_pods;
 pub mod discovery;
 pub mod own_writes;
 pub mod plans;
+pub mod probe;
 pub mod rollouts;
 pub mod targets;
