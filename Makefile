@@ -11,13 +11,13 @@ all: build
 .DEFAULT_GOAL := help
 
 demo: ## the whole product on a local cluster: fleet, operator, a rollout started over MCP, watched live
-	@tests/demo.sh
+	@hack/demo.sh
 
 demo-operator: ## (re)start the demo's operator, e.g. after killing it
-	@tests/demo.sh operator
+	@hack/demo.sh operator
 
 demo-down: ## stop the demo's operator and the local cluster
-	@tests/demo.sh down
+	@hack/demo.sh down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -29,7 +29,7 @@ generate: ## regenerate the CRD (crds/, the chart) from the Rust types, and mani
 	$(CARGO) run --locked --quiet -- crd > crds/fleetroll.dev_fleetrollouts.yaml
 	$(CARGO) run --locked --quiet -- crd --helm > charts/fleetroll/templates/crds.yaml
 	$(TESTENV)/build.sh
-	tests/manifests/render.sh > manifests/install.yaml
+	hack/render-manifests.sh > manifests/install.yaml
 
 fmt: ## format the code
 	$(CARGO) fmt

@@ -14,7 +14,7 @@ async fn the_demo_runs_end_to_end() {
     let kubeconfig = common::cluster().kubeconfig.display().to_string();
     let run = |arg: Option<&'static str>| {
         let mut cmd = tokio::process::Command::new("bash");
-        cmd.arg(format!("{root}/tests/demo.sh"))
+        cmd.arg(format!("{root}/hack/demo.sh"))
             .args(arg)
             .env("FLEETROLL_DEMO_DIR", &dir)
             .env("FLEETROLL_DEMO_PORT", &port)

@@ -114,7 +114,7 @@ async fn the_chart_lints_and_every_rendered_object_is_accepted() {
     // manifests/install.yaml is exactly the chart, rendered.
     let helm_path = std::env::var("HELM").unwrap_or_else(|_| repo_path("target/testenv/bin/helm"));
     let render = tokio::process::Command::new("bash")
-        .arg(repo_path("tests/manifests/render.sh"))
+        .arg(repo_path("hack/render-manifests.sh"))
         .env("HELM", helm_path)
         .output()
         .await

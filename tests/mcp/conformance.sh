@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Run the 2026-07-28 stateless + Tasks-extension conformance scenarios against a server.
-# usage: run-conformance.sh URL [OUTDIR] [EXPECTED_FAILURES_YAML]
+# usage: conformance.sh URL [OUTDIR] [EXPECTED_FAILURES_YAML]
 # Needs install.sh to have run (uses ~/.cache/fleetroll/bin/conformance, Node 22).
 # Note: tasks-* are "extension" scenarios: passing --spec-version makes them SKIP (exit 0),
 # so they are run without it (they default to 2026-07-28).
 set -uo pipefail
-URL="${1:?usage: run-conformance.sh URL [OUTDIR] [BASELINE]}"
+URL="${1:?usage: conformance.sh URL [OUTDIR] [EXPECTED_FAILURES_YAML]}"
 OUT="${2:-./conformance-results}"
 BASELINE="${3:-}"
 CONF="${CONFORMANCE:-${FLEETROLL_CACHE:-$HOME/.cache/fleetroll}/bin/conformance}"

@@ -199,7 +199,8 @@ pub(super) async fn oversized_pause_between_batches(env: &'static Env) -> Row {
 }
 
 /// A duration of 11,000 years in one field: the schema refuses it (at most 30 days) with a message. (How the
-/// operator treats such a value stored before the limit existed is a unit test of the engine.)
+/// operator treats such a value stored before the limit existed is a unit test of the rollout state
+/// machine.)
 async fn oversized(env: &'static Env, name: &str, field: &str, overrides: Value) -> Row {
     let mut spec = deployments_spec();
     merge(&mut spec, &overrides);

@@ -3,7 +3,7 @@
 # `make generate` writes it; tests/install.rs checks that the committed file is this output.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/../.." && pwd)
+root=$(cd "$here/.." && pwd)
 # shellcheck source=tests/testenv/versions.sh
 . "$root/tests/testenv/versions.sh"
 # shellcheck source=tests/testenv/lib.sh

@@ -9,21 +9,20 @@
 //! rollout that does not complete, a target changed twice).
 #![allow(clippy::unwrap_used)]
 
-#[path = "../tests/common/mod.rs"]
+mod bench_support;
 mod common;
-mod support;
 
 use std::{
     collections::HashMap,
     time::{Duration, Instant},
 };
 
+use bench_support::{Observer, Row, row};
 use common::operator::Operator;
 use fleetroll::api::{FleetRollout, Phase};
 use futures::{StreamExt, stream};
 use kube::{Api, Client, api::PostParams};
 use serde_json::json;
-use support::{Observer, Row, row};
 
 struct Sizes {
     name: &'static str,
@@ -115,13 +114,13 @@ async fn run(sizes: Sizes, only: Option<Vec<String>>) {
     if wanted("scale") {
         scale(&client, &sizes, &mut report, &mut namespaces).await;
     }
-    support::cleanup(&client, &namespaces).await;
+    bench_support::cleanup(&client, &namespaces).await;
 
-    let table = support::table(&report.rows);
+    let table = bench_support::table(&report.rows);
     println!("\n{table}");
-    let out = support::results_dir(sizes.name == "full" && only.is_none());
+    let out = bench_support::results_dir(sizes.name == "full" && only.is_none());
     let plotted = plot(&report.timeline, &out.join("timeline.png"));
-    let facts = support::machine_table();
+    let facts = bench_support::machine_table();
     let doc = format!(
         "# fleetroll benchmark ({} run)\n\nProduced by `make bench` (`cargo test --release --test bench -- --full`) in {:.0} s on \
          the local control plane (kwok nodes). Ratios are measured side by side in the same run.\n\n{table}\n{}\n\n## Machine\n\n{facts}",
@@ -187,7 +186,7 @@ async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, namespace
     let ns = common::create_namespace(client, "bench-overhead", &[]).await;
     namespaces.push(ns.clone());
     let obs = Observer::start(client, vec![ns.clone()]);
-    support::fleet(client, &ns, n, sizes.overhead_replicas, n).await;
+    bench_support::fleet(client, &ns, n, sizes.overhead_replicas, n).await;
     let mut keys: Vec<String> = (0..n).map(|i| format!("{ns}/t-{i:05}")).collect();
     keys.sort();
     obs.wait("the fleet to be available", LONG, |s| s.len() == n && s.values().all(|v| v.rolled_out)).await;
@@ -201,7 +200,7 @@ async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, namespace
     for r in 0..sizes.overhead_runs {
         // fleetroll.
         let image = format!("example.invalid/bench:fleetroll-{r}");
-        let before = support::apiserver_requests(client).await;
+        let before = bench_support::apiserver_requests(client).await;
         let t0 = Instant::now();
         api.create(
             &PostParams::default(),
@@ -211,34 +210,34 @@ async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, namespace
         .unwrap();
         wait_succeeded(&api, &format!("run-{r}")).await;
         fleetroll_times.push(t0.elapsed().as_secs_f64());
-        let after = support::apiserver_requests(client).await;
-        obs.wait("every target on the new image", LONG, |s| support::all_on(s, &keys, &image)).await;
+        let after = bench_support::apiserver_requests(client).await;
+        obs.wait("every target on the new image", LONG, |s| bench_support::all_on(s, &keys, &image)).await;
         let spans = batch_spans(&obs, &batches, &image, t0);
         transitions.extend(transitions_of(&spans));
         // Server-side apply is counted under the verb APPLY (PUTs are the Deployment controller's own).
-        let target_writes = support::delta(&before, &after, "APPLY", "deployments", "")
-            + support::delta(&before, &after, "PATCH", "deployments", "");
+        let target_writes = bench_support::delta(&before, &after, "APPLY", "deployments", "")
+            + bench_support::delta(&before, &after, "PATCH", "deployments", "");
         writes_per_target = target_writes / n as f64;
         status_writes_per_batch =
-            support::delta(&before, &after, "PUT", "fleetrollouts", "status") / batches.len() as f64;
+            bench_support::delta(&before, &after, "PUT", "fleetrollouts", "status") / batches.len() as f64;
         if r == 0 {
             report.timeline.push(("fleetroll".into(), spans));
         }
         // Idle: the rollout is done and nothing changes. The sleep is the measurement window itself.
-        let idle_before = support::apiserver_requests(client).await;
+        let idle_before = bench_support::apiserver_requests(client).await;
         tokio::time::sleep(Duration::from_secs(if sizes.name == "full" { 15 } else { 3 })).await;
-        let idle_after = support::apiserver_requests(client).await;
-        idle_writes = support::delta(&idle_before, &idle_after, "PUT", "fleetrollouts", "status")
-            + support::delta(&idle_before, &idle_after, "APPLY", "deployments", "")
-            + support::delta(&idle_before, &idle_after, "PATCH", "deployments", "")
-            + support::delta(&idle_before, &idle_after, "PATCH", "fleetrollouts", "");
+        let idle_after = bench_support::apiserver_requests(client).await;
+        idle_writes = bench_support::delta(&idle_before, &idle_after, "PUT", "fleetrollouts", "status")
+            + bench_support::delta(&idle_before, &idle_after, "APPLY", "deployments", "")
+            + bench_support::delta(&idle_before, &idle_after, "PATCH", "deployments", "")
+            + bench_support::delta(&idle_before, &idle_after, "PATCH", "fleetrollouts", "");
 
         // The floor: the same patches, batch by batch, waiting for readiness the same way, no checkpoints.
         let image = format!("example.invalid/bench:bare-{r}");
         let t0 = Instant::now();
         for batch in &batches {
-            support::patch_images(client, batch, &image, 16).await;
-            obs.wait("the batch to roll out", LONG, |s| support::all_on(s, batch, &image)).await;
+            bench_support::patch_images(client, batch, &image, 16).await;
+            obs.wait("the batch to roll out", LONG, |s| bench_support::all_on(s, batch, &image)).await;
         }
         bare_times.push(t0.elapsed().as_secs_f64());
         let spans = batch_spans(&obs, &batches, &image, t0);
@@ -282,9 +281,9 @@ async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, namespace
     transitions.sort_by(f64::total_cmp);
     report.rows.push(row(
         format!("batch transition, {} transitions of {b}-target batches: p50 / p99", transitions.len()),
-        support::p50_p99_ms(&transitions),
+        bench_support::p50_p99_ms(&transitions),
         "p99 ≤ 100 ms",
-        Some(support::percentile(&transitions, 99.0) <= 0.1),
+        Some(bench_support::percentile(&transitions, 99.0) <= 0.1),
     ));
     // The floor for the row above: the bare client's own gap between batches, in the same run.
     bare_transitions.sort_by(f64::total_cmp);
@@ -293,7 +292,7 @@ async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, namespace
             "bare client's gap between the same batches ({} transitions): p50 / p99",
             bare_transitions.len()
         ),
-        support::p50_p99_ms(&bare_transitions),
+        bench_support::p50_p99_ms(&bare_transitions),
         "",
         None,
     ));
@@ -329,7 +328,7 @@ async fn transitions(client: &Client, sizes: &Sizes, report: &mut Report, namesp
     let ns = common::create_namespace(client, "bench-transition", &[]).await;
     namespaces.push(ns.clone());
     let obs = Observer::start(client, vec![ns.clone()]);
-    support::fleet(client, &ns, n, 0, n).await;
+    bench_support::fleet(client, &ns, n, 0, n).await;
     obs.wait("the fleet to be observed", LONG, |s| s.len() == n && s.values().all(|v| v.rolled_out)).await;
     let mut keys: Vec<String> = (0..n).map(|i| format!("{ns}/t-{i:05}")).collect();
     keys.sort();
@@ -341,15 +340,15 @@ async fn transitions(client: &Client, sizes: &Sizes, report: &mut Report, namesp
         .await
         .unwrap();
     wait_succeeded(&api, "steps").await;
-    obs.wait("every target on the new image", LONG, |s| support::all_on(s, &keys, image)).await;
+    obs.wait("every target on the new image", LONG, |s| bench_support::all_on(s, &keys, image)).await;
     let batches: Vec<Vec<String>> = keys.iter().map(|k| vec![k.clone()]).collect();
     let mut t = transitions_of(&batch_spans(&obs, &batches, image, t0));
     t.sort_by(f64::total_cmp);
     report.rows.push(row(
         format!("batch transition, {} transitions of 1-target batches (0 replicas): p50 / p99", t.len()),
-        support::p50_p99_ms(&t),
+        bench_support::p50_p99_ms(&t),
         "p99 ≤ 100 ms",
-        Some(support::percentile(&t, 99.0) <= 0.1),
+        Some(bench_support::percentile(&t, 99.0) <= 0.1),
     ));
 }
 
@@ -359,7 +358,7 @@ async fn scale(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: 
     eprintln!("scale: {n} Deployments (0 replicas: the operator's cost, not kwok's pod churn)");
     let ns = common::create_namespace(client, "bench-scale", &[]).await;
     namespaces.push(ns.clone());
-    support::fleet(client, &ns, n, 0, sizes.concurrent_targets).await;
+    bench_support::fleet(client, &ns, n, 0, sizes.concurrent_targets).await;
     let obs = Observer::start(client, vec![ns.clone()]);
     obs.wait("the fleet to be observed", LONG, |s| s.len() == n && s.values().all(|v| v.rolled_out)).await;
     let api: Api<FleetRollout> = Api::namespaced(client.clone(), &ns);
@@ -376,7 +375,7 @@ async fn scale(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: 
     let fr = wait_succeeded(&api, "all").await;
     let took = t0.elapsed().as_secs_f64();
     let status_bytes = serde_json::to_vec(&fr.status).unwrap().len();
-    let (rss, cpu) = support::process_usage(op.pid());
+    let (rss, cpu) = bench_support::process_usage(op.pid());
     drop(op);
     let mib = rss as f64 / (1024.0 * 1024.0);
     report.rows.push(row(
@@ -416,7 +415,7 @@ async fn scale(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: 
         wait_succeeded(&api, &format!("group-{g}")).await;
     }
     let took = t0.elapsed().as_secs_f64();
-    let (rss, cpu) = support::process_usage(op.pid());
+    let (rss, cpu) = bench_support::process_usage(op.pid());
     let mib = rss as f64 / (1024.0 * 1024.0);
     report.rows.push(row(
         format!("scale: {r} concurrent rollouts of {t} targets"),
@@ -462,7 +461,7 @@ async fn mcp(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: &m
     starts.sort_by(f64::total_cmp);
     report.rows.push(row(
         format!("MCP rollout_fleet until the task handle returns ({} calls): p50 / p99", starts.len()),
-        support::p50_p99_ms(&starts),
+        bench_support::p50_p99_ms(&starts),
         "",
         None,
     ));
@@ -490,16 +489,17 @@ async fn mcp(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: &m
     })
     .await;
     let total = (per_client * sizes.mcp_clients) as f64;
-    let (p99, r99) = (support::percentile(&tasks_latency, 99.0), support::percentile(&raw_latency, 99.0));
+    let (p99, r99) =
+        (bench_support::percentile(&tasks_latency, 99.0), bench_support::percentile(&raw_latency, 99.0));
     report.rows.push(row(
         format!("MCP tasks/get, {} concurrent clients: p50 / p99, throughput", sizes.mcp_clients),
-        format!("{}, {:.0} req/s", support::p50_p99_ms(&tasks_latency), total / tasks_wall),
+        format!("{}, {:.0} req/s", bench_support::p50_p99_ms(&tasks_latency), total / tasks_wall),
         "p99 ≤ 20 ms",
         Some(p99 <= 0.020),
     ));
     report.rows.push(row(
         "raw GET of the same FleetRollout from the API server, same concurrency",
-        format!("{}, {:.0} req/s", support::p50_p99_ms(&raw_latency), total / raw_wall),
+        format!("{}, {:.0} req/s", bench_support::p50_p99_ms(&raw_latency), total / raw_wall),
         "",
         None,
     ));

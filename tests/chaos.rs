@@ -10,20 +10,19 @@
 //! thousands of malformed or hostile MCP requests. FLEETROLL_CHAOS_SEED replays a run.
 #![allow(clippy::unwrap_used)]
 
-#[path = "../tests/common/mod.rs"]
+mod bench_support;
 mod common;
-mod support;
 
 use std::{
     path::PathBuf,
     time::{Duration, Instant},
 };
 
+use bench_support::{Observer, Row, row};
 use common::{Rng, mcp::drive, operator::Operator};
 use fleetroll::api::{FleetRollout, Phase};
 use kube::{Api, Client, api::PostParams};
 use serde_json::json;
-use support::{Observer, Row, row};
 
 struct Sizes {
     name: &'static str,
@@ -102,7 +101,7 @@ async fn run(sizes: Sizes, seed: u64) {
     if selected("fuzz") {
         rows.push(fuzz(&client, &sizes, &mut rng, &mut namespaces).await);
     }
-    support::cleanup(&client, &namespaces).await;
+    bench_support::cleanup(&client, &namespaces).await;
 
     let panics = panics_in_logs();
     rows.push(row(
@@ -130,10 +129,10 @@ async fn run(sizes: Sizes, seed: u64) {
         Some(inv.task_disagreements == 0),
     ));
     rows.push(row("panics in operator and MCP server logs", format!("{panics}"), "0", Some(panics == 0)));
-    let table = support::table(&rows);
+    let table = bench_support::table(&rows);
     println!("\n{table}");
-    let out = support::results_dir(sizes.name == "full");
-    let facts = support::machine_table();
+    let out = bench_support::results_dir(sizes.name == "full");
+    let facts = bench_support::machine_table();
     std::fs::write(
         out.join("chaos.md"),
         format!(
@@ -240,7 +239,7 @@ async fn kills(
     eprintln!("kills: {} SIGKILLs across {r} rollouts of {t} targets", sizes.kills);
     let ns = common::create_namespace(client, "chaos-kills", &[]).await;
     namespaces.push(ns.clone());
-    support::fleet(client, &ns, r * t, 1, t).await;
+    bench_support::fleet(client, &ns, r * t, 1, t).await;
     let obs = Observer::start(client, vec![ns.clone()]);
     obs.wait("the fleet to be available", LONG, |s| s.len() == r * t && s.values().all(|v| v.rolled_out))
         .await;
@@ -341,7 +340,7 @@ async fn leader_kills(
     let ns = common::create_namespace(client, "chaos-leader", &[]).await;
     namespaces.push(ns.clone());
     let n = 4 * (rounds + 1);
-    support::fleet(client, &ns, n, 1, n).await;
+    bench_support::fleet(client, &ns, n, 1, n).await;
     let obs = Observer::start(client, vec![ns.clone()]);
     obs.wait("the fleet to be available", LONG, |s| s.len() == n && s.values().all(|v| v.rolled_out)).await;
     let api: Api<FleetRollout> = Api::namespaced(client.clone(), &ns);
@@ -411,7 +410,7 @@ async fn control_plane(
         eprintln!("control plane: {fault} mid-rollout");
         let ns = common::create_namespace(client, "chaos-plane", &[]).await;
         namespaces.push(ns.clone());
-        support::fleet(client, &ns, 8, 1, 8).await;
+        bench_support::fleet(client, &ns, 8, 1, 8).await;
         let obs = Observer::start(client, vec![ns.clone()]);
         obs.wait("the fleet to be available", LONG, |s| s.len() == 8 && s.values().all(|v| v.rolled_out))
             .await;
@@ -478,7 +477,7 @@ async fn mcp_restart(client: &Client, inv: &mut Invariants, namespaces: &mut Vec
     eprintln!("MCP server killed between rollout_fleet and tasks/get");
     let ns = common::create_namespace(client, "chaos-mcp", &[]).await;
     namespaces.push(ns.clone());
-    support::fleet(client, &ns, 6, 1, 6).await;
+    bench_support::fleet(client, &ns, 6, 1, 6).await;
     let obs = Observer::start(client, vec![ns.clone()]);
     obs.wait("the fleet to be available", LONG, |s| s.len() == 6 && s.values().all(|v| v.rolled_out)).await;
     let _op = Operator::start(&ns, &[], &[]);
@@ -520,7 +519,7 @@ async fn fuzz(client: &Client, sizes: &Sizes, rng: &mut Rng, namespaces: &mut Ve
     server.ready().await;
     let url = server.mcp_url();
     let http = reqwest::Client::new();
-    let rss_before = support::process_usage(server.pid()).0;
+    let rss_before = bench_support::process_usage(server.pid()).0;
     let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}});
     let mut wrong = Vec::new();
     let mut kinds = std::collections::BTreeMap::<&str, usize>::new();
@@ -591,7 +590,7 @@ async fn fuzz(client: &Client, sizes: &Sizes, rng: &mut Rng, namespaces: &mut Ve
     let alive = reqwest::get(format!("http://127.0.0.1:{}/healthz", server.port))
         .await
         .is_ok_and(|r| r.status().is_success());
-    let rss_after = support::process_usage(server.pid()).0;
+    let rss_after = bench_support::process_usage(server.pid()).0;
     let grown = rss_after.saturating_sub(rss_before) as f64 / (1024.0 * 1024.0);
     if !wrong.is_empty() {
         eprintln!("unexpected answers (first 10): {:?}", &wrong[..wrong.len().min(10)]);

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # `make demo`: the whole product, from nothing, on a local control plane.
 #
-#   tests/demo.sh            build, start the cluster, create a fleet, run the operator, roll over MCP, watch
-#   tests/demo.sh operator   (re)start the operator in the background (after killing it, say)
-#   tests/demo.sh down       stop the operator and the cluster
+#   hack/demo.sh             build, start the cluster, create a fleet, run the operator, roll over MCP, watch
+#   hack/demo.sh operator    (re)start the operator in the background (after killing it, say)
+#   hack/demo.sh down        stop the operator and the cluster
 #
 # FLEETROLL_DEMO_DIR (target/demo), FLEETROLL_DEMO_PORT (18080), FLEETROLL_DEMO_SCOPE (a namespace to
 # restrict the operator to; empty: all), FLEETROLL_DEMO_PREFIX (prefixed to its namespaces) and
