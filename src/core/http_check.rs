@@ -12,7 +12,7 @@
 //!   multicast or the API server, unless an allowed CIDR covers it;
 //! - redirects are not followed, no proxy is used, and responses are judged by their status code only.
 //!
-//! Pure decisions; the resolver that applies them to every connection is in `controller::targets`.
+//! Pure decisions; the resolver that applies them to every connection is in `edge::probe`.
 
 use std::net::IpAddr;
 

@@ -1,6 +1,6 @@
 //! What a rollout may touch, decided again for each target right before it is changed or restored, not only
 //! when the plan was frozen: a plan can be stale (a namespace opted out since), forged (see
-//! `controller::plans`), or aimed at something no rollout may touch (the operator itself, `kube-system`).
+//! `edge::plans`), or aimed at something no rollout may touch (the operator itself, `kube-system`).
 //!
 //! Pure functions over what the operator sees of a target now.
 

@@ -80,7 +80,7 @@ impl Stores {
             TargetKind::Deployment => get(&self.deployments, namespace, name),
             TargetKind::StatefulSet => get(&self.statefulsets, namespace, name),
             TargetKind::DaemonSet => get(&self.daemonsets, namespace, name),
-            // Node targets are not workloads; controller::nodes reads them.
+            // Node targets are not workloads; edge::daemonset_pods reads them.
             TargetKind::Node => None,
         }
     }
