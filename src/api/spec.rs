@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::status::FleetRolloutStatus;
 
 /// Rolls one container image across a fleet of workloads in health-checked batches.
-#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "fleetroll.dev",
     version = "v1alpha1",
@@ -94,7 +94,7 @@ pub struct FleetRolloutSpec {
 
 /// The fleet: every workload of `kind` matching `selector`, in the allowed namespaces; or, for kind `Node`,
 /// every node (matching `nodeSelector`) that runs a pod of the DaemonSet `daemonSet`.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new(SELECTOR_RULE).message("targets.selector must not be empty: an empty selector would select every workload"))]
 #[x_kube(validation = Rule::new(DAEMONSET_RULE).message("targets.daemonSet is required when targets.kind is Node: name the DaemonSet (in the rollout's namespace) whose pods are replaced node by node"))]
@@ -126,9 +126,12 @@ pub struct Targets {
 }
 
 /// What a rollout's targets are.
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord,
+)]
 pub enum TargetKind {
     /// Each matching Deployment.
+    #[default]
     Deployment,
     /// Each matching StatefulSet.
     StatefulSet,

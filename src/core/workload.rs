@@ -5,7 +5,10 @@
 
 use std::{borrow::Cow, collections::BTreeMap, marker::PhantomData};
 
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::{
+    apps::v1::{DaemonSet, Deployment, StatefulSet},
+    core::v1::PodTemplateSpec,
+};
 use kube::{Resource, ResourceExt, runtime::reflector::Lookup};
 use serde_json::{Value, json};
 
@@ -146,93 +149,74 @@ fn containers(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<(String
         .unwrap_or_default()
 }
 
-fn common(meta: &impl ResourceExt) -> (String, String, BTreeMap<String, String>, Option<String>, i64) {
-    (
-        meta.namespace().unwrap_or_default(),
-        meta.name_any(),
-        meta.labels().clone(),
-        meta.annotations().get(APPLIED_ANNOTATION).cloned(),
-        meta.meta().generation.unwrap_or(0),
-    )
+/// The facts every kind shares (name, labels, our annotation, containers), with the kind's own `status`.
+fn facts(obj: &impl ResourceExt, template: &PodTemplateSpec, status: RolloutStatus) -> WorkloadFacts {
+    WorkloadFacts {
+        namespace: obj.namespace().unwrap_or_default(),
+        name: obj.name_any(),
+        labels: obj.labels().clone(),
+        applied: obj.annotations().get(APPLIED_ANNOTATION).cloned(),
+        containers: containers(template.spec.as_ref()),
+        generation: obj.meta().generation.unwrap_or(0),
+        status,
+    }
+}
+
+fn on_delete(strategy_type: Option<&str>) -> bool {
+    strategy_type == Some("OnDelete")
 }
 
 pub fn deployment_facts(d: &Deployment) -> WorkloadFacts {
-    let (namespace, name, labels, applied, generation) = common(d);
     let st = d.status.clone().unwrap_or_default();
     let deadline_exceeded = st.conditions.iter().flatten().any(|c| {
         c.type_.as_deref() == Some("Progressing")
             && c.status.as_deref() == Some("False")
             && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
     });
-    WorkloadFacts {
-        namespace,
-        name,
-        labels,
-        applied,
-        containers: containers(d.spec.template.spec.as_ref()),
-        generation,
-        status: RolloutStatus {
-            observed_generation: st.observed_generation.unwrap_or(0),
-            desired: d.spec.replicas.unwrap_or(1),
-            current: st.replicas.unwrap_or(0),
-            updated: st.updated_replicas.unwrap_or(0),
-            ready: st.ready_replicas.unwrap_or(0),
-            available: st.available_replicas.unwrap_or(0),
-            deadline_exceeded,
-            on_delete: false,
-            revision_settled: true,
-        },
-    }
+    let status = RolloutStatus {
+        observed_generation: st.observed_generation.unwrap_or(0),
+        desired: d.spec.replicas.unwrap_or(1),
+        current: st.replicas.unwrap_or(0),
+        updated: st.updated_replicas.unwrap_or(0),
+        ready: st.ready_replicas.unwrap_or(0),
+        available: st.available_replicas.unwrap_or(0),
+        deadline_exceeded,
+        on_delete: false,
+        revision_settled: true,
+    };
+    facts(d, &d.spec.template, status)
 }
 
 pub fn statefulset_facts(s: &StatefulSet) -> WorkloadFacts {
-    let (namespace, name, labels, applied, generation) = common(s);
     let st = s.status.clone().unwrap_or_default();
-    let on_delete = s.spec.update_strategy.as_ref().and_then(|u| u.type_.as_deref()) == Some("OnDelete");
-    WorkloadFacts {
-        namespace,
-        name,
-        labels,
-        applied,
-        containers: containers(s.spec.template.spec.as_ref()),
-        generation,
-        status: RolloutStatus {
-            observed_generation: st.observed_generation.unwrap_or(0),
-            desired: s.spec.replicas.unwrap_or(1),
-            current: st.replicas,
-            updated: st.updated_replicas.unwrap_or(0),
-            ready: st.ready_replicas.unwrap_or(0),
-            available: st.available_replicas.unwrap_or(0),
-            deadline_exceeded: false,
-            on_delete,
-            revision_settled: st.update_revision.is_none() || st.current_revision == st.update_revision,
-        },
-    }
+    let status = RolloutStatus {
+        observed_generation: st.observed_generation.unwrap_or(0),
+        desired: s.spec.replicas.unwrap_or(1),
+        current: st.replicas,
+        updated: st.updated_replicas.unwrap_or(0),
+        ready: st.ready_replicas.unwrap_or(0),
+        available: st.available_replicas.unwrap_or(0),
+        deadline_exceeded: false,
+        on_delete: on_delete(s.spec.update_strategy.as_ref().and_then(|u| u.type_.as_deref())),
+        revision_settled: st.update_revision.is_none() || st.current_revision == st.update_revision,
+    };
+    facts(s, &s.spec.template, status)
 }
 
 pub fn daemonset_facts(d: &DaemonSet) -> WorkloadFacts {
-    let (namespace, name, labels, applied, generation) = common(d);
     let st = d.status.clone().unwrap_or_default();
-    let on_delete = d.spec.update_strategy.as_ref().and_then(|u| u.type_.as_deref()) == Some("OnDelete");
-    WorkloadFacts {
-        namespace,
-        name,
-        labels,
-        applied,
-        containers: containers(d.spec.template.spec.as_ref()),
-        generation,
-        status: RolloutStatus {
-            observed_generation: st.observed_generation.unwrap_or(0),
-            desired: st.desired_number_scheduled,
-            current: st.current_number_scheduled,
-            updated: st.updated_number_scheduled.unwrap_or(0),
-            ready: st.number_ready,
-            available: st.number_available.unwrap_or(0),
-            deadline_exceeded: false,
-            on_delete,
-            revision_settled: true,
-        },
-    }
+    let status = RolloutStatus {
+        observed_generation: st.observed_generation.unwrap_or(0),
+        desired: st.desired_number_scheduled,
+        current: st.current_number_scheduled,
+        updated: st.updated_number_scheduled.unwrap_or(0),
+        ready: st.number_ready,
+        available: st.number_available.unwrap_or(0),
+        deadline_exceeded: false,
+        on_delete: on_delete(d.spec.update_strategy.as_ref().and_then(|u| u.type_.as_deref())),
+        revision_settled: true,
+    };
+    facts(d, &d.spec.template, status)
 }
 
 /// A workload as the controller's cache keeps it: its facts and our annotations, nothing else. A full

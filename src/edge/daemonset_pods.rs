@@ -21,7 +21,7 @@ use super::targets::Outcome;
 use crate::{
     api::{FIELD_MANAGER, FleetRollout, Phase, PlannedTarget, Unplanned},
     core::{
-        Blocked, count,
+        Blocked,
         nodes::{self, NodeAction},
         plan::{self, Candidate},
         reason,
@@ -44,6 +44,12 @@ pub struct View {
 
 fn daemonsets(client: &Client, fr: &FleetRollout) -> Api<DaemonSet> {
     Api::namespaced(client.clone(), &fr.namespace().unwrap_or_default())
+}
+
+/// The rollout's DaemonSet as it is now, and the API to change it; None when it is gone.
+async fn daemonset(client: &Client, fr: &FleetRollout) -> Result<Option<(Api<DaemonSet>, DaemonSet)>> {
+    let api = daemonsets(client, fr);
+    Ok(api.get_opt(&daemonset_name(fr)).await?.map(|ds| (api, ds)))
 }
 
 fn daemonset_name(fr: &FleetRollout) -> String {
@@ -218,10 +224,9 @@ pub async fn apply(
     rollout: &str,
     targets: &[PlannedTarget],
 ) -> Result<Outcome> {
-    let api = daemonsets(client, fr);
-    let Some(ds) = api.get_opt(&daemonset_name(fr)).await? else {
+    let Some((api, ds)) = daemonset(client, fr).await? else {
         info!("the DaemonSet is gone; the batch is skipped");
-        return Ok(Outcome { skipped: count(targets.len()), ..Default::default() });
+        return Ok(Outcome::skipped(targets));
     };
     if let Some(other) = nodes::held_by_other(ds.annotations(), rollout)
         && rollout_exists(client, other).await?
@@ -315,9 +320,8 @@ pub async fn restore(
     fr: &FleetRollout,
     targets: &[PlannedTarget],
 ) -> Result<Outcome> {
-    let api = daemonsets(client, fr);
-    let Some(ds) = api.get_opt(&daemonset_name(fr)).await? else {
-        return Ok(Outcome { skipped: count(targets.len()), ..Default::default() });
+    let Some((api, ds)) = daemonset(client, fr).await? else {
+        return Ok(Outcome::skipped(targets));
     };
     if let Some(next) = nodes::restore_template(&ds) {
         api.replace(&ds.name_any(), &post_params(), &next).await?;
@@ -343,8 +347,7 @@ pub async fn restore(
 /// back) its update strategy only ([`nodes::release`]); any other one as it was before the rollout,
 /// template too ([`nodes::hand_back`]). Idempotent.
 pub async fn release(client: &Client, fr: &FleetRollout, finished: bool) -> Result<()> {
-    let api = daemonsets(client, fr);
-    let Some(ds) = api.get_opt(&daemonset_name(fr)).await? else { return Ok(()) };
+    let Some((api, ds)) = daemonset(client, fr).await? else { return Ok(()) };
     let own = format!("{}/{}", fr.namespace().unwrap_or_default(), fr.name_any());
     if !nodes::held_by(ds.annotations(), &own) {
         return Ok(());

@@ -244,7 +244,7 @@ fn sample(names: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{FleetRolloutSpec, Health, Strategy, Targets};
+    use crate::api::{FleetRolloutSpec, Targets};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
     use std::collections::BTreeMap;
 
@@ -257,21 +257,12 @@ mod tests {
             "r",
             FleetRolloutSpec {
                 image: "web:v2".into(),
-                container: None,
                 targets: Targets {
-                    kind: TargetKind::Deployment,
                     selector: sel("app"),
                     namespace_selector: ns_selector.map(sel),
-                    daemon_set: None,
-                    node_selector: None,
+                    ..Default::default()
                 },
-                strategy: Strategy::default(),
-                health: Health::default(),
-                paused: false,
-                abort: false,
-                rollback: false,
-                ttl_seconds_after_finished: None,
-                approvals: vec![],
+                ..Default::default()
             },
         );
         fr.metadata.namespace = Some(ns.into());

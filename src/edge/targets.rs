@@ -16,6 +16,7 @@ use tracing::{debug, info};
 use crate::{
     api::{FIELD_MANAGER, PlannedTarget, TargetKind},
     core::{
+        count,
         rollout::TargetState,
         workload::{self, Cached, WorkloadFacts},
     },
@@ -123,6 +124,13 @@ pub struct Outcome {
     pub skipped: u32,
     /// Refused by the API server, with its message.
     pub denied: Vec<(PlannedTarget, String)>,
+}
+
+impl Outcome {
+    /// Every target skipped (their workload is gone).
+    pub fn skipped(targets: &[PlannedTarget]) -> Self {
+        Self { skipped: count(targets.len()), ..Default::default() }
+    }
 }
 
 /// One image change to make.

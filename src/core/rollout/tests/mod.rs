@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use k8s_openapi::apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 mod batches;
 mod failures;
@@ -14,8 +14,8 @@ mod revisions;
 use super::*;
 use crate::{
     api::{
-        ApprovalMode, BATCH_WINDOW, FAILURE_DETAILS, FailurePolicy, Health, PlanRef, PlanStorage, Strategy,
-        TargetKind, Targets,
+        ApprovalMode, BATCH_WINDOW, FAILURE_DETAILS, FailurePolicy, PlanRef, PlanStorage, Strategy,
+        TargetKind,
     },
     core::{conditions, duration, plan, workload::Readiness},
 };
@@ -25,21 +25,8 @@ const UID: &str = "0d4c8f2e";
 pub(super) fn spec(n_batch: i32) -> FleetRolloutSpec {
     FleetRolloutSpec {
         image: "web:v2".into(),
-        container: None,
-        targets: Targets {
-            kind: TargetKind::Deployment,
-            selector: LabelSelector::default(),
-            namespace_selector: None,
-            daemon_set: None,
-            node_selector: None,
-        },
         strategy: Strategy { batch_size: IntOrString::Int(n_batch), ..Strategy::default() },
-        health: Health::default(),
-        paused: false,
-        abort: false,
-        rollback: false,
-        ttl_seconds_after_finished: None,
-        approvals: Vec::new(),
+        ..Default::default()
     }
 }
 
