@@ -4,7 +4,7 @@
 //! etcd, not any process, knows where a rollout stands. See ARCHITECTURE.md for the map of this crate.
 
 pub mod api;
-pub mod controller;
+mod controller;
 pub mod core;
 pub mod edge;
 pub mod error;

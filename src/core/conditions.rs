@@ -39,10 +39,13 @@ pub fn set(conditions: &mut Vec<Condition>, desired: Desired<'_>, generation: i6
     }
 }
 
+/// Test helpers: the controller only ever sets conditions; people and tools read them.
+#[cfg(test)]
 pub fn get<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
     conditions.iter().find(|c| c.type_ == type_)
 }
 
+#[cfg(test)]
 pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
     get(conditions, type_).is_some_and(|c| c.status == "True")
 }

@@ -1,18 +1,18 @@
 //! The pure core: every decision fleetroll makes, as functions from facts to answers. Nothing here holds a
 //! kube `Client` or performs IO; the edge gathers the facts and carries out the answers.
 
-pub mod conditions;
-pub mod duration;
-pub mod http_check;
+pub(crate) mod conditions;
+pub(crate) mod duration;
+pub(crate) mod http_check;
 pub mod nodes;
 pub mod plan;
-pub mod reason;
-pub mod rollout;
-pub mod scope;
-pub mod workload;
+pub(crate) mod reason;
+pub(crate) mod rollout;
+pub(crate) mod scope;
+pub(crate) mod workload;
 
 /// A length as a count in status, saturating: no fleet is 4 billion targets, and no input may panic.
-pub fn count(n: usize) -> u32 {
+pub(crate) fn count(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 

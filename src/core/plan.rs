@@ -16,7 +16,7 @@ use crate::{
 
 /// A workload found by discovery, as planning needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Candidate {
+pub(crate) struct Candidate {
     pub namespace: String,
     pub name: String,
     /// The image of the rolled container right now.
@@ -57,7 +57,7 @@ impl Plan {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum PlanError {
+pub(crate) enum PlanError {
     #[error("{0:?} is neither a positive integer nor a percentage from 1% to 100%")]
     InvalidSize(String),
 }
@@ -81,7 +81,7 @@ fn percent(s: &str) -> Option<u32> {
 }
 
 /// The failure budget: how many failed targets are tolerated. Percentages round down.
-pub fn failure_budget(max_failures: &IntOrString, total: u32) -> u32 {
+pub(crate) fn failure_budget(max_failures: &IntOrString, total: u32) -> u32 {
     match max_failures {
         IntOrString::Int(n) => u32::try_from(*n).unwrap_or(0),
         IntOrString::String(s) => {
@@ -92,7 +92,7 @@ pub fn failure_budget(max_failures: &IntOrString, total: u32) -> u32 {
 
 /// Sizes of successive batches for a fleet of `total`: each of `steps`, then `batch_size` repeatedly, the
 /// last batch taking what remains.
-pub fn batch_sizes(
+pub(crate) fn batch_sizes(
     total: u32,
     steps: &[IntOrString],
     batch_size: &IntOrString,
@@ -112,7 +112,7 @@ pub fn batch_sizes(
 
 /// Builds the plan of a revision. `previous` carries each target's pre-rollout image from the revision this
 /// one supersedes, so a rollback always restores what the target had before this rollout touched it.
-pub fn build(
+pub(crate) fn build(
     mut candidates: Vec<Candidate>,
     inputs: &RevisionInputs,
     spec_hash: &str,
@@ -133,7 +133,7 @@ pub fn build(
 }
 
 /// sha256 over the canonical JSON of `value`, hex-encoded.
-pub fn sha256_hex(value: &impl Serialize) -> String {
+pub(crate) fn sha256_hex(value: &impl Serialize) -> String {
     // serde_json::Value keeps object keys sorted, which makes the encoding canonical.
     let canonical = serde_json::to_value(value).map(|v| v.to_string()).unwrap_or_default();
     hex(&Sha256::digest(canonical.as_bytes()))
@@ -150,7 +150,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// A new revision's frozen plan, with the inputs it was made from and their hash.
-pub struct Planned {
+pub(crate) struct Planned {
     pub inputs: RevisionInputs,
     pub spec_hash: String,
     pub plan: Plan,
@@ -158,7 +158,7 @@ pub struct Planned {
 
 /// Plans a new revision of `spec` over `candidates`, as the operator freezes it (and as a preview shows it).
 /// `previous`: see [`build`].
-pub fn plan_revision(
+pub(crate) fn plan_revision(
     spec: &FleetRolloutSpec,
     candidates: Vec<Candidate>,
     previous: &HashMap<(String, String), String>,
@@ -171,7 +171,7 @@ pub fn plan_revision(
 }
 
 /// Matching targets outside the plan (reported, never added): how many, and a sample of their names.
-pub fn unplanned(mut names: Vec<String>) -> Unplanned {
+pub(crate) fn unplanned(mut names: Vec<String>) -> Unplanned {
     names.sort();
     let count = count(names.len());
     names.truncate(UNPLANNED_SAMPLE);

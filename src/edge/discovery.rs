@@ -32,7 +32,7 @@ fn blocked(reason: &'static str, message: String) -> Blocked {
 }
 
 /// The namespaces a rollout may touch, or why it may touch none. Pure over the namespaces listed.
-pub fn allowed_namespaces(
+pub(crate) fn allowed_namespaces(
     fr: &FleetRollout,
     fleet_namespace: &str,
     listed: Option<&[Namespace]>,
@@ -90,7 +90,7 @@ pub fn allowed_namespaces(
 }
 
 /// Turns the matching workloads into plan candidates, or says why they cannot be planned. Pure.
-pub fn candidates(
+pub(crate) fn candidates(
     fr: &FleetRollout,
     found: Vec<WorkloadFacts>,
     namespaces: &[String],
@@ -134,7 +134,7 @@ pub fn candidates(
 
 /// Lists the fleet from the API server. The outer error is an API failure; the inner one is a spec the
 /// operator cannot act on.
-pub async fn discover(
+pub(crate) async fn discover(
     client: &Client,
     fleet_namespace: &str,
     fr: &FleetRollout,
@@ -212,7 +212,7 @@ pub async fn preview(
 }
 
 /// Matching workloads in the cache that the plan does not contain (reported, never added).
-pub fn unplanned(
+pub(crate) fn unplanned(
     fr: &FleetRollout,
     fleet_namespace: &str,
     stores: &Stores,

@@ -2,11 +2,11 @@
 //! stored plans, targets, nodes and pods), and carries out what the core decides (image patches, pod
 //! deletions, status writes, spec controls).
 
-pub mod control;
-pub mod daemonset_pods;
+pub(crate) mod control;
+pub(crate) mod daemonset_pods;
 pub mod discovery;
-pub mod own_writes;
+pub(crate) mod own_writes;
 pub mod plans;
-pub mod probe;
-pub mod rollouts;
-pub mod targets;
+pub(crate) mod probe;
+pub(crate) mod rollouts;
+pub(crate) mod targets;

@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     api::{FleetRollout, PlanRef, PlanStorage, PlannedTarget},
+    core::Blocked,
     core::plan::Plan,
-    core::rollout::Blocked,
     error::{Error, Result, is_not_found},
     runtime::failpoint,
 };
@@ -30,9 +30,9 @@ use crate::{
 /// Plans whose JSON is larger than this (about 20 targets) go to ConfigMaps. The API server validates and
 /// tracks every field of a structured status on every write, so a large plan inline would slow down every
 /// status write, and batch transitions with it; a ConfigMap holds the plan as one string, written once.
-pub const INLINE_MAX_BYTES: usize = 2 * 1024;
+pub(crate) const INLINE_MAX_BYTES: usize = 2 * 1024;
 /// Targets per ConfigMap shard (about 130 bytes each, far below the 1 MiB object limit).
-pub const SHARD_TARGETS: usize = 2000;
+pub(crate) const SHARD_TARGETS: usize = 2000;
 
 /// Where the line between inline and sharded plans lies.
 #[derive(Clone, Copy, Debug)]
@@ -63,7 +63,7 @@ pub struct LoadedPlan {
 
 impl LoadedPlan {
     /// No plan: for a finished rollout, which needs none to stay finished.
-    pub fn none() -> Arc<Self> {
+    pub(crate) fn none() -> Arc<Self> {
         Self::new(Plan { hash: String::new(), batches: Vec::new() })
     }
 
@@ -113,7 +113,7 @@ struct ShardEntry {
 }
 
 impl PlanStore {
-    pub fn new(limits: Limits) -> Self {
+    pub(crate) fn new(limits: Limits) -> Self {
         Self {
             limits: Limits { shard_targets: limits.shard_targets.max(1), ..limits },
             cache: Mutex::new(lru::LruCache::new(CACHE_LIMIT)),
@@ -122,7 +122,7 @@ impl PlanStore {
 
     /// Persists a plan (shards first, if it needs them) and returns the reference to put in status. The inner
     /// error: a shard of that name already exists with other content (planted before we planned).
-    pub async fn store(
+    pub(crate) async fn store(
         &self,
         client: &Client,
         fr: &FleetRollout,

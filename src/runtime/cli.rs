@@ -10,7 +10,7 @@ use crate::{controller::Settings, runtime::operator};
 /// Durable, batched image rollouts across a fleet of Kubernetes workloads.
 #[derive(Debug, Parser)]
 #[command(name = "fleetroll", version, about, long_about = None)]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
 

@@ -42,7 +42,7 @@ fn armed() -> Option<&'static Armed> {
 }
 
 /// Marks that the process reached `name`. Blocks forever when the armed failpoint fires.
-pub async fn hit(name: &str) {
+pub(crate) async fn hit(name: &str) {
     let Some(a) = armed() else { return };
     if a.name != name || a.hits.fetch_add(1, Ordering::Relaxed) + 1 != a.at {
         return;

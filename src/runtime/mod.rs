@@ -3,7 +3,7 @@
 
 pub mod cli;
 pub mod failpoint;
-pub mod http;
-pub mod leader;
-pub mod metrics;
-pub mod operator;
+pub(crate) mod http;
+pub(crate) mod leader;
+pub(crate) mod metrics;
+pub(crate) mod operator;

@@ -28,7 +28,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 pub use self::{
     failure::{denied, restored},
     gates::{NewRevision, blocked, start_revision},
-    housekeeping::{expires_at, probes},
+    housekeeping::probes,
 };
 use self::{
     failure::{in_scope, start_rollback},
@@ -36,7 +36,6 @@ use self::{
     summary::finish,
     verify::verify,
 };
-pub use crate::core::Blocked;
 use crate::{
     api::{
         BatchState, FleetRolloutSpec, FleetRolloutStatus, Phase, PlannedTarget, RevisionInputs,

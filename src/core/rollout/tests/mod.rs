@@ -11,7 +11,7 @@ mod gates;
 mod housekeeping;
 mod revisions;
 
-use super::*;
+use super::{housekeeping::expires_at, *};
 use crate::{
     api::{
         ApprovalMode, BATCH_WINDOW, FAILURE_DETAILS, FailurePolicy, PlanRef, PlanStorage, Strategy,

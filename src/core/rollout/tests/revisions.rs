@@ -2,6 +2,7 @@
 //! or timestamps read back from the cluster that must not panic.
 
 use super::*;
+use crate::core::Blocked;
 
 #[test]
 fn spec_changes_are_new_revisions_only_when_they_change_what_targets_become() {
