@@ -85,3 +85,73 @@ fn the_check_finds_what_it_looks_for() {
     // A check that can never fail proves nothing: the edge does hold a client.
     assert!(!offending("edge", &["Client"]).is_empty());
 }
+
+/// Files in `src/` stay readable: at most this many lines each (tests included)...
+const MAX_FILE_LINES: usize = 450;
+/// ...and functions at most this many.
+const MAX_FN_LINES: usize = 70;
+
+/// The functions of a rustfmt-formatted file longer than `max` lines: (line, name, length).
+fn long_functions(text: &str, max: usize) -> Vec<(usize, String, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut long = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        let Some(name) = ["pub(crate) ", "pub(super) ", "pub ", ""]
+            .iter()
+            .filter_map(|vis| trimmed.strip_prefix(vis))
+            .flat_map(|rest| {
+                [rest.strip_prefix("async fn "), rest.strip_prefix("const fn "), rest.strip_prefix("fn ")]
+            })
+            .flatten()
+            .next()
+            .map(|rest| rest.split(['(', '<']).next().unwrap_or_default().to_string())
+        else {
+            continue;
+        };
+        // Where the signature ends: a declaration ends with `;`, a one-line function with `}`.
+        let Some(opening) =
+            lines[i..].iter().find(|l| l.ends_with('{') || l.ends_with(';') || l.ends_with('}'))
+        else {
+            continue;
+        };
+        if !opening.ends_with('{') {
+            continue;
+        }
+        let closing = format!("{}}}", &line[..line.len() - trimmed.len()]);
+        if let Some(end) = lines[i + 1..].iter().position(|l| *l == closing) {
+            let length = end + 2;
+            if length > max {
+                long.push((i + 1, name, length));
+            }
+        }
+    }
+    long
+}
+
+#[test]
+fn no_source_file_or_function_is_too_long_to_read() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut problems = Vec::new();
+    for file in sources(&root) {
+        let text = fs::read_to_string(&file).expect("a readable source file");
+        let lines = text.lines().count();
+        if lines > MAX_FILE_LINES {
+            problems.push(format!("{}: {lines} lines (at most {MAX_FILE_LINES})", file.display()));
+        }
+        for (line, name, length) in long_functions(&text, MAX_FN_LINES) {
+            problems.push(format!(
+                "{}:{line}: fn {name} is {length} lines (at most {MAX_FN_LINES})",
+                file.display()
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "split these by concern:\n{}", problems.join("\n"));
+}
+
+#[test]
+fn the_length_check_measures_functions() {
+    let body: String = (0..80).map(|i| format!("    let x{i} = {i};\n")).collect();
+    let text = format!("pub async fn long() {{\n{body}}}\n\nfn short() -> u8 {{\n    1\n}}\n");
+    assert_eq!(long_functions(&text, MAX_FN_LINES), vec![(1, "long".to_string(), 82)]);
+}

@@ -97,7 +97,11 @@ fn pod_image<'a>(pod: &'a Pod, container: Option<&str>) -> Option<&'a str> {
 
 /// The nodes a revision plans: those listed (by `targets.nodeSelector`) that run a pod of the DaemonSet now,
 /// with that pod's image. Nodes are cluster-scoped, so a node target has no namespace.
-pub(crate) fn candidates(nodes: &[Node], pods: &HashMap<String, &Pod>, container: Option<&str>) -> Vec<Candidate> {
+pub(crate) fn candidates(
+    nodes: &[Node],
+    pods: &HashMap<String, &Pod>,
+    container: Option<&str>,
+) -> Vec<Candidate> {
     nodes
         .iter()
         .filter_map(|n| {
