@@ -69,7 +69,7 @@ enum PluginCommand {
         #[arg(long)]
         no_follow: bool,
         /// Stop following after this long (e.g. 10m); exit 1 if it has not ended.
-        #[arg(long, value_parser = parse_duration)]
+        #[arg(long, value_parser = crate::core::duration::parse)]
         timeout: Option<Duration>,
     },
     /// Show the plan: the frozen one of a rollout, or the one a manifest would get (nothing is written).
@@ -103,23 +103,10 @@ enum PluginCommand {
     Rollback { name: String },
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    crate::core::duration::parse(s).map_err(|e| e.to_string())
-}
-
 /// Runs the plugin with the process's arguments.
 pub fn run() -> ExitCode {
     let cli = PluginCli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(r) => r,
-        Err(e) => return fail(format!("cannot start the async runtime: {e}")),
-    };
-    runtime.block_on(execute(cli))
-}
-
-fn fail(message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("error: {message}");
-    ExitCode::FAILURE
+    crate::runtime::block_on(execute(cli))
 }
 
 async fn connect(cli: &PluginCli) -> Result<(Client, String), String> {
@@ -138,12 +125,9 @@ async fn connect(cli: &PluginCli) -> Result<(Client, String), String> {
     Ok((client, namespace))
 }
 
-async fn execute(cli: PluginCli) -> ExitCode {
-    let (client, ns) = match connect(&cli).await {
-        Ok(c) => c,
-        Err(e) => return fail(e),
-    };
-    let result = match &cli.command {
+async fn execute(cli: PluginCli) -> Result<ExitCode, String> {
+    let (client, ns) = connect(&cli).await?;
+    match &cli.command {
         PluginCommand::Status { name, no_follow, timeout } => {
             status(&client, &ns, name, !no_follow && cli.output.is_none(), *timeout, cli.output).await
         }
@@ -165,10 +149,6 @@ async fn execute(cli: PluginCli) -> ExitCode {
         PluginCommand::Approve { name, batch, plan_hash } => {
             approve(&client, &ns, name, *batch, plan_hash.as_deref(), cli.output).await
         }
-    };
-    match result {
-        Ok(code) => code,
-        Err(e) => fail(e),
     }
 }
 
