@@ -5,6 +5,7 @@
 pub mod control;
 pub mod daemonset_pods;
 pub mod discovery;
+pub mod live;
 pub mod own_writes;
 pub mod plans;
 pub mod targets;

@@ -20,7 +20,7 @@ use super::{
 };
 use crate::{
     api::{BatchState, FleetRollout, Phase},
-    edge::{control, plans::PlanStore},
+    edge::{control, live, plans::PlanStore},
 };
 
 /// Targets become healthy without the rollout's status changing: the followed view looks again this often.
@@ -103,23 +103,14 @@ fn redraw(view: &str, tty: bool, first: bool) {
 }
 
 /// How many targets of the batch being verified are healthy now. The plan is read from status or its
-/// ConfigMaps (once per plan, through `plans`); a caller who may not read those ConfigMaps sees no count.
+/// ConfigMaps (once per plan, through `plans`); a caller who may not read those ConfigMaps, or the
+/// targets, sees no count.
 async fn batch_health(client: &Client, plans: &PlanStore, fr: &FleetRollout) -> Option<BatchHealth> {
     let s = fr.status.as_ref()?;
     let verifying =
         s.batches.iter().find(|b| Some(b.index) == s.current_batch && b.state == BatchState::Verifying)?;
-    let plan = plans.load(client, fr, s.plan.as_ref()?).await.ok()?.ok()?;
-    let image = s.revision.as_ref().map_or(fr.spec.image.as_str(), |r| r.inputs.image.as_str());
-    let container = s.revision.as_ref().and_then(|r| r.inputs.container.as_deref());
-    let mut healthy = 0;
-    for t in plan.plan.batch(verifying.index).iter().take(100) {
-        if let Ok(Some(f)) = crate::edge::targets::live_facts(client, fr.spec.targets.kind, t).await
-            && f.container_image(container).is_ok_and(|(_, i)| i == image)
-            && f.readiness() == crate::core::workload::Readiness::Ready
-        {
-            healthy += 1;
-        }
-    }
+    let loaded = plans.load(client, fr, s.plan.as_ref()?).await.ok()?.ok()?;
+    let healthy = live::healthy(client, fr, &loaded.plan, verifying.index).await.ok()?;
     Some(BatchHealth { batch: verifying.index, healthy })
 }
 
