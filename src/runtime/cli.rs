@@ -13,7 +13,7 @@ use crate::{
 /// Durable, batched image rollouts across a fleet of Kubernetes workloads.
 #[derive(Debug, Parser)]
 #[command(name = "fleetroll", version, about, long_about = None)]
-pub struct Cli {
+struct Cli {
     #[command(subcommand)]
     command: Command,
 

@@ -5,15 +5,15 @@ use std::{fmt::Display, process::ExitCode};
 
 pub mod cli;
 pub mod failpoint;
-pub mod http;
-pub mod leader;
-pub mod metrics;
-pub mod operator;
+pub(crate) mod http;
+pub(crate) mod leader;
+pub(crate) mod metrics;
+pub(crate) mod operator;
 
 /// Runs a command of the binary (the operator's or the plugin's) to its end on a multi-threaded tokio
 /// runtime. An error, or a runtime that cannot start, is printed as kubectl prints one (`error: …`) and
 /// exits 1; it is also logged, for an operator whose logs are collected rather than its stderr.
-pub fn block_on<E: Display>(command: impl Future<Output = Result<ExitCode, E>>) -> ExitCode {
+pub(crate) fn block_on<E: Display>(command: impl Future<Output = Result<ExitCode, E>>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => return fail(format!("cannot start the async runtime: {e}")),
