@@ -1,5 +1,6 @@
 //! `kubectl fleetroll`, run through the real kubectl (which finds the plugin on PATH as
-//! `kubectl-fleetroll`): the live status view, the plan, the controls, output formats and exit codes.
+//! `kubectl-fleetroll`): the live status view (of workload and node rollouts), the plan, the controls,
+//! output formats and exit codes.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -9,9 +10,11 @@ use std::time::Duration;
 use common::{
     cli::kubectl,
     fleet::{NEXT_IMAGE, READY_IMAGE, UNREADY_IMAGE, phase, with_fleet},
+    nodes::{self, DAEMONSET, POOL_LABEL, with_pool},
     operator::Operator,
 };
-use fleetroll::api::Phase;
+use fleetroll::api::{BatchState, Phase};
+use kube::ResourceExt;
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(180);
@@ -123,6 +126,50 @@ async fn controls_plan_previews_and_kubectl_conventions() {
         assert!(missing.stderr.contains("not found"), "{}", missing.stderr);
         let usage = kubectl(&["fleetroll", "frobnicate"]).await;
         assert_eq!(usage.code, 2, "{}", usage.stderr);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn status_counts_the_healthy_nodes_of_a_node_rollout() {
+    with_fleet("plugin-nodes", 0, |fleet| async move {
+        let client = fleet.client.clone();
+        let pool = fleet.ns.clone();
+        with_pool(client.clone(), pool.clone(), 2, |_| async move {
+            let ns = fleet.ns.clone();
+            nodes::daemonset(&client, &ns, &pool, READY_IMAGE, 2).await;
+            let _op = Operator::start(&ns, &[], &[]);
+            // A long soak holds the one batch in Verifying once both new pods are Ready: the view counts them.
+            let fr = fleet
+                .rollout(
+                    "agents",
+                    json!({"image": NEXT_IMAGE,
+                           "targets": {"kind": "Node", "daemonSet": DAEMONSET, "nodeSelector": {"matchLabels": {POOL_LABEL: pool}}},
+                           "strategy": {"batchSize": 2}, "health": {"timeout": "2m", "soak": "10m"}}),
+                )
+                .await;
+            fleet
+                .wait_rollout("agents", "both nodes healthy, soaking", DEADLINE, |f| {
+                    f.status.as_ref().is_some_and(|s| {
+                        s.batches.first().is_some_and(|b| b.state == BatchState::Verifying && b.healthy_since.is_some())
+                    })
+                })
+                .await;
+
+            let mut follower =
+                common::cli::spawn_kubectl(&["fleetroll", "status", "agents", "-n", &ns, "--timeout", "3m"]);
+            let shown = follower.read_until("(2/2 healthy)", Duration::from_secs(60)).await;
+            assert!(shown.contains("batch   1/1"), "the one batch of nodes:\n{shown}");
+
+            // Aborted, the view ends and exits 1; deleting the rollout then hands the DaemonSet back.
+            kubectl(&["fleetroll", "abort", "agents", "-n", &ns]).await.ok();
+            let followed = follower.finish(Duration::from_secs(60)).await;
+            assert_eq!(followed.code, 1, "{}\n{}", followed.stdout, followed.stderr);
+            assert!(followed.stdout.contains("Aborted"), "{}", followed.stdout);
+            fleet.rollouts().delete("agents", &Default::default()).await.unwrap();
+            assert!(fleet.wait_deleted("agents", &fr.uid().unwrap(), DEADLINE).await, "the rollout was not finalized");
+        })
+        .await;
     })
     .await;
 }

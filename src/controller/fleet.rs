@@ -232,10 +232,7 @@ impl Fleet for Nodes {
             return Ok(NodesSeen { view: None, states: HashMap::new(), daemonset_holder: None });
         }
         let view = View::read(&ctx.client, fr).await?;
-        let revision = nodes::revision_key(&fr.uid().unwrap_or_default(), status.revision_number());
-        let batch = status.current().map(|b| b.idempotency_key.clone()).unwrap_or_default();
-        let image = status.revision.as_ref().map(|r| r.inputs.image.clone()).unwrap_or_default();
-        let states = view.states(&revision, &batch, &image, container(status).as_deref());
+        let states = view.rollout_states(fr, status, status.current_batch);
         let own = rollout_key(fr);
         let daemonset_holder = view
             .daemonset

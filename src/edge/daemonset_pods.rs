@@ -19,7 +19,7 @@ use tracing::{debug, info};
 
 use super::targets::Outcome;
 use crate::{
-    api::{FIELD_MANAGER, FleetRollout, Phase, PlannedTarget, Unplanned},
+    api::{FIELD_MANAGER, FleetRollout, FleetRolloutStatus, Phase, PlannedTarget, Unplanned},
     core::{
         Blocked,
         nodes::{self, NodeAction},
@@ -87,7 +87,7 @@ impl View {
     }
 
     /// Every node target as the state machine sees it, keyed by node name.
-    pub fn states(
+    fn states(
         &self,
         revision: &str,
         batch: &str,
@@ -109,6 +109,20 @@ impl View {
                 Some((name.clone(), state))
             })
             .collect()
+    }
+
+    /// Every node target as the state machine sees it for batch `batch` (by index) of the rollout's revision.
+    pub fn rollout_states(
+        &self,
+        fr: &FleetRollout,
+        status: &FleetRolloutStatus,
+        batch: Option<u32>,
+    ) -> HashMap<String, TargetState> {
+        let revision = nodes::revision_key(&fr.uid().unwrap_or_default(), status.revision_number());
+        let key = batch.and_then(|i| status.batch(i)).map_or("", |b| b.idempotency_key.as_str());
+        let inputs = status.revision.as_ref().map(|r| &r.inputs);
+        let image = inputs.map_or(fr.spec.image.as_str(), |i| i.image.as_str());
+        self.states(&revision, key, image, inputs.and_then(|i| i.container.as_deref()))
     }
 
     /// The planned nodes: matching, and running a pod of the DaemonSet.

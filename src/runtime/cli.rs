@@ -5,12 +5,15 @@ use std::{net::SocketAddr, process::ExitCode, time::Duration};
 use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
-use crate::{controller::Settings, runtime::operator};
+use crate::{
+    controller::Settings,
+    runtime::{self, operator},
+};
 
 /// Durable, batched image rollouts across a fleet of Kubernetes workloads.
 #[derive(Debug, Parser)]
 #[command(name = "fleetroll", version, about, long_about = None)]
-pub(crate) struct Cli {
+struct Cli {
     #[command(subcommand)]
     command: Command,
 
@@ -99,7 +102,7 @@ struct McpArgs {
     read_only: bool,
 
     /// How long a finished rollout started over MCP (and its task) is kept before the operator deletes it.
-    #[arg(long, env = "FLEETROLL_TASK_RETENTION", default_value = "24h", value_parser = parse_duration)]
+    #[arg(long, env = "FLEETROLL_TASK_RETENTION", default_value = "24h", value_parser = crate::core::duration::parse)]
     task_retention: Duration,
 
     /// Also serve the MCP conformance suite's fixture tools (tests only).
@@ -170,7 +173,7 @@ struct OperatorArgs {
     lease_namespace: Option<String>,
 
     /// How long a leader's lease lasts without renewal before another replica takes over.
-    #[arg(long, env = "FLEETROLL_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, env = "FLEETROLL_LEASE_DURATION", default_value = "15s", value_parser = crate::core::duration::parse)]
     lease_duration: Duration,
 
     /// This replica's name in the Lease and in events (default: POD_NAME, else host name and pid).
@@ -253,10 +256,6 @@ impl OperatorArgs {
     }
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    crate::core::duration::parse(s).map_err(|e| e.to_string())
-}
-
 fn init_tracing(level: &str, format: LogFormat) {
     let filter = EnvFilter::try_new(log_filter(std::env::var("RUST_LOG").ok(), level))
         .unwrap_or_else(|_| EnvFilter::new(log_filter(None, level)));
@@ -301,30 +300,14 @@ pub fn run() -> ExitCode {
         }
         Command::Operator(args) => {
             init_tracing(&cli.log_level, cli.log_format);
-            block_on(operator::run(args.options()))
+            runtime::block_on(async { operator::run(args.options()).await.map(|()| ExitCode::SUCCESS) })
         }
         Command::Mcp(args) => {
             init_tracing(&cli.log_level, cli.log_format);
             let mcp = args.mcp.options(args.listen, &args.fleet_namespace);
-            block_on(operator::serve_mcp(args.listen, mcp))
-        }
-    }
-}
-
-fn block_on(f: impl std::future::Future<Output = crate::error::Result<()>>) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(f) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = %e, "fatal");
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
+            runtime::block_on(async {
+                operator::serve_mcp(args.listen, mcp).await.map(|()| ExitCode::SUCCESS)
+            })
         }
     }
 }
@@ -371,6 +354,15 @@ mod tests {
         {
             assert!(Cli::try_parse_from(["fleetroll", "operator"].iter().chain(bad)).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn durations_are_written_as_in_the_spec() {
+        let o = operator(&["--lease-duration=1m30s", "--task-retention=2h"]);
+        assert_eq!((o.lease_duration.as_secs(), o.mcp.retention.as_secs()), (90, 7200));
+        let bare =
+            Cli::try_parse_from(["fleetroll", "operator", "--lease-duration=90"]).expect_err("no unit");
+        assert!(bare.to_string().contains("is not a duration"), "{bare}");
     }
 
     #[test]

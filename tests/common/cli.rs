@@ -122,10 +122,22 @@ impl Running {
                         return self.seen.clone();
                     }
                 }
-                Ok(_) => panic!("the command ended before printing {needle:?}:\n{}", self.seen),
+                Ok(_) => {
+                    let stderr = self.stderr().await;
+                    panic!("the command ended before printing {needle:?}:\n{}\nstderr:\n{stderr}", self.seen)
+                }
                 Err(_) => panic!("no {needle:?} within {timeout:?}:\n{}", self.seen),
             }
         }
+    }
+
+    /// What the command wrote to stderr, once it has ended (it is small: an error message).
+    async fn stderr(&mut self) -> String {
+        let mut text = String::new();
+        if let Some(stderr) = self.child.stderr.as_mut() {
+            let _ = tokio::io::AsyncReadExt::read_to_string(stderr, &mut text).await;
+        }
+        text
     }
 
     /// Waits for the command to end; all its output, from the start.

@@ -1,0 +1,83 @@
+//! `kubectl fleetroll`: the same binary, installed as `kubectl-fleetroll`. A live status view with a
+//! progress bar per batch, the plan, and the controls — following kubectl's conventions (`-n`, `--context`,
+//! `--kubeconfig`, `-o json|yaml`; exit 0 on success, 1 on failure, 2 on a usage error).
+
+mod args;
+mod controls;
+mod plan;
+mod render;
+mod status;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use kube::{
+    Client, Config,
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use serde::Serialize;
+use serde_json::json;
+
+use args::{Output, PluginCli, PluginCommand};
+
+/// Runs the plugin with the process's arguments.
+pub fn run() -> ExitCode {
+    let cli = PluginCli::parse();
+    crate::runtime::block_on(execute(cli))
+}
+
+/// A client for the kubeconfig and context named on the command line (else kubectl's defaults), and the
+/// namespace to work in.
+async fn connect(cli: &PluginCli) -> Result<(Client, String), String> {
+    let options = KubeConfigOptions { context: cli.context.clone(), ..Default::default() };
+    let config = match &cli.kubeconfig {
+        Some(path) => {
+            let kubeconfig =
+                Kubeconfig::read_from(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+            Config::from_custom_kubeconfig(kubeconfig, &options).await
+        }
+        None => Config::from_kubeconfig(&options).await,
+    }
+    .map_err(|e| format!("no usable kubeconfig: {e}"))?;
+    let namespace = cli.namespace.clone().unwrap_or_else(|| config.default_namespace.clone());
+    let client = Client::try_from(config).map_err(|e| e.to_string())?;
+    Ok((client, namespace))
+}
+
+async fn execute(cli: PluginCli) -> Result<ExitCode, String> {
+    let (client, ns) = connect(&cli).await?;
+    let (client, ns, output) = (&client, ns.as_str(), cli.output);
+    match &cli.command {
+        PluginCommand::Status { name, no_follow, timeout } => {
+            status::status(client, ns, name, !no_follow && output.is_none(), *timeout, output).await
+        }
+        PluginCommand::Plan { name, file, fleet_namespace } => {
+            plan::plan(client, ns, name.as_deref(), file.as_deref(), fleet_namespace, output).await
+        }
+        PluginCommand::Pause { name } => {
+            controls::set(client, ns, name, json!({"paused": true}), "paused", output).await
+        }
+        PluginCommand::Resume { name } => {
+            controls::set(client, ns, name, json!({"paused": false}), "resumed", output).await
+        }
+        PluginCommand::Abort { name } => {
+            controls::set(client, ns, name, json!({"abort": true}), "abort requested", output).await
+        }
+        PluginCommand::Rollback { name } => {
+            controls::set(client, ns, name, json!({"rollback": true}), "rollback requested", output).await
+        }
+        PluginCommand::Approve { name, batch, plan_hash } => {
+            controls::approve(client, ns, name, *batch, plan_hash.as_deref(), output).await
+        }
+    }
+}
+
+/// Prints `value` as `-o json` or `-o yaml` asked.
+fn print(value: &impl Serialize, output: Output) -> Result<(), String> {
+    let text = match output {
+        Output::Json => serde_json::to_string_pretty(value).map_err(|e| e.to_string())? + "\n",
+        Output::Yaml => serde_saphyr::to_string(value).map_err(|e| e.to_string())?,
+    };
+    print!("{text}");
+    Ok(())
+}

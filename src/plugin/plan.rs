@@ -1,0 +1,170 @@
+//! `plan`: the frozen plan of a rollout, or a preview of the one a manifest would get (nothing written).
+
+use std::{path::Path, process::ExitCode};
+
+use kube::{Client, ResourceExt};
+use serde::Serialize;
+
+use super::{args::Output, print};
+use crate::{
+    api::FleetRollout,
+    core::plan::Plan,
+    edge::{control, discovery, plans::PlanStore},
+};
+
+/// A plan as the plugin prints it.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PlanView {
+    plan_hash: String,
+    total_targets: u32,
+    batches: Vec<BatchView>,
+    /// True when this is what the rollout would get (nothing frozen or written yet).
+    preview: bool,
+}
+
+#[derive(Serialize)]
+struct BatchView {
+    batch: u32,
+    targets: Vec<String>,
+}
+
+fn plan_view(plan: &Plan, preview: bool) -> PlanView {
+    PlanView {
+        plan_hash: plan.hash.clone(),
+        total_targets: plan.total_targets(),
+        batches: plan
+            .batches
+            .iter()
+            .enumerate()
+            .map(|(i, b)| BatchView {
+                batch: i as u32 + 1,
+                targets: b.iter().map(|t| crate::api::target_key(&t.namespace, &t.name)).collect(),
+            })
+            .collect(),
+        preview,
+    }
+}
+
+/// The plan of the rollout `name`, or of the manifest `file` (in namespace `ns` unless it names one).
+pub(super) async fn plan(
+    client: &Client,
+    ns: &str,
+    name: Option<&str>,
+    file: Option<&Path>,
+    fleet_namespace: &str,
+    output: Option<Output>,
+) -> Result<ExitCode, String> {
+    let (fr, frozen) = match (name, file) {
+        (Some(name), _) => {
+            let fr = control::get(client, ns, name).await?;
+            let frozen = frozen_plan(client, &fr).await?;
+            (fr, frozen)
+        }
+        (None, Some(path)) => (read_manifest(path, ns)?, None),
+        (None, None) => return Err("name a FleetRollout, or give a manifest with -f".into()),
+    };
+    let view = match frozen {
+        Some(plan) => plan_view(&plan, false),
+        None => match discovery::preview(client, fleet_namespace, &fr).await.map_err(|e| e.to_string())? {
+            Ok(plan) => plan_view(&plan, true),
+            Err(blocked) => {
+                return Err(format!(
+                    "this rollout could not be planned ({}): {}",
+                    blocked.reason, blocked.message
+                ));
+            }
+        },
+    };
+    match output {
+        Some(o) => print(&view, o)?,
+        None => print!("{}", plan_text(&fr, &view)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The plan the rollout froze, if it has one yet.
+async fn frozen_plan(client: &Client, fr: &FleetRollout) -> Result<Option<Plan>, String> {
+    let Some(plan_ref) = fr.status.as_ref().and_then(|s| s.plan.as_ref()) else {
+        return Ok(None);
+    };
+    let loaded = PlanStore::default()
+        .load(client, fr, plan_ref)
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|refused| format!("{}: {}", refused.reason, refused.message))?;
+    Ok(Some(loaded.plan.clone()))
+}
+
+fn read_manifest(path: &Path, ns: &str) -> Result<FleetRollout, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let mut fr: FleetRollout = serde_saphyr::from_str(&text)
+        .map_err(|e| format!("{} is not a FleetRollout: {e}", path.display()))?;
+    if fr.metadata.namespace.is_none() {
+        fr.metadata.namespace = Some(ns.to_string());
+    }
+    Ok(fr)
+}
+
+/// The human view of a plan: what it rolls where, then its batches one per line.
+fn plan_text(fr: &FleetRollout, view: &PlanView) -> String {
+    let kind = if view.preview { "would roll" } else { "rolls" };
+    let mut out = format!(
+        "FleetRollout {}/{} {kind} {} targets in {} batches to {} (plan {}):\n",
+        fr.namespace().unwrap_or_default(),
+        fr.name_any(),
+        view.total_targets,
+        view.batches.len(),
+        fr.spec.image,
+        view.plan_hash
+    );
+    for b in &view.batches {
+        out.push_str(&format!(
+            "  batch {:>3}  ({:>3})  {}\n",
+            b.batch,
+            b.targets.len(),
+            b.targets.join(", ")
+        ));
+    }
+    if view.preview {
+        out.push_str("Nothing was written.\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::api::PlannedTarget;
+
+    fn target(namespace: &str, name: &str) -> PlannedTarget {
+        PlannedTarget { namespace: namespace.into(), name: name.into(), previous_image: "web:v1".into() }
+    }
+
+    #[test]
+    fn a_preview_lists_its_batches_one_based_and_says_nothing_was_written() {
+        let fr: FleetRollout = serde_json::from_value(json!({
+            "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout",
+            "metadata": {"name": "web", "namespace": "shop"},
+            "spec": {"image": "web:v2", "targets": {"kind": "Deployment", "selector": {}}}
+        }))
+        .unwrap();
+        let plan = Plan {
+            hash: "abc".into(),
+            batches: vec![vec![target("shop", "a")], vec![target("shop", "b"), target("team", "c")]],
+        };
+        let preview = plan_text(&fr, &plan_view(&plan, true));
+        assert_eq!(
+            preview,
+            "FleetRollout shop/web would roll 3 targets in 2 batches to web:v2 (plan abc):\n\
+             \x20 batch   1  (  1)  shop/a\n\
+             \x20 batch   2  (  2)  shop/b, team/c\n\
+             Nothing was written.\n"
+        );
+        let frozen = plan_text(&fr, &plan_view(&plan, false));
+        assert!(frozen.starts_with("FleetRollout shop/web rolls 3 targets"), "{frozen}");
+        assert!(!frozen.contains("Nothing was written"), "{frozen}");
+    }
+}
