@@ -8,6 +8,7 @@ pub mod nodes;
 pub mod plan;
 pub mod rollout;
 pub mod scope;
+pub mod task;
 pub mod workload;
 
 /// A length as a count in status, saturating: no fleet is 4 billion targets, and no input may panic.
