@@ -1,7 +1,8 @@
 //! The fixture tools the official MCP conformance suite calls (`greet`, `slow_compute`, `failing_job`, …),
-//! served only with `--conformance-fixtures`. Their tasks are in-memory (rmcp's TaskManager): they exist to
-//! exercise the protocol surface, not rollouts. Behaviour follows the suite's expectations, scenario by
-//! scenario (`tests/mcp/README.md`).
+//! built only with the `conformance` feature and served only with `--conformance-fixtures`. Their tasks are
+//! in-memory (rmcp's TaskManager): they exist to exercise the protocol surface, not rollouts. Behaviour
+//! follows the suite's expectations, scenario by scenario (`tests/mcp/conformance.sh` runs them;
+//! `tests/mcp_conformance.rs` checks they pass).
 // The logging fixture uses the (deprecated) logging notification on purpose.
 #![allow(deprecated)]
 

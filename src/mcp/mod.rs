@@ -11,6 +11,7 @@ mod args;
 pub mod auth;
 mod cache;
 mod endpoint;
+#[cfg(feature = "conformance")]
 mod fixtures;
 mod handler;
 mod impersonate;
@@ -66,6 +67,7 @@ pub struct Options {
     pub resource: String,
     pub authorization_servers: Vec<String>,
     /// Also serve the conformance suite's fixture tools (tests only).
+    #[cfg(feature = "conformance")]
     pub conformance_fixtures: bool,
 }
 
@@ -114,6 +116,7 @@ async fn protected_resource(State(m): State<Metadata>) -> Json<Value> {
 /// documents. `config` is what `client` was built from (see [`FleetMcp::new`]).
 pub(crate) fn router(client: Client, config: kube::Config, opts: &Options) -> Router {
     let handler = FleetMcp::new(client.clone(), config, opts);
+    #[cfg(feature = "conformance")]
     if opts.conformance_fixtures {
         return routes(fixtures::WithFixtures::new(handler), client, opts);
     }

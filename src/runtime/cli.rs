@@ -102,7 +102,9 @@ struct McpArgs {
     #[arg(long, env = "FLEETROLL_TASK_RETENTION", default_value = "24h", value_parser = parse_duration)]
     task_retention: Duration,
 
-    /// Also serve the MCP conformance suite's fixture tools (tests only).
+    /// Also serve the MCP conformance suite's fixture tools (tests only: built with the `conformance`
+    /// feature, never into a release).
+    #[cfg(feature = "conformance")]
     #[arg(long, hide = true)]
     conformance_fixtures: bool,
 }
@@ -125,6 +127,7 @@ impl McpArgs {
             allowed_origins: self.mcp_allowed_origins.clone(),
             resource: audience,
             authorization_servers: self.mcp_authorization_servers.clone(),
+            #[cfg(feature = "conformance")]
             conformance_fixtures: self.conformance_fixtures,
         }
     }
