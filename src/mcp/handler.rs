@@ -237,10 +237,12 @@ impl ServerHandler for FleetMcp {
     ) -> Result<GetTaskResult, McpError> {
         let (id, _, fr) = self.task_rollout(&p.task_id, Verb::Get, &cx).await?;
         let elicitation = cx.client_capabilities().is_some_and(|c| c.elicitation.is_some());
-        // The form names the batch's targets, from the plan in status.
-        let targets = awaited_approval(&fr)
-            .and_then(|pending| fr.status.as_ref()?.plan.as_ref()?.batches.get(pending.batch as usize));
-        let view = view(&fr, elicitation, targets.map_or(&[][..], Vec::as_slice), tools::now());
+        // The form names the batch's targets, from the frozen plan wherever it is stored.
+        let targets = match awaited_approval(&fr) {
+            Some(pending) if elicitation => self.ops.batch_targets(&fr, pending.batch).await,
+            _ => None,
+        };
+        let view = view(&fr, elicitation, targets.as_deref().unwrap_or_default(), tools::now());
         Ok(GetTaskResult::new(task::detailed(&id, view)))
     }
 

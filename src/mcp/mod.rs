@@ -43,6 +43,7 @@ use self::{
     limits::InFlight,
     ops::Ops,
 };
+use crate::edge::plans::PlanStore;
 
 /// Largest request body accepted (413 beyond).
 pub(crate) const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -89,6 +90,8 @@ impl FleetMcp {
         let ops = Ops {
             rollouts: cache::Rollouts::watch(client.clone()),
             writer,
+            client,
+            plans: Arc::new(PlanStore::default()),
             fleet_namespace: opts.fleet_namespace.clone(),
             retention_seconds: i64::try_from(opts.retention.as_secs()).unwrap_or(i64::MAX),
         };

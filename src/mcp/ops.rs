@@ -10,6 +10,7 @@ use kube::{
 };
 use rmcp::model::CallToolResult;
 use serde_json::{Value, json};
+use tracing::{debug, warn};
 
 use super::{
     args::{ApproveArgs, ListArgs, PreviewArgs, RolloutFleetArgs, RolloutRef},
@@ -23,7 +24,7 @@ use super::{
     tools::{error, ok},
 };
 use crate::{
-    api::FleetRollout,
+    api::{FleetRollout, PlannedTarget},
     core::{
         plan::Plan,
         task::{Summary, describe, summary},
@@ -31,6 +32,7 @@ use crate::{
     edge::{
         control::{self, explain},
         discovery,
+        plans::PlanStore,
     },
 };
 
@@ -40,10 +42,14 @@ pub const FIELD_MANAGER: &str = "fleetroll-mcp";
 /// What the MCP tools need of the world.
 #[derive(Clone)]
 pub struct Ops {
+    /// The server's own client, for reads (the cache reads with it too).
+    pub client: Client,
     /// Who writes are made as.
     pub writer: Writer,
     /// Reads go through the watch cache; writes are recorded in it.
     pub rollouts: Rollouts,
+    /// Frozen plans, read back (and checked against their hash) for the approval forms that name targets.
+    pub plans: Arc<PlanStore>,
     pub fleet_namespace: String,
     /// ttlSecondsAfterFinished of rollouts started over MCP (the task's retention).
     pub retention_seconds: i64,
@@ -247,6 +253,27 @@ impl Ops {
             && owner.as_deref() == Some(who.username.as_str())
             && fr.metadata.deletion_timestamp.is_none())
         .then_some(fr))
+    }
+
+    /// The targets of `batch` in the plan the operator froze for `fr`, wherever it is stored (status or
+    /// ConfigMaps), checked against its hash. None when it cannot be read or is not the frozen plan: an
+    /// approval form then names no targets, and still asks about the right batch and plan hash. Read with
+    /// the server's own account, which needs `get` on ConfigMaps for large plans (the chart grants it).
+    pub async fn batch_targets(&self, fr: &FleetRollout, batch: u32) -> Option<Vec<PlannedTarget>> {
+        let plan_ref = fr.status.as_ref()?.plan.as_ref()?;
+        let loaded = match self.plans.load(&self.client, fr, plan_ref).await {
+            Ok(Ok(loaded)) => loaded,
+            // The operator says so itself, in the rollout's status and events.
+            Ok(Err(refused)) => {
+                debug!(rollout = %fr.name_any(), reason = refused.reason, "the frozen plan is not trusted");
+                return None;
+            }
+            Err(e) => {
+                warn!(rollout = %fr.name_any(), error = %e, "cannot read the frozen plan");
+                return None;
+            }
+        };
+        loaded.plan.batches.get(usize::try_from(batch).ok()?).cloned()
     }
 }
 
