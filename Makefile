@@ -37,16 +37,18 @@ fmt: ## format the code
 fmt-check:
 	$(CARGO) fmt --check
 
-lint: ## clippy, warnings are errors
+lint: ## clippy, warnings are errors (the release build, and the test build with the conformance fixtures)
 	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(CARGO) clippy --locked --all-targets --features conformance -- -D warnings
 
 unit: ## unit tests (no cluster needed)
 	$(CARGO) test --locked --lib --bins
 
+# The conformance feature builds in the MCP conformance suite's fixture tools, which tests/mcp_conformance.rs needs.
 integration: mcp-tools ## integration tests on a real control plane (starts one if none is up, stops it afterwards)
-	$(CARGO) build --locked --tests
+	$(CARGO) build --locked --tests --features conformance
 	rm -rf target/test-logs
-	NODES=$(NODES) $(TESTENV)/with-cluster.sh $(CARGO) test --locked --test '*'
+	NODES=$(NODES) $(TESTENV)/with-cluster.sh $(CARGO) test --locked --features conformance --test '*'
 
 test: fmt-check lint unit integration ## everything CI runs
 

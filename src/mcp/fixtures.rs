@@ -1,25 +1,27 @@
 //! The fixture tools the official MCP conformance suite calls (`greet`, `slow_compute`, `failing_job`, …),
-//! served only with `--conformance-fixtures`. Their tasks are in-memory (rmcp's TaskManager): they exist to
-//! exercise the protocol surface, not rollouts. Behaviour follows the suite's expectations, scenario by
-//! scenario (`tests/mcp/README.md`).
+//! built only with the `conformance` feature and served only with `--conformance-fixtures`. Their tasks are
+//! in-memory (rmcp's TaskManager): they exist to exercise the protocol surface, not rollouts. Behaviour
+//! follows the suite's expectations, scenario by scenario (`tests/mcp/conformance.sh` runs them;
+//! `tests/mcp_conformance.rs` checks they pass).
 // The logging fixture uses the (deprecated) logging notification on purpose.
 #![allow(deprecated)]
 
 use std::time::Duration;
 
 use rmcp::{
-    ErrorData as McpError, RoleServer,
+    ErrorData as McpError, RoleServer, ServerHandler,
     model::{
         CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ClientCapabilities,
-        ContentBlock, CreateTaskResult, GetTaskResult, InputRequest, InputRequests, InputRequiredResult,
-        JsonObject, LoggingLevel, LoggingMessageNotificationParam, Task, Tool, UpdateTaskParams,
+        ContentBlock, CreateTaskResult, GetTaskParams, GetTaskResult, InputRequest, InputRequests,
+        InputRequiredResult, JsonObject, ListToolsResult, LoggingLevel, LoggingMessageNotificationParam,
+        PaginatedRequestParams, ServerConfig, Task, Tool, UpdateTaskParams,
     },
     service::RequestContext,
     task_manager::{TaskContext, TaskExit, TaskManager, TaskOptions},
 };
 use serde_json::{Value, json};
 
-use super::task::TaskId;
+use super::{FleetMcp, task::TaskId};
 
 const NAMES: [&str; 10] = [
     "greet",
@@ -34,12 +36,12 @@ const NAMES: [&str; 10] = [
     "test_logging_tool",
 ];
 
-pub fn is_fixture(name: &str) -> bool {
+fn is_fixture(name: &str) -> bool {
     NAMES.contains(&name)
 }
 
 #[derive(Clone, Default)]
-pub struct Fixtures {
+struct Fixtures {
     tasks: TaskManager,
 }
 
@@ -82,7 +84,7 @@ async fn sleep_unless_cancelled(ctx: &TaskContext, secs: f64) -> Result<(), Task
     }
 }
 
-pub fn tools() -> Vec<Tool> {
+fn tools() -> Vec<Tool> {
     let t = |name: &'static str, desc: &'static str, schema: Value| Tool::new(name, desc, object(schema));
     let empty = json!({"type": "object", "properties": {}});
     vec![
@@ -111,21 +113,89 @@ pub fn tools() -> Vec<Tool> {
     ]
 }
 
+/// The fleetroll handler with the fixtures in front: a call to a fixture tool, or about a fixture's task,
+/// is the fixtures'; everything else is fleetroll's.
+#[derive(Clone)]
+pub struct WithFixtures {
+    inner: FleetMcp,
+    fixtures: Fixtures,
+}
+
+impl WithFixtures {
+    pub fn new(inner: FleetMcp) -> Self {
+        Self { inner, fixtures: Fixtures::default() }
+    }
+}
+
+impl ServerHandler for WithFixtures {
+    fn get_info(&self) -> ServerConfig {
+        self.inner.get_info()
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let mut listed = self.inner.list_tools(request, cx).await?;
+        listed.tools.extend(tools());
+        Ok(listed)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        if is_fixture(&request.name) {
+            return self.fixtures.call(request, cx).await;
+        }
+        self.inner.call_tool(request, cx).await
+    }
+
+    async fn get_task(
+        &self,
+        p: GetTaskParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        match self.fixtures.get(&p.task_id) {
+            Some(answer) => answer,
+            None => self.inner.get_task(p, cx).await,
+        }
+    }
+
+    async fn update_task(&self, p: UpdateTaskParams, cx: RequestContext<RoleServer>) -> Result<(), McpError> {
+        match self.fixtures.update(&p) {
+            Some(answer) => answer,
+            None => self.inner.update_task(p, cx).await,
+        }
+    }
+
+    async fn cancel_task(&self, p: CancelTaskParams, cx: RequestContext<RoleServer>) -> Result<(), McpError> {
+        match self.fixtures.cancel(&p) {
+            Some(answer) => answer,
+            None => self.inner.cancel_task(p, cx).await,
+        }
+    }
+}
+
+/// A fixture's task body.
+type Job = std::pin::Pin<Box<dyn std::future::Future<Output = Result<CallToolResult, TaskExit>> + Send>>;
+
+fn need_tasks() -> McpError {
+    needs(json!({"extensions": {"io.modelcontextprotocol/tasks": {}}}))
+}
+
 impl Fixtures {
-    fn spawn<F>(&self, make: F) -> Result<CallToolResponse, McpError>
-    where
-        F: FnOnce(
-                TaskContext,
-            ) -> std::pin::Pin<
-                Box<dyn std::future::Future<Output = Result<CallToolResult, TaskExit>> + Send>,
-            > + Send
-            + 'static,
-    {
+    fn spawn(
+        &self,
+        make: impl FnOnce(TaskContext) -> Job + Send + 'static,
+    ) -> Result<CallToolResponse, McpError> {
         let task: Task = self.tasks.spawn(options(), make);
         Ok(CallToolResponse::Task(CreateTaskResult::new(task)))
     }
 
-    pub async fn call(
+    async fn call(
         &self,
         request: CallToolRequestParams,
         cx: RequestContext<RoleServer>,
@@ -134,22 +204,11 @@ impl Fixtures {
         let tasks = client.supports_tasks();
         let args = request.arguments.clone().unwrap_or_default();
         let s = |k: &str| args.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-        let need_tasks = || needs(json!({"extensions": {"io.modelcontextprotocol/tasks": {}}}));
         match request.name.as_ref() {
             "greet" => Ok(text(format!("Hello, {}!", s("name"))).into()),
             "slow_compute" => {
                 let secs = args.get("seconds").and_then(Value::as_f64).unwrap_or(0.0);
-                let label = s("label");
-                if !tasks {
-                    tokio::time::sleep(Duration::from_secs_f64(secs.clamp(0.0, 30.0))).await;
-                    return Ok(text(format!("computed {label} in {secs}s")).into());
-                }
-                self.spawn(move |ctx| {
-                    Box::pin(async move {
-                        sleep_unless_cancelled(&ctx, secs).await?;
-                        Ok(text(format!("computed {label} in {secs}s")))
-                    })
-                })
+                self.slow_compute(secs, s("label"), tasks).await
             }
             "failing_job" | "protocol_error_job" | "confirm_delete" | "multi_input" if !tasks => {
                 Err(need_tasks())
@@ -168,76 +227,15 @@ impl Fixtures {
             }),
             "confirm_delete" => {
                 let filename = s("filename");
-                self.spawn(move |ctx| {
-                    Box::pin(async move {
-                        let question = elicit(
-                            &format!("Delete {filename}?"),
-                            json!({"confirm": {"type": "boolean"}}),
-                            &["confirm"],
-                        )
-                        .ok_or(TaskExit::Cancelled)?;
-                        let answer = ctx.request_input("confirm", question).await?;
-                        let yes = answer["action"] == "accept" && answer["content"]["confirm"] == true;
-                        Ok(text(if yes { format!("deleted {filename}") } else { format!("kept {filename}") }))
-                    })
-                })
+                self.spawn(move |ctx| confirm_delete(ctx, filename))
             }
-            "multi_input" => self.spawn(|ctx| {
-                Box::pin(async move {
-                    let a = elicit("Your name?", json!({"name": {"type": "string"}}), &["name"])
-                        .ok_or(TaskExit::Cancelled)?;
-                    let b = elicit("Confirm?", json!({"confirm": {"type": "boolean"}}), &["confirm"])
-                        .ok_or(TaskExit::Cancelled)?;
-                    let (ra, rb) =
-                        tokio::join!(ctx.request_input("name", a), ctx.request_input("confirm", b));
-                    let (ra, rb) = (ra?, rb?);
-                    Ok(text(format!("name={} confirm={}", ra["content"]["name"], rb["content"]["confirm"])))
-                })
-            }),
-            "test_tool_with_task" => {
-                if !tasks {
-                    return Err(need_tasks());
-                }
-                let answer = request.input_responses.as_ref().and_then(|r| r.get("user_name")).cloned();
-                let Some(answer) = answer else {
-                    if client.elicitation.is_none() {
-                        return Err(needs(json!({"elicitation": {}})));
-                    }
-                    let question =
-                        elicit("What is your name?", json!({"name": {"type": "string"}}), &["name"])
-                            .ok_or_else(|| McpError::internal_error("fixture", None))?;
-                    let requests = InputRequests::from([("user_name".to_string(), question)]);
-                    return Ok(InputRequiredResult::new(Some(requests), Some("round-1".into())).into());
-                };
-                let name = answer["content"]["name"].as_str().unwrap_or("anonymous").to_string();
-                self.spawn(move |ctx| {
-                    Box::pin(async move {
-                        sleep_unless_cancelled(&ctx, 0.3).await?;
-                        Ok(text(format!("Hello, {name}!")))
-                    })
-                })
-            }
-            "test_missing_capability" => {
-                if client.sampling.is_none() {
-                    return Err(needs(json!({"sampling": {}})));
-                }
-                Ok(text("sampling declared").into())
-            }
-            "test_streaming_elicitation" => {
-                if client.elicitation.is_none() {
-                    return Err(needs(json!({"elicitation": {}})));
-                }
-                if let Some(r) = request.input_responses.as_ref().and_then(|r| r.get("answer")) {
-                    return Ok(text(format!("answer: {r}")).into());
-                }
-                let question = elicit("Say something", json!({"text": {"type": "string"}}), &["text"])
-                    .ok_or_else(|| McpError::internal_error("fixture", None))?;
-                Ok(InputRequiredResult::from_input_requests(InputRequests::from([(
-                    "answer".to_string(),
-                    question,
-                )]))
-                .into())
-            }
+            "multi_input" => self.spawn(multi_input),
+            "test_tool_with_task" => self.tool_with_task(&request, &client),
+            "test_missing_capability" => match client.sampling {
+                Some(_) => Ok(text("sampling declared").into()),
+                None => Err(needs(json!({"sampling": {}}))),
+            },
+            "test_streaming_elicitation" => streaming_elicitation(&request, &client),
             "test_logging_tool" => {
                 if cx.meta.log_level().is_some() {
                     let message = LoggingMessageNotificationParam::new(LoggingLevel::Info, json!("log line"));
@@ -249,20 +247,109 @@ impl Fixtures {
         }
     }
 
+    /// A computation that takes `secs`: a task when the client can hold one, else a plain (slow) answer.
+    async fn slow_compute(
+        &self,
+        secs: f64,
+        label: String,
+        tasks: bool,
+    ) -> Result<CallToolResponse, McpError> {
+        if !tasks {
+            tokio::time::sleep(Duration::from_secs_f64(secs.clamp(0.0, 30.0))).await;
+            return Ok(text(format!("computed {label} in {secs}s")).into());
+        }
+        self.spawn(move |ctx| {
+            Box::pin(async move {
+                sleep_unless_cancelled(&ctx, secs).await?;
+                Ok(text(format!("computed {label} in {secs}s")))
+            })
+        })
+    }
+
+    /// Asks for a name first (multi-round-trip input), then runs a task with the answer.
+    fn tool_with_task(
+        &self,
+        request: &CallToolRequestParams,
+        client: &ClientCapabilities,
+    ) -> Result<CallToolResponse, McpError> {
+        if !client.supports_tasks() {
+            return Err(need_tasks());
+        }
+        let answer = request.input_responses.as_ref().and_then(|r| r.get("user_name")).cloned();
+        let Some(answer) = answer else {
+            if client.elicitation.is_none() {
+                return Err(needs(json!({"elicitation": {}})));
+            }
+            let question = elicit("What is your name?", json!({"name": {"type": "string"}}), &["name"])
+                .ok_or_else(|| McpError::internal_error("fixture", None))?;
+            let requests = InputRequests::from([("user_name".to_string(), question)]);
+            return Ok(InputRequiredResult::new(Some(requests), Some("round-1".into())).into());
+        };
+        let name = answer["content"]["name"].as_str().unwrap_or("anonymous").to_string();
+        self.spawn(move |ctx| {
+            Box::pin(async move {
+                sleep_unless_cancelled(&ctx, 0.3).await?;
+                Ok(text(format!("Hello, {name}!")))
+            })
+        })
+    }
+
     /// Fixture task ids are the manager's; rollout task ids have the `ns/name/token` shape.
     fn owns(id: &str) -> bool {
         TaskId::parse(id).is_none()
     }
 
-    pub fn get(&self, id: &str) -> Option<Result<GetTaskResult, McpError>> {
+    fn get(&self, id: &str) -> Option<Result<GetTaskResult, McpError>> {
         Self::owns(id).then(|| self.tasks.get_task(id).map(GetTaskResult::new))
     }
 
-    pub fn update(&self, p: &UpdateTaskParams) -> Option<Result<(), McpError>> {
+    fn update(&self, p: &UpdateTaskParams) -> Option<Result<(), McpError>> {
         Self::owns(&p.task_id).then(|| self.tasks.update_task(&p.task_id, p.input_responses.clone()))
     }
 
-    pub fn cancel(&self, p: &CancelTaskParams) -> Option<Result<(), McpError>> {
+    fn cancel(&self, p: &CancelTaskParams) -> Option<Result<(), McpError>> {
         Self::owns(&p.task_id).then(|| self.tasks.cancel_task(&p.task_id))
     }
+}
+
+/// A task that asks whether to delete `filename`.
+fn confirm_delete(ctx: TaskContext, filename: String) -> Job {
+    Box::pin(async move {
+        let question =
+            elicit(&format!("Delete {filename}?"), json!({"confirm": {"type": "boolean"}}), &["confirm"])
+                .ok_or(TaskExit::Cancelled)?;
+        let answer = ctx.request_input("confirm", question).await?;
+        let yes = answer["action"] == "accept" && answer["content"]["confirm"] == true;
+        Ok(text(if yes { format!("deleted {filename}") } else { format!("kept {filename}") }))
+    })
+}
+
+/// A task that asks two questions at once.
+fn multi_input(ctx: TaskContext) -> Job {
+    Box::pin(async move {
+        let a = elicit("Your name?", json!({"name": {"type": "string"}}), &["name"])
+            .ok_or(TaskExit::Cancelled)?;
+        let b = elicit("Confirm?", json!({"confirm": {"type": "boolean"}}), &["confirm"])
+            .ok_or(TaskExit::Cancelled)?;
+        let (ra, rb) = tokio::join!(ctx.request_input("name", a), ctx.request_input("confirm", b));
+        let (ra, rb) = (ra?, rb?);
+        Ok(text(format!("name={} confirm={}", ra["content"]["name"], rb["content"]["confirm"])))
+    })
+}
+
+/// Asks for input within the call (no task), then answers with what was said.
+fn streaming_elicitation(
+    request: &CallToolRequestParams,
+    client: &ClientCapabilities,
+) -> Result<CallToolResponse, McpError> {
+    if client.elicitation.is_none() {
+        return Err(needs(json!({"elicitation": {}})));
+    }
+    if let Some(r) = request.input_responses.as_ref().and_then(|r| r.get("answer")) {
+        return Ok(text(format!("answer: {r}")).into());
+    }
+    let question = elicit("Say something", json!({"text": {"type": "string"}}), &["text"])
+        .ok_or_else(|| McpError::internal_error("fixture", None))?;
+    Ok(InputRequiredResult::from_input_requests(InputRequests::from([("answer".to_string(), question)]))
+        .into())
 }

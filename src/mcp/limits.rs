@@ -33,33 +33,33 @@ pub const REVIEWS_PER_SECOND: f64 = 20.0;
 /// Unknown tokens reviewed back to back before the rate applies: room for a burst of agents starting at once.
 pub const REVIEW_BURST: f64 = 40.0;
 /// How long a request waits for one of the [`REVIEWS_IN_FLIGHT`] slots before it is told to come back.
-pub const REVIEW_QUEUE_WAIT: Duration = Duration::from_secs(1);
+pub(crate) const REVIEW_QUEUE_WAIT: Duration = Duration::from_secs(1);
 
 /// Identities kept (each a few hundred bytes): room for thousands of agents, and a hard bound on memory.
-pub const IDENTITIES_CACHED: usize = 4096;
+pub(crate) const IDENTITIES_CACHED: usize = 4096;
 /// How long a TokenReview answer is trusted before the token is reviewed again (a revoked token stops
 /// working within this time).
-pub const IDENTITY_TTL: Duration = Duration::from_secs(30);
+pub(crate) const IDENTITY_TTL: Duration = Duration::from_secs(30);
 /// SubjectAccessReview answers kept, and for how long (an RBAC change applies within this time).
-pub const DECISIONS_CACHED: usize = 8192;
-pub const DECISION_TTL: Duration = Duration::from_secs(10);
+pub(crate) const DECISIONS_CACHED: usize = 8192;
+pub(crate) const DECISION_TTL: Duration = Duration::from_secs(10);
 
 /// `/mcp` requests in flight at once; beyond, 503. Far above the benchmark's 64 concurrent pollers, and
 /// low enough that a flood cannot pile up unbounded work (each request holds at most 1 MiB of body).
-pub const REQUESTS_IN_FLIGHT: usize = 256;
+pub(crate) const REQUESTS_IN_FLIGHT: usize = 256;
 /// The longest a `/mcp` request may take, everything included (TokenReview, API writes); beyond, 504.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A value as a cache holds it: fresh, or known but due for another look.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Cached<V> {
+pub(crate) enum Cached<V> {
     Fresh(V),
     Stale(V),
 }
 
 /// A least-recently-used map of bounded size whose entries go stale after a TTL. Stale entries are kept
 /// (until evicted) so that a caller can tell "seen before, look again" from "never seen".
-pub struct TtlLru<K: Hash + Eq, V> {
+pub(crate) struct TtlLru<K: Hash + Eq, V> {
     ttl: Duration,
     entries: Mutex<LruCache<K, (V, Instant)>>,
 }
@@ -104,7 +104,7 @@ impl<K: Hash + Eq, V: Clone> TtlLru<K, V> {
 }
 
 /// A token bucket: `rate` tokens a second, at most `burst` saved up.
-pub struct TokenBucket {
+pub(crate) struct TokenBucket {
     rate: f64,
     burst: f64,
     state: Mutex<(f64, Instant)>,
@@ -139,7 +139,7 @@ impl TokenBucket {
 }
 
 /// The budget for TokenReviews of tokens not in the cache.
-pub struct ReviewBudget {
+pub(crate) struct ReviewBudget {
     rate: TokenBucket,
     slots: Arc<Semaphore>,
 }
@@ -166,18 +166,18 @@ impl ReviewBudget {
 }
 
 /// `Retry-After` in whole seconds, at least one.
-pub fn retry_after(wait: Duration) -> HeaderValue {
+pub(crate) fn retry_after(wait: Duration) -> HeaderValue {
     let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
     HeaderValue::from(seconds.max(1))
 }
 
 /// The cap on `/mcp` requests in flight.
 #[derive(Clone)]
-pub struct InFlight(Arc<Semaphore>);
+pub(crate) struct InFlight(Arc<Semaphore>);
 
 impl Default for InFlight {
     fn default() -> Self {
-        Self(Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT)))
+        Self::new(REQUESTS_IN_FLIGHT)
     }
 }
 
@@ -189,7 +189,7 @@ impl InFlight {
 
 /// Middleware: at most [`REQUESTS_IN_FLIGHT`] requests at once (503 beyond, at once: queueing would only
 /// hold connections open), each answered within [`REQUEST_TIMEOUT`] (504).
-pub async fn bound(State(in_flight): State<InFlight>, request: Request, next: Next) -> Response {
+pub(crate) async fn bound(State(in_flight): State<InFlight>, request: Request, next: Next) -> Response {
     bound_with(in_flight, REQUEST_TIMEOUT, request, next).await
 }
 

@@ -1,5 +1,5 @@
-//! MCP Tasks over FleetRollouts: task ids, and the mapping from a rollout's status to the task a client
-//! sees. Pure functions: the status in etcd is the task, so any replica, after any restart, answers the same.
+//! MCP Tasks over FleetRollouts: task ids (which name the rollout and carry a secret), and the wrapping
+//! of a rollout's task ([`crate::core::task`], pure) in the Tasks extension's types.
 
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -10,8 +10,11 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::{
-    api::{FleetRollout, FleetRolloutStatus, Phase},
-    core::plan::sha256_hex,
+    api::FleetRollout,
+    core::{
+        plan::sha256_hex,
+        task::{ApprovalRequest, Summary, TaskState, TaskView, describe},
+    },
 };
 
 /// Annotation holding a hash of the task's secret part ([`token_hash`]). The task id itself is shown only to
@@ -23,10 +26,6 @@ pub const CREATED_BY_ANNOTATION: &str = "fleetroll.dev/created-by";
 /// arguments it was used with.
 pub const IDEMPOTENCY_KEY_HASH_ANNOTATION: &str = "fleetroll.dev/idempotency-key-sha256";
 pub const REQUEST_HASH_ANNOTATION: &str = "fleetroll.dev/request-hash";
-
-/// How often clients should poll while a rollout runs, and while it waits for a person.
-pub const POLL_WORKING_MS: u64 = 2_000;
-pub const POLL_INPUT_MS: u64 = 5_000;
 
 /// A task id: `<namespace>/<name>/<token>`. It names the rollout, so any replica can find it, and
 /// carries a 128-bit secret, so it cannot be guessed from the name.
@@ -94,175 +93,54 @@ pub fn key_hash(key: &str, username: &str, namespace: &str) -> String {
     sha256_hex(&("fleetroll.dev/idempotency-key/v1", username, namespace, key))
 }
 
-/// The key of the input request asking to approve `batch` of plan `plan_hash` in revision `revision`;
-/// unique over the task's lifetime, as the extension requires.
-pub fn approval_key(revision: u32, batch: u32, plan_hash: &str) -> String {
-    format!("approve-r{revision}-b{batch}-{plan_hash}")
-}
-
-/// (revision, batch, plan hash) of an approval key.
-pub fn parse_approval_key(key: &str) -> Option<(u32, u32, String)> {
-    let rest = key.strip_prefix("approve-r")?;
-    let (revision, rest) = rest.split_once("-b")?;
-    let (batch, hash) = rest.split_once('-')?;
-    Some((revision.parse().ok()?, batch.parse().ok()?, hash.to_string()))
-}
-
-/// What agents see of a rollout: the status, condensed.
-#[derive(Serialize, Clone, Debug, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct Summary {
-    pub namespace: String,
-    pub name: String,
-    pub image: String,
-    pub phase: Phase,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    pub progress: String,
-    pub batch: String,
-    pub counts: crate::api::Counts,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub revision: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub plan_hash: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pending_approval: Option<crate::api::PendingApproval>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub failures: Vec<crate::api::TargetFailure>,
-    pub paused: bool,
-}
-
-pub fn summary(fr: &FleetRollout) -> Summary {
-    let s = fr.status.clone().unwrap_or_default();
-    Summary {
-        namespace: fr.namespace().unwrap_or_default(),
-        name: fr.name_any(),
-        image: fr.spec.image.clone(),
-        phase: s.phase,
-        reason: s.reason.clone(),
-        message: s.message.clone(),
-        progress: s.progress.clone().unwrap_or_else(|| "0/0".into()),
-        batch: s.batch.clone().unwrap_or_else(|| "0/0".into()),
-        counts: s.counts.clone(),
-        revision: s.revision.as_ref().map(|r| r.number),
-        plan_hash: s.plan.as_ref().map(|p| p.hash.clone()),
-        pending_approval: s.pending_approval.clone(),
-        failures: s.failures.iter().rev().take(5).cloned().collect(),
-        paused: fr.spec.paused,
-    }
-}
-
-/// One line for people (and models).
-pub fn describe(s: &Summary) -> String {
-    let mut line = format!("FleetRollout {}/{} ({}): {}", s.namespace, s.name, s.image, s.phase);
-    if let Some(m) = &s.message {
-        line.push_str(&format!(" — {m}"));
-    }
-    if let Some(p) = &s.pending_approval {
-        line.push_str(&format!(
-            ". Batch {} waits for approval of plan {}: call approve_batch",
-            p.batch + 1,
-            p.plan_hash
-        ));
-    }
-    line
-}
-
 /// The tool result of a finished rollout: a completed task carries it, and `isError` says whether the
 /// rollout did what was asked.
-pub fn result_of(fr: &FleetRollout) -> CallToolResult {
-    let s = summary(fr);
-    let structured = serde_json::to_value(&s).unwrap_or(Value::Null);
-    let mut result = if s.phase == Phase::Succeeded {
-        CallToolResult::success(vec![ContentBlock::text(describe(&s))])
-    } else {
-        CallToolResult::error(vec![ContentBlock::text(describe(&s))])
-    };
-    result.structured_content = Some(structured);
+pub fn tool_result(summary: &Summary, is_error: bool) -> CallToolResult {
+    let content = vec![ContentBlock::text(describe(summary))];
+    let mut result = if is_error { CallToolResult::error(content) } else { CallToolResult::success(content) };
+    result.structured_content = Some(serde_json::to_value(summary).unwrap_or(Value::Null));
     result
 }
 
-/// Maps a rollout to its task.
-///
-/// | rollout | task |
-/// |---|---|
-/// | Pending, Progressing, Paused, RollingBack | `working` (the status message says which) |
-/// | WaitingForApproval | `input_required` with an elicitation form, if the client can answer one; else `working` |
-/// | Succeeded | `completed` |
-/// | Failed, RolledBack, Aborted by a failure policy | `completed` with `isError: true` |
-/// | Aborted on request | `cancelled` |
-///
+/// A rollout's task as the Tasks extension shows it (see [`crate::core::task::view`] for the mapping).
 /// `failed` is left for protocol-level errors: a rollout's own failure is a tool result.
-pub fn detailed(fr: &FleetRollout, id: &TaskId, elicitation: bool, now: Timestamp) -> DetailedTask {
-    let s = fr.status.clone().unwrap_or_default();
-    let summary = summary(fr);
-    let created = fr.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
+pub fn detailed(id: &TaskId, view: TaskView) -> DetailedTask {
     let task = Task::new(
         id.to_string(),
         rmcp::model::TaskStatus::Working,
-        iso(created),
-        iso(last_updated(&s, created)),
-    );
-    let task = match ttl_ms(fr, &s, created, now) {
+        iso(view.created_at),
+        iso(view.last_updated_at),
+    )
+    .with_status_message(view.message);
+    let task = match view.ttl_ms {
         Some(ttl) => task.with_ttl_ms(ttl),
         None => task,
     };
-    let task = task.with_status_message(describe(&summary));
-    let payload = match s.phase {
-        Phase::Succeeded | Phase::Failed | Phase::RolledBack => {
-            TaskPayload::Completed { result: to_object(&result_of(fr)) }
-        }
-        Phase::Aborted if s.reason.as_deref() == Some(crate::core::reason::ABORT_REQUESTED) => {
-            TaskPayload::Cancelled
-        }
-        Phase::Aborted => TaskPayload::Completed { result: to_object(&result_of(fr)) },
-        Phase::WaitingForApproval if elicitation => match approval_request(fr, &s) {
-            Some(requests) => TaskPayload::InputRequired { input_requests: requests },
-            None => TaskPayload::Working,
-        },
-        _ => TaskPayload::Working,
-    };
-    let poll = match payload {
-        TaskPayload::InputRequired { .. } => Some(POLL_INPUT_MS),
-        TaskPayload::Working => Some(POLL_WORKING_MS),
-        _ => None,
-    };
-    let task = match poll {
+    let task = match view.poll_interval_ms {
         Some(ms) => task.with_poll_interval_ms(ms),
         None => task,
+    };
+    let payload = match view.state {
+        TaskState::Working => TaskPayload::Working,
+        TaskState::InputRequired(request) => match input_requests(&request) {
+            Some(input_requests) => TaskPayload::InputRequired { input_requests },
+            None => TaskPayload::Working,
+        },
+        TaskState::Completed { is_error } => {
+            TaskPayload::Completed { result: to_object(&tool_result(&view.summary, is_error)) }
+        }
+        TaskState::Cancelled => TaskPayload::Cancelled,
     };
     DetailedTask::new(task, payload)
 }
 
-/// The elicitation form asking for the pending approval.
-fn approval_request(fr: &FleetRollout, s: &FleetRolloutStatus) -> Option<InputRequests> {
-    let pending = s.pending_approval.as_ref()?;
-    let revision = s.revision.as_ref().map_or(0, |r| r.number);
-    let total = s.plan.as_ref().map_or(0, |p| p.total_batches);
-    let members: Vec<String> = s
-        .plan
-        .as_ref()
-        .and_then(|p| p.batches.get(pending.batch as usize))
-        .map(|b| b.iter().take(20).map(|t| format!("{}/{}", t.namespace, t.name)).collect())
-        .unwrap_or_default();
-    let mut message = format!(
-        "Approve batch {}/{total} of FleetRollout {}/{} (image {}, plan {})?",
-        pending.batch + 1,
-        fr.namespace().unwrap_or_default(),
-        fr.name_any(),
-        fr.spec.image,
-        pending.plan_hash
-    );
-    if !members.is_empty() {
-        message.push_str(&format!(" Targets: {}", members.join(", ")));
-    }
+/// The elicitation form asking for an approval.
+fn input_requests(approval: &ApprovalRequest) -> Option<InputRequests> {
     let request: InputRequest = serde_json::from_value(json!({
         "method": "elicitation/create",
         "params": {
             "mode": "form",
-            "message": message,
+            "message": approval.message,
             "requestedSchema": {
                 "type": "object",
                 "properties": {
@@ -273,28 +151,7 @@ fn approval_request(fr: &FleetRollout, s: &FleetRolloutStatus) -> Option<InputRe
         }
     }))
     .ok()?;
-    Some(InputRequests::from([(approval_key(revision, pending.batch, &pending.plan_hash), request)]))
-}
-
-/// `ttlMs` counts from creation: it covers the rollout so far plus the retention after it ends (the
-/// operator deletes the rollout then). Unlimited (None) for rollouts without a TTL.
-fn ttl_ms(fr: &FleetRollout, s: &FleetRolloutStatus, created: Timestamp, now: Timestamp) -> Option<u64> {
-    let retention = u64::try_from(fr.spec.ttl_seconds_after_finished?).ok()?.saturating_mul(1000);
-    let end = match (&s.finished_at, s.phase.is_terminal()) {
-        (Some(t), true) => t.0,
-        _ => now,
-    };
-    let elapsed = u64::try_from(end.duration_since(created).as_millis()).unwrap_or(0);
-    Some(elapsed.saturating_add(retention).max(1))
-}
-
-fn last_updated(s: &FleetRolloutStatus, created: Timestamp) -> Timestamp {
-    let batch_times = s.batches.iter().flat_map(|b| {
-        [&b.started_at, &b.applied_at, &b.healthy_since, &b.finished_at].into_iter().flatten().map(|t| t.0)
-    });
-    let condition_times = s.conditions.iter().map(|c| c.last_transition_time.0);
-    let others = [&s.started_at, &s.finished_at].into_iter().flatten().map(|t| t.0);
-    batch_times.chain(condition_times).chain(others).fold(created, Timestamp::max)
+    Some(InputRequests::from([(approval.key.clone(), request)]))
 }
 
 fn iso(t: Timestamp) -> String {

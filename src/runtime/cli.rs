@@ -105,7 +105,9 @@ struct McpArgs {
     #[arg(long, env = "FLEETROLL_TASK_RETENTION", default_value = "24h", value_parser = crate::core::duration::parse)]
     task_retention: Duration,
 
-    /// Also serve the MCP conformance suite's fixture tools (tests only).
+    /// Also serve the MCP conformance suite's fixture tools (tests only: built with the `conformance`
+    /// feature, never into a release).
+    #[cfg(feature = "conformance")]
     #[arg(long, hide = true)]
     conformance_fixtures: bool,
 }
@@ -114,12 +116,6 @@ impl McpArgs {
     fn options(&self, listen: SocketAddr, fleet_namespace: &str) -> crate::mcp::Options {
         let audience =
             self.mcp_audience.clone().unwrap_or_else(|| format!("http://localhost:{}/mcp", listen.port()));
-        let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
-        if let Some(host) = host_of(&audience) {
-            hosts.push(host);
-        }
-        hosts.extend(self.mcp_allowed_hosts.iter().cloned());
-        hosts.dedup();
         crate::mcp::Options {
             auth: match self.auth {
                 AuthMode::None => crate::mcp::auth::Mode::None,
@@ -130,24 +126,14 @@ impl McpArgs {
             read_only: self.read_only,
             fleet_namespace: fleet_namespace.to_string(),
             retention: self.task_retention,
-            allowed_hosts: hosts,
+            allowed_hosts: crate::mcp::allowed_hosts(&audience, &self.mcp_allowed_hosts),
             allowed_origins: self.mcp_allowed_origins.clone(),
             resource: audience,
             authorization_servers: self.mcp_authorization_servers.clone(),
+            #[cfg(feature = "conformance")]
             conformance_fixtures: self.conformance_fixtures,
         }
     }
-}
-
-/// The host (without port) of a URL.
-fn host_of(url: &str) -> Option<String> {
-    let rest = url.split_once("://")?.1;
-    let authority = rest.split('/').next()?;
-    let host = match authority.strip_prefix('[') {
-        Some(v6) => v6.split(']').next()?,
-        None => authority.split(':').next()?,
-    };
-    (!host.is_empty()).then(|| host.to_string())
 }
 
 #[derive(Debug, clap::Args)]

@@ -1,13 +1,14 @@
 use k8s_openapi::{
-    apimachinery::pkg::apis::meta::v1::{LabelSelector, Time},
+    apimachinery::pkg::apis::meta::v1::Time,
     jiff::{SignedDuration, Timestamp},
 };
 use rmcp::model::TaskStatus;
 use serde_json::json;
 
 use super::*;
-use crate::api::{
-    FleetRolloutSpec, Health, PendingApproval, PlanRef, PlanStorage, Strategy, TargetKind, Targets,
+use crate::{
+    api::{FleetRolloutStatus, PendingApproval, Phase, PlanRef, PlanStorage},
+    core::task::{POLL_INPUT_MS, POLL_WORKING_MS, approval_key, parse_approval_key, summary, view},
 };
 
 const TOKEN: &str = "0123456789abcdef0123456789abcdef";
@@ -17,27 +18,10 @@ fn at(s: i64) -> Timestamp {
 }
 
 fn rollout(phase: Phase, reason: Option<&str>) -> FleetRollout {
-    let mut fr = FleetRollout::new(
-        "web",
-        FleetRolloutSpec {
-            image: "web:v2".into(),
-            container: None,
-            targets: Targets {
-                kind: TargetKind::Deployment,
-                selector: LabelSelector::default(),
-                namespace_selector: None,
-                daemon_set: None,
-                node_selector: None,
-            },
-            strategy: Strategy::default(),
-            health: Health::default(),
-            paused: false,
-            abort: false,
-            rollback: false,
-            ttl_seconds_after_finished: Some(3600),
-            approvals: vec![],
-        },
-    );
+    let spec = serde_json::from_value(json!({"image": "web:v2", "ttlSecondsAfterFinished": 3600,
+        "targets": {"kind": "Deployment", "selector": {}}}))
+    .unwrap();
+    let mut fr = FleetRollout::new("web", spec);
     fr.metadata.namespace = Some("team".into());
     fr.metadata.creation_timestamp = Some(Time(at(0)));
     fr.metadata.annotations = Some([(TASK_TOKEN_HASH_ANNOTATION.to_string(), token_hash(TOKEN))].into());
@@ -64,7 +48,7 @@ fn id() -> TaskId {
 }
 
 fn status_of(fr: &FleetRollout, elicitation: bool) -> (TaskStatus, serde_json::Value) {
-    let d = detailed(fr, &id(), elicitation, at(30));
+    let d = detailed(&id(), view(fr, elicitation, &[], at(30)));
     (d.status(), serde_json::to_value(&d).unwrap())
 }
 
@@ -135,7 +119,7 @@ fn summaries_never_carry_the_task_id() {
     let s = serde_json::to_value(summary(&fr)).unwrap();
     assert!(s.get("taskId").is_none(), "{s}");
     assert!(!s.to_string().contains(TOKEN));
-    let result = serde_json::to_value(result_of(&fr)).unwrap();
+    let result = serde_json::to_value(tool_result(&summary(&fr), false)).unwrap();
     assert!(!result.to_string().contains(TOKEN), "{result}");
 }
 

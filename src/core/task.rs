@@ -1,0 +1,235 @@
+//! A rollout as a task, whatever protocol carries it: where it stands, what it says, how often to ask
+//! again, and what it waits for. Pure functions of the FleetRollout (plus, for an approval, the targets of
+//! the batch waiting, which the edge reads from the frozen plan): the status in etcd is the task, so any
+//! replica, after any restart, answers the same.
+
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use serde::Serialize;
+
+use crate::{
+    api::{Counts, FleetRollout, FleetRolloutStatus, PendingApproval, Phase, PlannedTarget, TargetFailure},
+    core::reason::ABORT_REQUESTED,
+};
+
+/// How often clients should poll while a rollout runs, and while it waits for a person.
+pub const POLL_WORKING_MS: u64 = 2_000;
+pub const POLL_INPUT_MS: u64 = 5_000;
+/// Targets an approval request names: enough to recognise the batch, short enough to read.
+const TARGETS_NAMED: usize = 20;
+
+/// What agents see of a rollout: the status, condensed.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    pub namespace: String,
+    pub name: String,
+    pub image: String,
+    pub phase: Phase,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    pub progress: String,
+    pub batch: String,
+    pub counts: Counts,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan_hash: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending_approval: Option<PendingApproval>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<TargetFailure>,
+    pub paused: bool,
+}
+
+pub fn summary(fr: &FleetRollout) -> Summary {
+    let s = fr.status.clone().unwrap_or_default();
+    Summary {
+        namespace: fr.namespace().unwrap_or_default(),
+        name: fr.name_any(),
+        image: fr.spec.image.clone(),
+        phase: s.phase,
+        reason: s.reason.clone(),
+        message: s.message.clone(),
+        progress: s.progress.clone().unwrap_or_else(|| "0/0".into()),
+        batch: s.batch.clone().unwrap_or_else(|| "0/0".into()),
+        counts: s.counts.clone(),
+        revision: s.revision.as_ref().map(|r| r.number),
+        plan_hash: s.plan.as_ref().map(|p| p.hash.clone()),
+        pending_approval: s.pending_approval.clone(),
+        failures: s.failures.iter().rev().take(5).cloned().collect(),
+        paused: fr.spec.paused,
+    }
+}
+
+/// One line for people (and models).
+pub fn describe(s: &Summary) -> String {
+    let mut line = format!("FleetRollout {}/{} ({}): {}", s.namespace, s.name, s.image, s.phase);
+    if let Some(m) = &s.message {
+        line.push_str(&format!(" — {m}"));
+    }
+    if let Some(p) = &s.pending_approval {
+        line.push_str(&format!(
+            ". Batch {} waits for approval of plan {}: call approve_batch",
+            p.batch + 1,
+            p.plan_hash
+        ));
+    }
+    line
+}
+
+/// The key of the input request asking to approve `batch` of plan `plan_hash` in revision `revision`;
+/// unique over the task's lifetime, as the Tasks extension requires.
+pub fn approval_key(revision: u32, batch: u32, plan_hash: &str) -> String {
+    format!("approve-r{revision}-b{batch}-{plan_hash}")
+}
+
+/// (revision, batch, plan hash) of an approval key.
+pub fn parse_approval_key(key: &str) -> Option<(u32, u32, String)> {
+    let rest = key.strip_prefix("approve-r")?;
+    let (revision, rest) = rest.split_once("-b")?;
+    let (batch, hash) = rest.split_once('-')?;
+    Some((revision.parse().ok()?, batch.parse().ok()?, hash.to_string()))
+}
+
+/// Where a rollout's task stands.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TaskState {
+    /// Running, or waiting for an approval the client cannot give through a form.
+    Working,
+    /// Waiting for a person to approve a batch.
+    InputRequired(ApprovalRequest),
+    /// Finished; `is_error` when the rollout did not do what was asked.
+    Completed { is_error: bool },
+    /// Aborted on request.
+    Cancelled,
+}
+
+/// The question an approval form asks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApprovalRequest {
+    /// Unique over the task's lifetime: see [`approval_key`].
+    pub key: String,
+    pub message: String,
+}
+
+/// A rollout's task, before a protocol wraps it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskView {
+    pub state: TaskState,
+    pub summary: Summary,
+    /// One line saying where the rollout stands.
+    pub message: String,
+    pub created_at: Timestamp,
+    pub last_updated_at: Timestamp,
+    /// None: kept until deleted by hand.
+    pub ttl_ms: Option<u64>,
+    /// None: finished, nothing more to poll for.
+    pub poll_interval_ms: Option<u64>,
+}
+
+/// The approval a rollout waits for, if it waits for one: what a form would ask about.
+pub fn awaited_approval(fr: &FleetRollout) -> Option<&PendingApproval> {
+    let s = fr.status.as_ref()?;
+    if s.phase != Phase::WaitingForApproval {
+        return None;
+    }
+    s.pending_approval.as_ref()
+}
+
+/// Maps a rollout to its task. `elicitation`: the client can answer a form; `batch_targets`: the targets
+/// of the batch waiting for approval, which the form names (the plan may live outside the status).
+///
+/// | rollout | task |
+/// |---|---|
+/// | Pending, Progressing, Paused, RollingBack | working (the message says which) |
+/// | WaitingForApproval | input required, if the client can answer a form; else working |
+/// | Succeeded | completed |
+/// | Failed, RolledBack, Aborted by a failure policy | completed, as an error |
+/// | Aborted on request | cancelled |
+pub fn view(
+    fr: &FleetRollout,
+    elicitation: bool,
+    batch_targets: &[PlannedTarget],
+    now: Timestamp,
+) -> TaskView {
+    let s = fr.status.clone().unwrap_or_default();
+    let summary = summary(fr);
+    let created_at = fr.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
+    let state = match s.phase {
+        Phase::Succeeded => TaskState::Completed { is_error: false },
+        Phase::Failed | Phase::RolledBack => TaskState::Completed { is_error: true },
+        Phase::Aborted if s.reason.as_deref() == Some(ABORT_REQUESTED) => TaskState::Cancelled,
+        Phase::Aborted => TaskState::Completed { is_error: true },
+        Phase::WaitingForApproval if elicitation => match approval_request(fr, &s, batch_targets) {
+            Some(request) => TaskState::InputRequired(request),
+            None => TaskState::Working,
+        },
+        _ => TaskState::Working,
+    };
+    let poll_interval_ms = match state {
+        TaskState::InputRequired(_) => Some(POLL_INPUT_MS),
+        TaskState::Working => Some(POLL_WORKING_MS),
+        TaskState::Completed { .. } | TaskState::Cancelled => None,
+    };
+    TaskView {
+        message: describe(&summary),
+        summary,
+        state,
+        created_at,
+        last_updated_at: last_updated(&s, created_at),
+        ttl_ms: ttl_ms(fr, &s, created_at, now),
+        poll_interval_ms,
+    }
+}
+
+/// The question for the pending approval, naming the first of the batch's targets.
+fn approval_request(
+    fr: &FleetRollout,
+    s: &FleetRolloutStatus,
+    batch_targets: &[PlannedTarget],
+) -> Option<ApprovalRequest> {
+    let pending = s.pending_approval.as_ref()?;
+    let revision = s.revision.as_ref().map_or(0, |r| r.number);
+    let total = s.plan.as_ref().map_or(0, |p| p.total_batches);
+    let mut message = format!(
+        "Approve batch {}/{total} of FleetRollout {}/{} (image {}, plan {})?",
+        pending.batch + 1,
+        fr.namespace().unwrap_or_default(),
+        fr.name_any(),
+        fr.spec.image,
+        pending.plan_hash
+    );
+    if !batch_targets.is_empty() {
+        let named: Vec<String> =
+            batch_targets.iter().take(TARGETS_NAMED).map(|t| format!("{}/{}", t.namespace, t.name)).collect();
+        message.push_str(&format!(" Targets: {}", named.join(", ")));
+    }
+    Some(ApprovalRequest { key: approval_key(revision, pending.batch, &pending.plan_hash), message })
+}
+
+/// The TTL counts from creation: it covers the rollout so far plus the retention after it ends (the
+/// operator deletes the rollout then). Unlimited (None) for rollouts without a TTL.
+fn ttl_ms(fr: &FleetRollout, s: &FleetRolloutStatus, created: Timestamp, now: Timestamp) -> Option<u64> {
+    let retention = u64::try_from(fr.spec.ttl_seconds_after_finished?).ok()?.saturating_mul(1000);
+    let end = match (&s.finished_at, s.phase.is_terminal()) {
+        (Some(t), true) => t.0,
+        _ => now,
+    };
+    let elapsed = u64::try_from(end.duration_since(created).as_millis()).unwrap_or(0);
+    Some(elapsed.saturating_add(retention).max(1))
+}
+
+fn last_updated(s: &FleetRolloutStatus, created: Timestamp) -> Timestamp {
+    let batch_times = s.batches.iter().flat_map(|b| {
+        [&b.started_at, &b.applied_at, &b.healthy_since, &b.finished_at].into_iter().flatten().map(|t| t.0)
+    });
+    let condition_times = s.conditions.iter().map(|c| c.last_transition_time.0);
+    let others = [&s.started_at, &s.finished_at].into_iter().flatten().map(|t| t.0);
+    batch_times.chain(condition_times).chain(others).fold(created, Timestamp::max)
+}
+
+#[cfg(test)]
+mod tests;

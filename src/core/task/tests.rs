@@ -1,0 +1,88 @@
+use k8s_openapi::jiff::Timestamp;
+use serde_json::json;
+
+use super::*;
+
+fn now() -> Timestamp {
+    Timestamp::from_second(1_800_000_000).unwrap()
+}
+
+/// A rollout waiting for the approval of batch 2 of 2, its plan inline with `inline` targets per batch.
+fn waiting(inline: usize) -> FleetRollout {
+    let batch = |b: usize| -> Vec<serde_json::Value> {
+        (0..inline).map(|i| json!({"namespace": "team", "name": format!("web-{b}-{i:02}"), "previousImage": "web:v1"})).collect()
+    };
+    serde_json::from_value(json!({
+        "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout",
+        "metadata": {"name": "web", "namespace": "team", "creationTimestamp": "2027-01-15T08:00:00Z"},
+        "spec": {"image": "web:v2", "targets": {"kind": "Deployment", "selector": {}}},
+        "status": {
+            "phase": "WaitingForApproval",
+            "pendingApproval": {"batch": 1, "planHash": "feedbeef", "since": "2027-01-15T08:00:20Z"},
+            "plan": {"hash": "feedbeef", "totalTargets": 2 * inline, "totalBatches": 2, "storage": "Status",
+                     "batches": [batch(0), batch(1)]},
+        },
+    }))
+    .unwrap()
+}
+
+fn targets(names: &[&str]) -> Vec<PlannedTarget> {
+    names
+        .iter()
+        .map(|n| PlannedTarget {
+            namespace: "shard".into(),
+            name: n.to_string(),
+            previous_image: "web:v1".into(),
+        })
+        .collect()
+}
+
+#[test]
+fn the_approval_form_names_the_targets_it_is_given_whatever_the_status_holds() {
+    // The status holds a plan of its own; the form names what the caller read from the frozen plan.
+    let named = view(&waiting(3), true, &targets(&["a", "b"]), now());
+    let TaskState::InputRequired(request) = named.state else { panic!("{:?}", named.state) };
+    assert_eq!(request.key, approval_key(0, 1, "feedbeef"));
+    assert!(
+        request
+            .message
+            .starts_with("Approve batch 2/2 of FleetRollout team/web (image web:v2, plan feedbeef)?")
+    );
+    assert!(request.message.ends_with(" Targets: shard/a, shard/b"), "{}", request.message);
+    assert_eq!(named.poll_interval_ms, Some(POLL_INPUT_MS));
+
+    let unknown = view(&waiting(3), true, &[], now());
+    let TaskState::InputRequired(request) = unknown.state else { panic!("{:?}", unknown.state) };
+    assert!(!request.message.contains("Targets"), "no targets known, none named: {}", request.message);
+}
+
+#[test]
+fn the_approval_form_names_at_most_twenty_targets() {
+    let names: Vec<String> = (0..25).map(|i| format!("t{i:02}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let view = view(&waiting(0), true, &targets(&names), now());
+    let TaskState::InputRequired(request) = view.state else { panic!("{:?}", view.state) };
+    assert!(request.message.contains("shard/t19"), "{}", request.message);
+    assert!(!request.message.contains("shard/t20"), "{}", request.message);
+}
+
+#[test]
+fn only_a_rollout_waiting_for_approval_awaits_one() {
+    let fr = waiting(1);
+    assert_eq!(awaited_approval(&fr).map(|p| p.batch), Some(1));
+    let mut running = fr.clone();
+    running.status.as_mut().unwrap().phase = Phase::Progressing;
+    assert_eq!(awaited_approval(&running), None, "a stale pending approval asks nothing");
+    let mut unasked = fr;
+    unasked.status.as_mut().unwrap().pending_approval = None;
+    assert_eq!(awaited_approval(&unasked), None);
+    assert_eq!(view(&unasked, true, &[], now()).state, TaskState::Working, "nothing to ask: working");
+}
+
+#[test]
+fn without_a_form_a_waiting_rollout_is_working_and_its_message_says_what_to_do() {
+    let view = view(&waiting(1), false, &targets(&["a"]), now());
+    assert_eq!(view.state, TaskState::Working);
+    assert_eq!(view.poll_interval_ms, Some(POLL_WORKING_MS));
+    assert!(view.message.contains("call approve_batch"), "{}", view.message);
+}
