@@ -42,7 +42,7 @@ pub(super) trait Fleet {
     /// What the state machine sees of the targets now.
     fn observe(
         ctx: &Context,
-        fr: &FleetRollout,
+        fr: &Arc<FleetRollout>,
         status: &FleetRolloutStatus,
     ) -> impl Future<Output = Result<Self::Seen>> + Send;
 
@@ -66,8 +66,8 @@ pub(super) trait Fleet {
 pub(super) trait Seen {
     /// A target of the plan as it is now (its HTTP check aside); None when it is gone.
     fn target(&self, t: &PlannedTarget) -> Option<TargetState>;
-    /// The URL of a target's HTTP check, its placeholders filled in.
-    fn probe_url(&self, template: &str, t: &PlannedTarget) -> String;
+    /// The URL of a target's HTTP check, its placeholders filled in; None when there is nothing to probe.
+    fn probe_url(&self, template: &str, t: &PlannedTarget) -> Option<String>;
     /// Matching targets outside the plan; None when not known at this step.
     fn unplanned(&self, members: &HashSet<(String, String)>) -> Option<Unplanned>;
     /// Another rollout, still running, that holds the target (`namespace/name`).
@@ -115,12 +115,16 @@ impl Fleet for Workloads {
         discovery::discover(&ctx.client, &ctx.settings.fleet_namespace, fr).await
     }
 
-    async fn observe(ctx: &Context, fr: &FleetRollout, status: &FleetRolloutStatus) -> Result<WorkloadsSeen> {
+    async fn observe(
+        ctx: &Context,
+        fr: &Arc<FleetRollout>,
+        status: &FleetRolloutStatus,
+    ) -> Result<WorkloadsSeen> {
         Ok(WorkloadsSeen {
             kind: fr.spec.targets.kind,
             container: container(status),
             stores: ctx.stores.clone(),
-            fr: Arc::new(fr.clone()),
+            fr: fr.clone(),
             fleet_namespace: ctx.settings.fleet_namespace.clone(),
             running: OnceLock::new(),
             rollouts: ctx.rollouts.clone(),
@@ -170,8 +174,8 @@ impl Seen for WorkloadsSeen {
         self.stores.state(self.kind, self.container.as_deref(), t)
     }
 
-    fn probe_url(&self, template: &str, t: &PlannedTarget) -> String {
-        template.replace("{name}", &t.name).replace("{namespace}", &t.namespace)
+    fn probe_url(&self, template: &str, t: &PlannedTarget) -> Option<String> {
+        Some(template.replace("{name}", &t.name).replace("{namespace}", &t.namespace))
     }
 
     fn unplanned(&self, members: &HashSet<(String, String)>) -> Option<Unplanned> {
@@ -226,7 +230,11 @@ impl Fleet for Nodes {
         daemonset_pods::discover(&ctx.client, fr).await
     }
 
-    async fn observe(ctx: &Context, fr: &FleetRollout, status: &FleetRolloutStatus) -> Result<NodesSeen> {
+    async fn observe(
+        ctx: &Context,
+        fr: &Arc<FleetRollout>,
+        status: &FleetRolloutStatus,
+    ) -> Result<NodesSeen> {
         let waiting = matches!(status.phase, Phase::Paused | Phase::WaitingForApproval);
         if status.phase.is_terminal() || waiting {
             return Ok(NodesSeen { view: None, states: HashMap::new(), daemonset_holder: None });
@@ -272,8 +280,8 @@ impl Seen for NodesSeen {
         self.states.get(&t.name).cloned()
     }
 
-    fn probe_url(&self, template: &str, t: &PlannedTarget) -> String {
-        self.view.as_ref().map_or_else(String::new, |v| v.url_for(template, &t.name))
+    fn probe_url(&self, template: &str, t: &PlannedTarget) -> Option<String> {
+        self.view.as_ref().map(|v| v.url_for(template, &t.name))
     }
 
     fn unplanned(&self, members: &HashSet<(String, String)>) -> Option<Unplanned> {

@@ -46,6 +46,12 @@ const RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Re-try a spec that cannot be acted on (targets or namespaces may appear).
 const BLOCKED_RETRY: Duration = Duration::from_secs(30);
 
+/// One reconcile's timing: when it started, and when it saw a batch settle (for the transition metric).
+struct Round {
+    started: Instant,
+    batch_settled_at: Option<Instant>,
+}
+
 /// What a step leaves: the rollout to look at again, or how the reconcile ends.
 enum Next {
     Again(Arc<FleetRollout>),
@@ -91,11 +97,11 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
     // Target health is read from the caches: never decide on a cache that has not been filled yet (every
     // target would look deleted).
     ctx.stores.wait_until_ready().await;
-    let mut batch_settled_at: Option<Instant> = None;
+    let mut round = Round { started, batch_settled_at: None };
     for _ in 0..MAX_STEPS {
         let next = match fr.spec.targets.kind {
-            TargetKind::Node => step::<Nodes>(ctx, fr, started, &mut batch_settled_at).await?,
-            _ => step::<Workloads>(ctx, fr, started, &mut batch_settled_at).await?,
+            TargetKind::Node => step::<Nodes>(ctx, fr, &mut round).await?,
+            _ => step::<Workloads>(ctx, fr, &mut round).await?,
         };
         match next {
             Next::Again(written) => fr = written,
@@ -106,12 +112,7 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
 }
 
 /// One step: the gates that keep a rollout from running at all, planning, then the core's next step.
-async fn step<F: Fleet>(
-    ctx: &Context,
-    fr: Arc<FleetRollout>,
-    started: Instant,
-    batch_settled_at: &mut Option<Instant>,
-) -> Result<Next> {
+async fn step<F: Fleet>(ctx: &Context, fr: Arc<FleetRollout>, round: &mut Round) -> Result<Next> {
     let status = fr.status.clone().unwrap_or_default();
     let now = Timestamp::now();
     // A rollout this installation may not run halts before anything changes.
@@ -141,9 +142,13 @@ async fn step<F: Fleet>(
             }
         }
     };
+    // What is due before the targets are even looked at (a node rollout holds its DaemonSet first).
+    if let Some(first) = rollout::before_observing(&fr.spec, &status, holds_daemonset(&fr)) {
+        return act::<F>(ctx, fr, &status, first, None, now, round).await;
+    }
     let seen = F::observe(ctx, &fr, &status).await?;
     let decided = decide(ctx, &fr, &status, &loaded, &seen, now).await;
-    act::<F>(ctx, fr, &status, decided, seen.recheck(), started, batch_settled_at).await
+    act::<F>(ctx, fr, &status, decided, seen.recheck(), now, round).await
 }
 
 /// Probes what the core says to probe, then asks it for the next step.
@@ -206,9 +211,9 @@ async fn probe(
     let Some(check) = &spec.health.http else { return HashMap::new() };
     let checks = rollout::probes(spec, status, plan, &|t| seen.target(t))
         .into_iter()
-        .map(|t| {
-            let url = seen.probe_url(&check.url, &t);
-            ((t.namespace, t.name), url)
+        .filter_map(|t| {
+            let url = seen.probe_url(&check.url, &t)?;
+            Some(((t.namespace, t.name), url))
         })
         .collect();
     ctx.prober.check_all(check.expect_status, checks).await
@@ -221,8 +226,8 @@ async fn act<F: Fleet>(
     status: &FleetRolloutStatus,
     step: Step,
     recheck: Option<Duration>,
-    started: Instant,
-    batch_settled_at: &mut Option<Instant>,
+    now: Timestamp,
+    round: &mut Round,
 ) -> Result<Next> {
     let written = match step {
         Step::Wait { after } => {
@@ -234,17 +239,24 @@ async fn act<F: Fleet>(
             ctx.rollouts_io.delete(&fr).await?;
             return Ok(Next::Done(Action::await_change()));
         }
-        Step::HoldDaemonSet => return Ok(held(&fr, ctx.rollouts_io.set_finalizer(&fr, true).await?)),
+        Step::HoldDaemonSet => {
+            let written = ctx.rollouts_io.set_finalizer(&fr, true).await?;
+            return Ok(Next::Again(written.unwrap_or(fr)));
+        }
         Step::ReleaseDaemonSet => {
             if ctx.daemonset_held(&fr) {
                 daemonset_pods::release(&ctx.client, &fr, true).await?;
             }
-            return Ok(held(&fr, ctx.rollouts_io.set_finalizer(&fr, false).await?));
+            return Ok(match ctx.rollouts_io.set_finalizer(&fr, false).await? {
+                Some(written) => Next::Again(written),
+                // Deleted and finalized meanwhile: nothing is left to do.
+                None => Next::Done(Action::await_change()),
+            });
         }
         Step::Write(t) => {
             let intent = is_intent(status, &t.status);
             if t.events.iter().any(|e| e.reason == reason::BATCH_SUCCEEDED) {
-                *batch_settled_at = Some(started);
+                round.batch_settled_at = Some(round.started);
             }
             ctx.observe_batches(status, &t.status);
             let written = ctx.rollouts_io.write_status(&fr, t).await;
@@ -257,7 +269,7 @@ async fn act<F: Fleet>(
             let batch =
                 Batch { key: &key, image: &image, targets: &targets, revision: status.revision_number() };
             let out = if targets.is_empty() { Outcome::default() } else { F::apply(ctx, &fr, batch).await? };
-            if let Some(at) = batch_settled_at.take() {
+            if let Some(at) = round.batch_settled_at.take() {
                 ctx.metrics.batch_transition.observe(at.elapsed().as_secs_f64());
             }
             info!(key = %key, changed = out.changed, unchanged = out.unchanged, skipped = out.skipped, denied = out.denied.len(), "batch applied");
@@ -272,15 +284,10 @@ async fn act<F: Fleet>(
                 F::restore(ctx, &fr, &key, &targets).await?
             };
             info!(key = %key, changed = out.changed, unchanged = out.unchanged, skipped = out.skipped, "rollback applied");
-            ctx.rollouts_io.write_status(&fr, restored(&fr, status, out, refused)).await
+            ctx.rollouts_io.write_status(&fr, restored(&fr, status, out, refused, now)).await
         }
     };
     settle(ctx, &fr, written).await
-}
-
-/// The rollout after a finalizer change: as written, or (nothing to change) as it was.
-fn held(fr: &Arc<FleetRollout>, written: Option<Arc<FleetRollout>>) -> Next {
-    Next::Again(written.unwrap_or_else(|| fr.clone()))
 }
 
 /// The status that ends a rollback: what was restored, and what could not be (refused by the scope rules,
@@ -290,6 +297,7 @@ fn restored(
     status: &FleetRolloutStatus,
     out: Outcome,
     refused: Vec<TargetFailure>,
+    now: Timestamp,
 ) -> Transition {
     let batch = status.current_batch.unwrap_or_default();
     let mut not_restored = refused;
@@ -301,14 +309,7 @@ fn restored(
         message: message.clone(),
     }));
     let generation = fr.metadata.generation.unwrap_or(0);
-    rollout::restored(
-        Timestamp::now(),
-        generation,
-        status,
-        out.changed + out.unchanged,
-        out.skipped,
-        not_restored,
-    )
+    rollout::restored(now, generation, status, out.changed + out.unchanged, out.skipped, not_restored)
 }
 
 /// A write's result: the rollout as written, or (it changed underneath us) as it is now.

@@ -192,7 +192,7 @@ fn approval_request(
     batch_targets: &[PlannedTarget],
 ) -> Option<ApprovalRequest> {
     let pending = s.pending_approval.as_ref()?;
-    let revision = s.revision.as_ref().map_or(0, |r| r.number);
+    let revision = s.revision_number();
     let total = s.plan.as_ref().map_or(0, |p| p.total_batches);
     let mut message = format!(
         "Approve batch {}/{total} of FleetRollout {}/{} (image {}, plan {})?",

@@ -15,7 +15,7 @@ use super::own_writes::OwnWrites;
 use crate::{
     api::{FIELD_MANAGER, FleetRollout},
     core::rollout::{Event, EventType, Transition},
-    error::{Result, is_not_found},
+    error::{Error, Result, is_not_found},
     runtime::metrics::Metrics,
 };
 
@@ -79,7 +79,7 @@ impl Rollouts {
         match self.api(fr).delete(&fr.name_any(), &Default::default()).await {
             Ok(_) => Ok(()),
             Err(e) if is_not_found(&e) => Ok(()),
-            Err(e) => Err(e.into()),
+            Err(e) => Err(Error::Kube(e)),
         }
     }
 

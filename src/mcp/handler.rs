@@ -163,7 +163,7 @@ impl FleetMcp {
         key: &str,
         answer: &Value,
     ) -> Result<(), McpError> {
-        let revision = status.revision.as_ref().map_or(0, |r| r.number);
+        let revision = status.revision_number();
         // Keys that are not outstanding (answered, superseded, unknown) are ignored, as the extension asks.
         let Some((rev, batch, hash)) = parse_approval_key(key) else { return Ok(()) };
         let outstanding =

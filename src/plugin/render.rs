@@ -72,7 +72,7 @@ fn batch_lines(s: &FleetRolloutStatus, health: Option<BatchHealth>) -> String {
     // A batch still in flight when the rollout was stopped is shown as stopped.
     let ended = s.phase.is_terminal() || s.phase == Phase::RollingBack;
     for index in first_shown..total {
-        let checkpoint = s.batches.iter().find(|b| b.index == index);
+        let checkpoint = s.batch(index);
         let size = checkpoint.map(|b| b.size).or_else(|| sizes.get(index as usize).copied()).unwrap_or(0);
         let healthy = health.filter(|h| h.batch == index).map_or(0, |h| h.healthy);
         out.push_str(&batch_line(index, total, size, checkpoint, ended, healthy));

@@ -42,7 +42,7 @@ pub(super) async fn status(
         return Ok(ExitCode::SUCCESS);
     }
     if !follow {
-        print!("{}", render(&fr, None));
+        print!("{}", render(&fr, batch_health(client, &PlanStore::default(), &fr).await));
         return Ok(exit_for(&fr));
     }
     follow_until_it_ends(client, ns, name, fr, timeout.unwrap_or(FOREVER)).await
@@ -107,8 +107,7 @@ fn redraw(view: &str, tty: bool, first: bool) {
 /// targets, sees no count.
 async fn batch_health(client: &Client, plans: &PlanStore, fr: &FleetRollout) -> Option<BatchHealth> {
     let s = fr.status.as_ref()?;
-    let verifying =
-        s.batches.iter().find(|b| Some(b.index) == s.current_batch && b.state == BatchState::Verifying)?;
+    let verifying = s.current().filter(|b| b.state == BatchState::Verifying)?;
     let loaded = plans.load(client, fr, s.plan.as_ref()?).await.ok()?.ok()?;
     let healthy = live::healthy(client, fr, &loaded.plan, verifying.index).await.ok()?;
     Some(BatchHealth { batch: verifying.index, healthy })

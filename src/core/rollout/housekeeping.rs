@@ -9,7 +9,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::{Facts, Step, TargetState, is_node_rollout, until};
 use crate::{
-    api::{BatchState, FleetRolloutSpec, FleetRolloutStatus, Phase, PlannedTarget},
+    api::{BatchState, FleetRolloutSpec, FleetRolloutStatus, Phase, PlannedTarget, TargetKind},
     core::{plan::Plan, workload::Readiness},
 };
 
@@ -23,10 +23,15 @@ pub fn expires_at(spec: &FleetRolloutSpec, status: &FleetRolloutStatus) -> Optio
     finished.checked_add(SignedDuration::from_secs(ttl.max(0))).ok()
 }
 
-/// A step to take before the rollout itself moves: a node rollout that is not finished holds its
+/// A step to take before the targets are even looked at: a node rollout that is not finished holds its
 /// DaemonSet first, so that deleting it from then on hands the DaemonSet back.
-pub(super) fn before(f: &Facts<'_>) -> Option<Step> {
-    (is_node_rollout(f) && !f.status.phase.is_terminal() && !f.holds_daemonset).then_some(Step::HoldDaemonSet)
+pub fn before_observing(
+    spec: &FleetRolloutSpec,
+    status: &FleetRolloutStatus,
+    holds_daemonset: bool,
+) -> Option<Step> {
+    let node_rollout = spec.targets.kind == TargetKind::Node;
+    (node_rollout && !status.phase.is_terminal() && !holds_daemonset).then_some(Step::HoldDaemonSet)
 }
 
 /// The step of a rollout with nothing else to do, which would otherwise wait `after`.

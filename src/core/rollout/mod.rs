@@ -28,7 +28,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 pub use self::{
     failure::{denied, restored},
     gates::{NewRevision, blocked, start_revision},
-    housekeeping::probes,
+    housekeeping::{before_observing, probes},
 };
 use self::{
     failure::{in_scope, start_rollback},
@@ -131,7 +131,7 @@ pub enum Step {
 
 /// The next step of a rollout whose revision is planned.
 pub fn decide(f: &Facts<'_>) -> Step {
-    if let Some(step) = housekeeping::before(f) {
+    if let Some(step) = before_observing(f.spec, f.status, f.holds_daemonset) {
         return step;
     }
     match advance(f) {
