@@ -7,8 +7,8 @@
 #
 # FLEETROLL_DEMO_DIR (target/demo), FLEETROLL_DEMO_PORT (18080), FLEETROLL_DEMO_SCOPE (a namespace to
 # restrict the operator to; empty: all), FLEETROLL_DEMO_PREFIX (prefixed to its namespaces) and
-# FLEETROLL_DEMO_KUBECONFIG (a cluster of your own instead of the local control plane) adjust it; the tests
-# run it that way next to other tests.
+# FLEETROLL_DEMO_KUBECONFIG (a cluster of your own instead of the local control plane) and FLEETROLL_DEMO_BIN
+# (a fleetroll binary to run instead of building one) adjust it; the tests run it that way next to other tests.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -20,6 +20,9 @@ FLEET_NS=${PREFIX}fleetroll-system
 TENANTS=("${PREFIX}tenant-1" "${PREFIX}tenant-2" "${PREFIX}tenant-3" "${PREFIX}tenant-4")
 TENANT_LABEL=${PREFIX}tenant
 BIN=$root/target/testenv/bin
+# The fleetroll binary: built below, unless the caller brings its own (the demo test runs the one cargo built
+# for the tests, which a build here would replace with one of other features).
+FLEETROLL=${FLEETROLL_DEMO_BIN:-$root/target/debug/fleetroll}
 mkdir -p "$D/bin"
 
 bold() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
@@ -30,7 +33,7 @@ start_operator() {
   stop_operator
   local scope=()
   [ -z "$SCOPE" ] || scope=(--namespace "$SCOPE")
-  setsid "$root/target/debug/fleetroll" operator --listen "127.0.0.1:$PORT" --fleet-namespace "$FLEET_NS" \
+  setsid "$FLEETROLL" operator --listen "127.0.0.1:$PORT" --fleet-namespace "$FLEET_NS" \
     --lease-namespace "$FLEET_NS" --identity "demo-operator" --auth none "${scope[@]}" \
     >"$D/operator.log" 2>&1 </dev/null &
   echo $! >"$D/operator.pid"
@@ -63,9 +66,11 @@ case "${1:-}" in
   *) echo "usage: $0 [operator|stop-operator|down]" >&2; exit 2 ;;
 esac
 
-bold "Building fleetroll"
-cargo build --locked --quiet
-ln -sf "$root/target/debug/fleetroll" "$D/bin/kubectl-fleetroll"
+if [ -z "${FLEETROLL_DEMO_BIN:-}" ]; then
+  bold "Building fleetroll"
+  cargo build --locked --quiet
+fi
+ln -sf "$FLEETROLL" "$D/bin/kubectl-fleetroll"
 
 if [ -z "${FLEETROLL_DEMO_KUBECONFIG:-}" ]; then
   bold "Starting a local Kubernetes control plane (the first run builds it from source: about 15 minutes)"

@@ -21,6 +21,9 @@ async fn the_demo_runs_end_to_end() {
             .env("FLEETROLL_DEMO_PREFIX", "demotest-")
             .env("FLEETROLL_DEMO_SCOPE", "demotest-fleetroll-system")
             .env("FLEETROLL_DEMO_KUBECONFIG", &kubeconfig)
+            // The binary cargo built for the tests: a build by the script would replace it with one without
+            // the test-only features the other tests run with.
+            .env("FLEETROLL_DEMO_BIN", env!("CARGO_BIN_EXE_fleetroll"))
             .kill_on_drop(true);
         cmd
     };
