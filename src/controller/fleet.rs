@@ -85,9 +85,9 @@ pub(super) struct Batch<'a> {
     pub revision: u32,
 }
 
-/// The revision's container (None: the targets' only one).
-fn container(status: &FleetRolloutStatus) -> Option<String> {
-    status.revision.as_ref().and_then(|r| r.inputs.container.clone())
+/// The container the rollout's revision changes (None: the targets' only one).
+fn container(fr: &FleetRollout) -> Option<&str> {
+    fr.status.as_ref()?.revision.as_ref()?.inputs.container.as_deref()
 }
 
 fn rollout_key(fr: &FleetRollout) -> String {
@@ -115,14 +115,10 @@ impl Fleet for Workloads {
         discovery::discover(&ctx.client, &ctx.settings.fleet_namespace, fr).await
     }
 
-    async fn observe(
-        ctx: &Context,
-        fr: &Arc<FleetRollout>,
-        status: &FleetRolloutStatus,
-    ) -> Result<WorkloadsSeen> {
+    async fn observe(ctx: &Context, fr: &Arc<FleetRollout>, _: &FleetRolloutStatus) -> Result<WorkloadsSeen> {
         Ok(WorkloadsSeen {
             kind: fr.spec.targets.kind,
-            container: container(status),
+            container: container(fr).map(String::from),
             stores: ctx.stores.clone(),
             fr: fr.clone(),
             fleet_namespace: ctx.settings.fleet_namespace.clone(),
@@ -133,10 +129,9 @@ impl Fleet for Workloads {
 
     async fn apply(ctx: &Context, fr: &FleetRollout, batch: Batch<'_>) -> Result<Outcome> {
         let rollout = rollout_key(fr);
-        let container = container(fr.status.as_ref().unwrap_or(&Default::default()));
         let change = Change {
             kind: fr.spec.targets.kind,
-            container: container.as_deref(),
+            container: container(fr),
             key: batch.key,
             rollout: &rollout,
             between: failpoint::BETWEEN_PATCHES,
@@ -154,10 +149,9 @@ impl Fleet for Workloads {
         targets: &[PlannedTarget],
     ) -> Result<Outcome> {
         let rollout = rollout_key(fr);
-        let container = container(fr.status.as_ref().unwrap_or(&Default::default()));
         let change = Change {
             kind: fr.spec.targets.kind,
-            container: container.as_deref(),
+            container: container(fr),
             key,
             rollout: &rollout,
             between: failpoint::BETWEEN_RESTORES,

@@ -38,7 +38,7 @@ use self::{
 };
 use crate::{
     api::{
-        BatchState, FleetRolloutSpec, FleetRolloutStatus, Phase, PlannedTarget, RevisionInputs,
+        BatchState, BatchStatus, FleetRolloutSpec, FleetRolloutStatus, Phase, PlannedTarget, RevisionInputs,
         TargetFailure, TargetKind, Unplanned, time,
     },
     core::{count, plan::Plan, reason, scope::Refusal, workload::Readiness},
@@ -185,7 +185,7 @@ fn advance(f: &Facts<'_>) -> Step {
         return abort(f, s);
     }
     match s.current().cloned() {
-        Some(b) if b.state == BatchState::Applying => apply(f, s, b.index),
+        Some(b) if b.state == BatchState::Applying => apply(f, s, b),
         Some(b) if b.state == BatchState::Verifying => verify(f, s, b),
         Some(b) if b.state == BatchState::Failed && failure::over_budget(f, &s) => {
             // Held by the Pause policy until the budget is raised, or an abort or rollback arrives.
@@ -205,8 +205,8 @@ fn abort(f: &Facts<'_>, mut s: FleetRolloutStatus) -> Step {
 }
 
 /// Changes the batch whose intent is recorded; the status to write afterwards has it Verifying.
-fn apply(f: &Facts<'_>, s: FleetRolloutStatus, index: u32) -> Step {
-    let Some(b) = s.batch(index).cloned() else { return next_batch(f, s, Vec::new()) };
+fn apply(f: &Facts<'_>, s: FleetRolloutStatus, b: BatchStatus) -> Step {
+    let index = b.index;
     // Refused targets are left alone here and reported when the batch settles (see `verify`).
     let (targets, refused) = in_scope(f, f.plan.batch(index).to_vec(), index);
     let mut after = s;
