@@ -7,6 +7,10 @@ pub const PROGRESSING: &str = "Progressing";
 pub const PAUSED: &str = "Paused";
 pub const DEGRADED: &str = "Degraded";
 pub const COMPLETE: &str = "Complete";
+// The three kstatus reads (Flux, kpt, cli-utils); see `rollout::summary::gitops_state` for the mapping.
+pub const READY: &str = "Ready";
+pub const RECONCILING: &str = "Reconciling";
+pub const STALLED: &str = "Stalled";
 
 /// The desired state of one condition.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -124,4 +124,66 @@ pub(super) fn set_conditions(
         generation,
         now,
     );
+    set_gitops_conditions(s, generation, now, blocked);
+}
+
+/// How GitOps tools are to judge a rollout: kstatus (Flux `wait`, `dependsOn` and health checks, kpt,
+/// cli-utils appliers) reads only the `Ready`, `Reconciling` and `Stalled` conditions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GitOpsState {
+    /// Done: every target carries the image (kstatus Current).
+    Current,
+    /// Not done, nothing wrong: it goes on by itself or after someone acts (kstatus InProgress).
+    InProgress,
+    /// It stopped short and will not go on without a change (kstatus Failed).
+    Failed,
+}
+
+/// The kstatus verdict on a rollout. Paused and WaitingForApproval are InProgress: nothing is wrong and the
+/// rollout goes on once someone resumes or approves it, so a Flux `wait` or `dependsOn` must not go ahead
+/// (Current) and must not report a failure either; its timeout is what says a person is needed. A pause
+/// the failure budget forced is Failed: targets failed and nothing happens until someone decides.
+pub fn gitops_state(phase: Phase, reason: Option<&str>, blocked: bool) -> GitOpsState {
+    match phase {
+        Phase::Succeeded => GitOpsState::Current,
+        Phase::Failed | Phase::Aborted | Phase::RolledBack => GitOpsState::Failed,
+        Phase::Pending if blocked => GitOpsState::Failed,
+        Phase::Paused if reason == Some(reason::FAILURE_BUDGET_EXCEEDED) => GitOpsState::Failed,
+        Phase::Pending
+        | Phase::Progressing
+        | Phase::RollingBack
+        | Phase::Paused
+        | Phase::WaitingForApproval => GitOpsState::InProgress,
+    }
+}
+
+fn set_gitops_conditions(
+    s: &mut FleetRolloutStatus,
+    generation: i64,
+    now: Timestamp,
+    blocked: Option<&Blocked>,
+) {
+    let (reason, message) = match blocked {
+        Some(b) => (b.reason.to_string(), b.message.clone()),
+        None => {
+            (s.reason.clone().unwrap_or_else(|| s.phase.to_string()), s.message.clone().unwrap_or_default())
+        }
+    };
+    let state = gitops_state(s.phase, s.reason.as_deref(), blocked.is_some());
+    let at_rest = s.phase.as_str();
+    for (type_, on) in [
+        (conditions::READY, state == GitOpsState::Current),
+        (conditions::RECONCILING, state == GitOpsState::InProgress),
+        (conditions::STALLED, state == GitOpsState::Failed),
+    ] {
+        // Ready carries the rollout's reason either way; the abnormal-true two only while true.
+        let told = on || type_ == conditions::READY;
+        let desired = Desired {
+            type_,
+            status: on,
+            reason: if told { &reason } else { at_rest },
+            message: if told { message.clone() } else { String::new() },
+        };
+        conditions::set(&mut s.conditions, desired, generation, now);
+    }
 }

@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 mod batches;
 mod failures;
 mod gates;
+mod gitops;
 mod housekeeping;
 mod revisions;
 

@@ -1,0 +1,153 @@
+//! What GitOps tools read: `Ready`, `Reconciling` and `Stalled` follow the phase the way kstatus expects,
+//! at most one of Reconciling and Stalled is true, and every condition carries the generation it reflects.
+
+use super::*;
+use crate::core::{
+    Blocked,
+    rollout::summary::{GitOpsState, gitops_state},
+};
+
+/// The kstatus reading of a status, by the rules cli-utils applies to a custom resource (the live test in
+/// tests/gitops.rs runs the library itself): Reconciling=True, then Stalled=True, then Ready=False.
+fn kstatus(s: &FleetRolloutStatus) -> GitOpsState {
+    let on = |t| conditions::is_true(&s.conditions, t);
+    let reconciling = on(conditions::RECONCILING);
+    let stalled = on(conditions::STALLED);
+    assert!(!(reconciling && stalled), "Reconciling and Stalled both true: {:?}", s.conditions);
+    match (reconciling, stalled, on(conditions::READY)) {
+        (true, _, _) => GitOpsState::InProgress,
+        (_, true, _) => GitOpsState::Failed,
+        (_, _, false) => GitOpsState::InProgress,
+        _ => GitOpsState::Current,
+    }
+}
+
+fn assert_generation(s: &FleetRolloutStatus, generation: i64) {
+    assert_eq!(s.observed_generation, Some(generation));
+    for c in &s.conditions {
+        assert_eq!(c.observed_generation, Some(generation), "{c:?}");
+    }
+}
+
+#[test]
+fn a_rollout_reads_in_progress_until_it_succeeds_then_current() {
+    let mut sim = Sim::new(spec(5), 10);
+    let mut seen = Vec::new();
+    for _ in 0..100 {
+        if let Step::Wait { after: None } = sim.step() {
+            break;
+        }
+        seen.push((sim.status.phase, kstatus(&sim.status)));
+    }
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    assert!(seen.iter().any(|(p, _)| *p == Phase::Progressing));
+    for (phase, state) in &seen {
+        let expected =
+            if *phase == Phase::Succeeded { GitOpsState::Current } else { GitOpsState::InProgress };
+        assert_eq!(*state, expected, "{phase}");
+    }
+    assert_eq!(kstatus(&sim.status), GitOpsState::Current);
+    let ready = conditions::get(&sim.status.conditions, conditions::READY).expect("Ready");
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", reason::SUCCEEDED));
+    assert_generation(&sim.status, sim.generation);
+}
+
+#[test]
+fn paused_and_waiting_for_approval_read_in_progress() {
+    let mut sim = Sim::new(spec(5), 10);
+    sim.spec.paused = true;
+    sim.settle();
+    assert_eq!((sim.status.phase, kstatus(&sim.status)), (Phase::Paused, GitOpsState::InProgress));
+    let reconciling = conditions::get(&sim.status.conditions, conditions::RECONCILING).expect("Reconciling");
+    assert_eq!(reconciling.reason, reason::PAUSED_BY_SPEC);
+
+    let mut s = spec(5);
+    s.strategy.approval = crate::api::ApprovalMode::FirstBatch;
+    let mut sim = Sim::new(s, 10);
+    sim.settle();
+    assert_eq!(
+        (sim.status.phase, kstatus(&sim.status)),
+        (Phase::WaitingForApproval, GitOpsState::InProgress)
+    );
+}
+
+#[test]
+fn a_pause_forced_by_the_failure_budget_reads_failed_until_the_budget_is_raised() {
+    let mut s = spec(10);
+    s.health.timeout = "1m".into();
+    let mut sim = Sim::new(s, 20);
+    sim.broken = vec!["tenant-0/web-00".into()];
+    sim.settle();
+    sim.pass(Duration::from_secs(61));
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Paused);
+    assert_eq!(kstatus(&sim.status), GitOpsState::Failed);
+    let stalled = conditions::get(&sim.status.conditions, conditions::STALLED).expect("Stalled");
+    assert_eq!(stalled.reason, reason::FAILURE_BUDGET_EXCEEDED);
+    assert!(stalled.message.contains("failure budget"), "{}", stalled.message);
+
+    // A spec change is InProgress until it is observed, then the rollout goes on and succeeds.
+    sim.spec.strategy.max_failures = IntOrString::Int(1);
+    sim.generation = 2;
+    assert_eq!(sim.settle(), None);
+    assert_eq!((sim.status.phase, kstatus(&sim.status)), (Phase::Succeeded, GitOpsState::Current));
+    assert!(!conditions::is_true(&sim.status.conditions, conditions::STALLED));
+    assert_generation(&sim.status, 2);
+}
+
+#[test]
+fn an_abort_and_a_rollback_read_failed() {
+    let mut sim = Sim::new(spec(5), 10);
+    sim.step();
+    sim.step();
+    sim.spec.abort = true;
+    sim.generation = 2;
+    sim.settle();
+    assert_eq!((sim.status.phase, kstatus(&sim.status)), (Phase::Aborted, GitOpsState::Failed));
+    assert_generation(&sim.status, 2);
+
+    let mut sim = Sim::new(spec(5), 10);
+    sim.settle();
+    sim.spec.rollback = true;
+    sim.generation = 2;
+    sim.settle();
+    assert_eq!((sim.status.phase, kstatus(&sim.status)), (Phase::RolledBack, GitOpsState::Failed));
+    let stalled = conditions::get(&sim.status.conditions, conditions::STALLED).expect("Stalled");
+    assert_eq!(stalled.reason, reason::ROLLBACK_REQUESTED);
+}
+
+#[test]
+fn a_spec_the_operator_cannot_act_on_reads_failed_and_recovers() {
+    let mut sim = Sim::new(spec(5), 10);
+    let why = Blocked { reason: reason::PLAN_TAMPERED, message: "the plan does not match".into() };
+    sim.status = blocked(sim.now, sim.generation, &sim.status, &why).expect("a change").status;
+    assert_eq!(kstatus(&sim.status), GitOpsState::Failed);
+    let stalled = conditions::get(&sim.status.conditions, conditions::STALLED).expect("Stalled");
+    assert_eq!(
+        (stalled.reason.as_str(), stalled.message.as_str()),
+        (reason::PLAN_TAMPERED, why.message.as_str())
+    );
+    assert_eq!(sim.settle(), None);
+    assert_eq!(kstatus(&sim.status), GitOpsState::Current);
+}
+
+#[test]
+fn every_phase_maps_to_one_kstatus_reading() {
+    use GitOpsState::*;
+    let cases = [
+        (Phase::Pending, None, false, InProgress),
+        (Phase::Pending, Some(reason::NO_TARGETS), true, Failed),
+        (Phase::Progressing, Some(reason::SOAKING), false, InProgress),
+        (Phase::Paused, Some(reason::PAUSED_BY_SPEC), false, InProgress),
+        (Phase::Paused, Some(reason::FAILURE_BUDGET_EXCEEDED), false, Failed),
+        (Phase::WaitingForApproval, Some(reason::WAITING_FOR_APPROVAL), false, InProgress),
+        (Phase::RollingBack, Some(reason::ROLLBACK_REQUESTED), false, InProgress),
+        (Phase::Succeeded, Some(reason::SUCCEEDED), false, Current),
+        (Phase::Failed, Some(reason::FAILURE_BUDGET_EXCEEDED), false, Failed),
+        (Phase::Aborted, Some(reason::ABORT_REQUESTED), false, Failed),
+        (Phase::RolledBack, Some(reason::ROLLED_BACK), false, Failed),
+    ];
+    for (phase, why, blocked, expected) in cases {
+        assert_eq!(gitops_state(phase, why, blocked), expected, "{phase} {why:?}");
+    }
+}
