@@ -160,3 +160,29 @@ impl Running {
         }
     }
 }
+
+/// What the GitOps tools' own libraries make of `object` (tests/testenv/gitops-judge): `args` is one of
+/// `kstatus`, `flux-cel FILE`, `lua-health FILE`, `lua-discovery FILE`, `lua-action FILE`.
+pub async fn gitops_judge(args: &[&str], object: &serde_json::Value) -> serde_json::Value {
+    use tokio::io::AsyncWriteExt;
+    let judge = binary("gitops-judge");
+    let mut child = tokio::process::Command::new(&judge)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {} (built by `make testenv`): {e}", judge.display()));
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(object.to_string().as_bytes()).await.expect("write the object");
+    drop(stdin);
+    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("gitops-judge did not finish in 30s")
+        .expect("gitops-judge");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "gitops-judge {args:?} failed: {stderr}\nobject: {object}");
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("gitops-judge {args:?} printed no JSON: {e}"))
+}

@@ -115,10 +115,23 @@ build_helm() {
   stamp "$out" "$HELM_VERSION" './helm version --short'
 }
 
+# What the GitOps tools make of our objects: kstatus (cli-utils and Flux's fork), Flux's healthCheckExprs
+# evaluator, and Argo CD's Lua (gopher-lua), in one small program of ours on the real libraries.
+build_gitops_judge() {
+  local out
+  out=$(gitops_judge_dir)
+  [ -f "$out/.complete" ] && return 0
+  log "building gitops-judge (kstatus, Flux CEL, gopher-lua)"
+  mkdir -p "$out"
+  (cd "$here/gitops-judge" && go build -trimpath -ldflags '-s -w' -o "$out/gitops-judge" .)
+  stamp "$out" "usage" './gitops-judge </dev/null || true'
+}
+
 mkdir -p "$CACHE"
 start=$(date +%s)
 build_etcd
 build_kwok
 build_helm
 build_kubernetes
+build_gitops_judge
 log "control-plane binaries ready in $CACHE/bin ($(($(date +%s) - start))s)"

@@ -36,6 +36,7 @@ fn message(s: &FleetRolloutStatus, total_batches: u32) -> String {
                 format!("waiting before batch {}/{total_batches}; {tally}", batch + 1)
             }
             Some(reason::SOAKING) => format!("batch {batch}/{total_batches} soaking; {tally}"),
+            _ if s.current_batch.is_none() => format!("planned in {total_batches} batches; {tally}"),
             _ => format!("batch {batch}/{total_batches} in progress; {tally}"),
         },
         Phase::Paused if s.reason.as_deref() == Some(reason::FAILURE_BUDGET_EXCEEDED) => {

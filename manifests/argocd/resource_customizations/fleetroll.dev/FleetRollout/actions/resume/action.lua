@@ -1,0 +1,3 @@
+-- Lets a paused rollout go on with its next batch.
+obj.spec.paused = false
+return obj
