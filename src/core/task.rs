@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::{
     api::{Counts, FleetRollout, FleetRolloutStatus, PendingApproval, Phase, PlannedTarget, TargetFailure},
-    core::reason::ABORT_REQUESTED,
+    core::reason::{ABORT_REQUESTED, IMAGE_CHANGED},
 };
 
 /// How often clients should poll while a rollout runs, and while it waits for a person.
@@ -75,6 +75,20 @@ pub fn describe(s: &Summary) -> String {
             ". Batch {} waits for approval of plan {}: call approve_batch",
             p.batch + 1,
             p.plan_hash
+        ));
+    }
+    // A target someone else changed back is the one failure a person must act on elsewhere (a GitOps tool
+    // re-applying its manifest, say): name it, not only count it.
+    let changed: Vec<String> = s
+        .failures
+        .iter()
+        .filter(|f| f.reason == IMAGE_CHANGED)
+        .map(|f| format!("{}/{}", f.namespace, f.name))
+        .collect();
+    if !changed.is_empty() {
+        line.push_str(&format!(
+            ". {IMAGE_CHANGED}: someone else changed the image of {} after fleetroll set it",
+            changed.join(", ")
         ));
     }
     line

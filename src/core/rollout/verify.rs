@@ -122,6 +122,7 @@ fn soak(f: &Facts<'_>, s: &mut FleetRolloutStatus, index: u32) -> Option<Step> {
 
 /// The batch is settled: count it, then either go on or apply the failure policy.
 fn settle(f: &Facts<'_>, mut s: FleetRolloutStatus, b: &BatchStatus, t: Tally, failed: u32) -> Step {
+    let changed = changed_by_others(b.index, &t.failures);
     s.counts.healthy += t.healthy;
     s.counts.failed += failed;
     s.counts.skipped += t.skipped;
@@ -145,18 +146,16 @@ fn settle(f: &Facts<'_>, mut s: FleetRolloutStatus, b: &BatchStatus, t: Tally, f
             s.counts.failed,
             failure::budget(f)
         );
-        return apply_failure_policy(
-            f,
-            s,
-            b,
-            vec![Event::warning(reason::BATCH_FAILED, Some(b.index), message)],
-        );
+        let mut events = vec![Event::warning(reason::BATCH_FAILED, Some(b.index), message)];
+        events.extend(changed);
+        return apply_failure_policy(f, s, b, events);
     }
     let mut events: Vec<Event> = t
         .refused
         .iter()
         .map(|r| Event::warning(reason::refusal(&r.reason), Some(b.index), r.message.clone()))
         .collect();
+    events.extend(changed);
     let message = format!(
         "batch {}/{total}: {} healthy, {failed} failed, {} skipped, {} refused",
         b.index + 1,
@@ -166,6 +165,18 @@ fn settle(f: &Facts<'_>, mut s: FleetRolloutStatus, b: &BatchStatus, t: Tally, f
     );
     events.push(Event::normal(reason::BATCH_SUCCEEDED, Some(b.index), message));
     next_batch(f, s, events)
+}
+
+/// One Warning event per batch for its targets whose image someone else changed after fleetroll set it: a
+/// person or a GitOps tool is undoing the rollout, which the batch's own event does not say.
+fn changed_by_others(index: u32, failures: &[TargetFailure]) -> Option<Event> {
+    let mut changed = failures.iter().filter(|x| x.reason == reason::IMAGE_CHANGED);
+    let first = changed.next()?;
+    let message = match changed.count() {
+        0 => first.message.clone(),
+        more => format!("{} (and {more} more targets of this batch)", first.message),
+    };
+    Some(Event::warning(reason::IMAGE_CHANGED, Some(index), message))
 }
 
 enum Verdict {

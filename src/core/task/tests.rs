@@ -86,3 +86,26 @@ fn without_a_form_a_waiting_rollout_is_working_and_its_message_says_what_to_do()
     assert_eq!(view.poll_interval_ms, Some(POLL_WORKING_MS));
     assert!(view.message.contains("call approve_batch"), "{}", view.message);
 }
+
+#[test]
+fn the_message_names_targets_someone_else_changed_back() {
+    let mut fr = waiting(1);
+    let failure = |name: &str, reason: &str| TargetFailure {
+        namespace: "team".into(),
+        name: name.into(),
+        batch: 0,
+        reason: reason.into(),
+        message: format!("team/{name}: {reason}"),
+    };
+    let status = fr.status.as_mut().unwrap();
+    status.failures = vec![failure("web-a", "Timeout"), failure("web-b", IMAGE_CHANGED)];
+    let message = describe(&summary(&fr));
+    assert!(
+        message.ends_with(
+            ". ImageChangedByOthers: someone else changed the image of team/web-b after fleetroll set it"
+        ),
+        "{message}"
+    );
+    fr.status.as_mut().unwrap().failures.clear();
+    assert!(!describe(&summary(&fr)).contains(IMAGE_CHANGED));
+}

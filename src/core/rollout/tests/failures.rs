@@ -184,3 +184,49 @@ fn a_change_the_api_server_refuses_fails_that_target_at_once_with_its_message() 
     assert_eq!(sim.status.reason.as_deref(), Some(reason::FAILURE_BUDGET_EXCEEDED));
     assert_eq!(sim.status.batches[0].failed, 1);
 }
+
+/// Batch 0 applied, then a GitOps tool re-applies its manifest on its first target: the old image is back,
+/// our annotations stay. Returns the events of the step that judges the batch.
+fn reverted_in_flight(sim: &mut Sim) -> Vec<Event> {
+    sim.auto_ready = false;
+    sim.step(); // intent
+    sim.step(); // applied
+    let [reverted, healthy] = [0, 1].map(|i| key(&sim.plan.batches[0][i]));
+    sim.world.get_mut(&reverted).unwrap().image = Ok("web:v1".into());
+    sim.world.get_mut(&healthy).unwrap().readiness = Readiness::Ready;
+    match sim.step() {
+        Step::Write(t) => t.events,
+        step => panic!("the batch was not judged: {step:?}"),
+    }
+}
+
+#[test]
+fn an_image_changed_by_someone_else_fails_its_target_and_a_warning_says_so() {
+    let changed_warning = |events: &[Event]| {
+        events
+            .iter()
+            .find(|e| e.reason == reason::IMAGE_CHANGED && e.type_ == EventType::Warning)
+            .map(|e| e.message.clone())
+    };
+    // Within the budget: the batch goes on, and the warning names the target and both images.
+    let mut s = spec(2);
+    s.strategy.max_failures = IntOrString::Int(1);
+    let mut sim = Sim::new(s, 4);
+    let events = reverted_in_flight(&mut sim);
+    let reverted = key(&sim.plan.batches[0][0]);
+    let message = changed_warning(&events).expect("a warning names the change");
+    assert_eq!(
+        message,
+        format!("{reverted} was changed to web:v1 by someone else after fleetroll set web:v2")
+    );
+    assert!(events.iter().any(|e| e.reason == reason::BATCH_SUCCEEDED));
+    let f = sim.status.failures.last().unwrap();
+    assert_eq!((f.reason.as_str(), f.message.as_str()), (reason::IMAGE_CHANGED, message.as_str()));
+
+    // Over the budget: the batch fails, and the warning comes with it.
+    let mut sim = Sim::new(spec(2), 4);
+    let events = reverted_in_flight(&mut sim);
+    assert_eq!(sim.status.phase, Phase::Paused);
+    assert!(events.iter().any(|e| e.reason == reason::BATCH_FAILED));
+    assert!(changed_warning(&events).is_some(), "{events:?}");
+}
