@@ -74,3 +74,19 @@ cluster-down: ## stop the local control plane and remove its state
 
 clean: cluster-down
 	$(CARGO) clean
+
+# The kubectl plugin archive .krew.yaml names, for the platform this runs on: a release runs it on each of
+# linux and darwin, amd64 and arm64, and uploads the archives to the GitHub release of TAG.
+TAG ?= v$(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
+DIST_OS := $(shell uname -s | tr A-Z a-z)
+DIST_ARCH := $(shell uname -m | sed 's/^x86_64$$/amd64/; s/^aarch64$$/arm64/')
+DIST := dist/kubectl-fleetroll_$(TAG)_$(DIST_OS)_$(DIST_ARCH).tar.gz
+.PHONY: dist
+dist: ## the kubectl plugin archive of this platform for krew (dist/kubectl-fleetroll_TAG_OS_ARCH.tar.gz)
+	$(CARGO) build --release --locked
+	rm -rf dist/stage && mkdir -p dist/stage
+	cp target/release/fleetroll dist/stage/kubectl-fleetroll
+	cp LICENSE dist/stage/LICENSE
+	tar -C dist/stage -czf $(DIST) kubectl-fleetroll LICENSE
+	rm -rf dist/stage
+	@echo $(DIST)

@@ -155,3 +155,36 @@ fn the_length_check_measures_functions() {
     let text = format!("pub async fn long() {{\n{body}}}\n\nfn short() -> u8 {{\n    1\n}}\n");
     assert_eq!(long_functions(&text, MAX_FN_LINES), vec![(1, "long".to_string(), 82)]);
 }
+
+/// The image builds with the toolchain the repository pins, from base images pinned by digest: a bump of
+/// rust-toolchain.toml that forgets the Dockerfile would otherwise go unnoticed (CI builds no image).
+#[test]
+fn the_dockerfile_pins_its_bases_by_digest_and_builds_with_the_pinned_rust() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let toolchain = fs::read_to_string(root.join("rust-toolchain.toml")).expect("rust-toolchain.toml");
+    let channel = toolchain
+        .lines()
+        .find_map(|l| l.strip_prefix("channel = "))
+        .map(|v| v.trim_matches('"'))
+        .expect("a channel in rust-toolchain.toml");
+    let dockerfile = fs::read_to_string(root.join("Dockerfile")).expect("the Dockerfile");
+    let bases: Vec<&str> = dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("FROM "))
+        .map(|l| l.split_whitespace().next().unwrap_or_default())
+        .filter(|image| *image != "scratch")
+        .collect();
+    assert!(!bases.is_empty(), "the Dockerfile has no base image");
+    for image in &bases {
+        let digest = image.split_once("@sha256:").map_or("", |(_, d)| d);
+        assert!(
+            digest.len() == 64 && digest.chars().all(|c| c.is_ascii_hexdigit()),
+            "{image}: pin it by digest (image:tag@sha256:...)"
+        );
+    }
+    let rust = format!("rust:{channel}-");
+    assert!(
+        bases.iter().any(|b| b.starts_with(&rust)),
+        "the Dockerfile builds on {bases:?}, not on the Rust of rust-toolchain.toml ({rust}...)"
+    );
+}

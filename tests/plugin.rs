@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    cli::kubectl,
+    cli::{kubectl, repo_path, validate_krew_manifest},
     fleet::{NEXT_IMAGE, READY_IMAGE, UNREADY_IMAGE, phase, with_fleet},
     nodes::{self, DAEMONSET, POOL_LABEL, with_pool},
     operator::Operator,
@@ -172,4 +172,52 @@ async fn status_counts_the_healthy_nodes_of_a_node_rollout() {
         .await;
     })
     .await;
+}
+
+/// `.krew.yaml` as krew-release-bot renders it for a release `tag`: `{{ .TagName }}` becomes the tag and
+/// `{{addURIAndSha "URL" .TagName }}` the asset's `uri` and `sha256` (a fake one: no release to download).
+fn render_krew_template(template: &str, tag: &str) -> String {
+    const CALL: &str = "{{addURIAndSha \"";
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(start) = rest.find(CALL) {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + CALL.len()..];
+        let (url, tail) = after.split_once("\" .TagName }}").expect("addURIAndSha \"URL\" .TagName }}");
+        out.push_str(&format!("uri: {url}\n    sha256: {}", "0123456789abcdef".repeat(4)));
+        rest = tail;
+    }
+    out.push_str(rest);
+    out.replace("{{ .TagName }}", tag)
+}
+
+#[tokio::test]
+async fn the_krew_manifest_is_valid_for_every_platform() {
+    let template = std::fs::read_to_string(repo_path(".krew.yaml")).unwrap();
+    let rendered = render_krew_template(&template, "v0.1.0");
+    assert!(!rendered.contains("{{"), "an action the release bot renders is left over:\n{rendered}");
+    let manifest: Value = serde_saphyr::from_str(&rendered).unwrap();
+    // Each platform downloads its own archive, named as `make dist` names it.
+    let platforms: Vec<String> = manifest["spec"]["platforms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|platform| {
+            let labels = &platform["selector"]["matchLabels"];
+            let (os, arch) = (labels["os"].as_str().unwrap(), labels["arch"].as_str().unwrap());
+            let archive = format!("/releases/download/v0.1.0/kubectl-fleetroll_v0.1.0_{os}_{arch}.tar.gz");
+            assert!(platform["uri"].as_str().unwrap().ends_with(&archive), "{platform}");
+            format!("{os}/{arch}")
+        })
+        .collect();
+    assert_eq!(platforms, ["linux/amd64", "linux/arm64", "darwin/amd64", "darwin/arm64"]);
+    // The validator takes the plugin's name from the file's.
+    let dir = std::env::temp_dir().join(format!("fleetroll-krew-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("fleetroll.yaml");
+    std::fs::write(&file, &rendered).unwrap();
+    // -skip-install: installing would download the release archives.
+    let ran = validate_krew_manifest(&["-manifest", &file.display().to_string(), "-skip-install"]).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(ran.code, 0, "krew rejects the manifest:\n{}{}\n{rendered}", ran.stdout, ran.stderr);
 }

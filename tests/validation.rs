@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{
+    cli::kubectl,
     fleet::{READY_IMAGE, condition, ensure_crd, image_of, phase, with_fleet},
     operator::Operator,
     with_namespace,
@@ -125,6 +126,38 @@ async fn the_api_server_rejects_nonsense_with_a_clear_message() {
         assert_eq!(created.data["spec"]["health"]["timeout"], json!("10m"));
     })
     .await;
+}
+
+/// The description the generated CRD gives a field (`properties` path from the schema's root).
+fn description_of(path: &[&str]) -> String {
+    let crd = serde_json::to_value(fleetroll::api::crd()).unwrap();
+    let mut node = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+    for p in path {
+        node = &node["properties"][p];
+    }
+    node["description"].as_str().unwrap_or_else(|| panic!("{path:?} has no description")).to_string()
+}
+
+fn words(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[tokio::test]
+async fn kubectl_explain_shows_the_field_descriptions() {
+    let client = common::client().await;
+    ensure_crd(&client).await;
+    // An int-or-string field (its description survives the schema adjustments) and a Time field (its own
+    // doc comment, not the generic one of the Time type).
+    for path in [["spec", "strategy", "batchSize"], ["status", "rollback", "startedAt"]] {
+        let expected = words(&description_of(&path));
+        let field = format!("fleetrollouts.{}", path.join("."));
+        // The API server publishes a CRD's OpenAPI a moment after it is established; nothing to watch.
+        common::poll_until(&format!("kubectl explain {field} to show {expected:?}"), DEADLINE, || {
+            let (field, expected) = (field.clone(), expected.clone());
+            async move { words(&kubectl(&["explain", &field]).await.stdout).contains(&expected) }
+        })
+        .await;
+    }
 }
 
 async fn wait_degraded(fleet: &common::fleet::Fleet, name: &str, reason: &str) -> FleetRollout {

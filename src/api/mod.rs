@@ -1,14 +1,20 @@
 //! The FleetRollout API (group `fleetroll.dev`, version `v1alpha1`), generated into `crds/` by
 //! `fleetroll crd`.
 
+mod revision;
 mod spec;
 mod status;
 
+pub use revision::*;
 pub use spec::*;
 pub use status::*;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::{
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    apimachinery::pkg::util::intstr::IntOrString,
+};
 use kube::CustomResourceExt;
+use schemars::JsonSchema;
 use serde_json::Value;
 
 /// Annotation stamped on every target fleetroll changes: `<rollout-uid>/<revision>/<batch>`.
@@ -24,10 +30,11 @@ pub const FIELD_MANAGER: &str = "fleetroll";
 /// The CRD, with the generated schema adjusted for the API server (see [`adjust_schema`]).
 pub fn crd() -> CustomResourceDefinition {
     let mut crd = FleetRollout::crd();
+    let generic = generic_int_or_string_description();
     for version in &mut crd.spec.versions {
         if let Some(schema) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) {
             let mut value = serde_json::to_value(&*schema).unwrap_or(Value::Null);
-            adjust_schema(&mut value);
+            adjust_schema(&mut value, generic.as_deref());
             default_status(&mut value);
             if let Ok(adjusted) = serde_json::from_value(value) {
                 *schema = adjusted;
@@ -66,13 +73,26 @@ fn default_status(schema: &mut Value) {
     }
 }
 
+/// The description k8s-openapi gives every int-or-string value ("IntOrString is a type that can hold an
+/// int32 or a string..."): it says nothing about what the field means, so a field's doc comment replaces it.
+fn generic_int_or_string_description() -> Option<String> {
+    let schema = IntOrString::json_schema(&mut schemars::SchemaGenerator::default());
+    schema.get("description").and_then(Value::as_str).map(String::from)
+}
+
 /// Makes the schemars output what the API server wants:
+/// - descriptions, which schemars takes from doc comments line by line, are unwrapped into paragraphs,
+///   since `kubectl explain` wraps them itself and would break lines at the comments' breaks too;
 /// - unsigned integer formats (`uint32`), which it warns about, become `int64`;
 /// - int-or-string values (always a count or a percentage here) get `maxLength: 4`, without which the
-///   CEL cost estimate of the rules over them exceeds the budget, and lose the long generic description.
-fn adjust_schema(node: &mut Value) {
+///   CEL cost estimate of the rules over them exceeds the budget. They keep their field's description
+///   (which costs nothing in CEL) but lose the long `generic` one, which the items of `steps` would carry.
+fn adjust_schema(node: &mut Value, generic: Option<&str>) {
     match node {
         Value::Object(map) => {
+            if let Some(Value::String(description)) = map.get_mut("description") {
+                *description = unwrap_lines(description);
+            }
             if let Some(Value::String(format)) = map.get("format")
                 && format.starts_with("uint")
             {
@@ -80,17 +100,88 @@ fn adjust_schema(node: &mut Value) {
             }
             if map.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true)) {
                 map.insert("maxLength".into(), Value::from(4));
-                map.remove("description");
+                if generic.is_some() && map.get("description").and_then(Value::as_str) == generic {
+                    map.remove("description");
+                }
             }
-            map.values_mut().for_each(adjust_schema);
+            map.values_mut().for_each(|v| adjust_schema(v, generic));
         }
-        Value::Array(items) => items.iter_mut().for_each(adjust_schema),
+        Value::Array(items) => items.iter_mut().for_each(|v| adjust_schema(v, generic)),
         _ => {}
     }
 }
 
+/// Joins the lines of each paragraph with spaces; paragraphs stay apart.
+fn unwrap_lines(text: &str) -> String {
+    text.split("\n\n")
+        .map(|p| p.split('\n').map(str::trim).collect::<Vec<_>>().join(" "))
+        .collect::<Vec<_>>()
+        .join("\n\n")
+}
+
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use schemars::{JsonSchema, SchemaGenerator};
+    use serde_json::Value;
+
+    /// Collects the JSON path of every property at or under `property` (named `path`) whose description is
+    /// empty or only one of the `generic` ones its type carries (the Time type's says how Go marshals it).
+    /// The items of an array need none of their own (`kubectl explain` shows the array's), but their
+    /// properties do.
+    fn undescribed(property: &Value, path: &str, generic: &[String], missing: &mut Vec<String>) {
+        let description = property.get("description").and_then(Value::as_str).unwrap_or_default();
+        if description.trim().is_empty() || generic.iter().any(|g| g == description) {
+            missing.push(path.to_string());
+        }
+        properties_undescribed(property, path, generic, missing);
+    }
+
+    fn properties_undescribed(node: &Value, path: &str, generic: &[String], missing: &mut Vec<String>) {
+        for (name, property) in node.get("properties").and_then(Value::as_object).into_iter().flatten() {
+            undescribed(property, &format!("{path}.{name}"), generic, missing);
+        }
+        if let Some(items) = node.get("items") {
+            properties_undescribed(items, &format!("{path}[]"), generic, missing);
+        }
+        if let Some(values) = node.get("additionalProperties").filter(|v| v.is_object()) {
+            properties_undescribed(values, &format!("{path}{{}}"), generic, missing);
+        }
+    }
+
+    #[test]
+    fn descriptions_are_unwrapped_into_paragraphs() {
+        assert_eq!(
+            super::unwrap_lines("a count\nor a percentage.\n\nDefault 0."),
+            "a count or a percentage.\n\nDefault 0."
+        );
+    }
+
+    #[test]
+    fn every_spec_and_status_field_is_described() {
+        let crd = serde_json::to_value(super::crd()).expect("the CRD serializes");
+        let time = Time::json_schema(&mut SchemaGenerator::default());
+        let time = time.get("description").and_then(Value::as_str).map(String::from);
+        let generic: Vec<String> =
+            [time, super::generic_int_or_string_description()].into_iter().flatten().collect();
+        assert_eq!(generic.len(), 2, "the generic descriptions of Time and IntOrString");
+        let mut missing = Vec::new();
+        for version in crd["spec"]["versions"].as_array().expect("the CRD has versions") {
+            let root = &version["schema"]["openAPIV3Schema"];
+            for part in ["spec", "status"] {
+                assert!(root["properties"][part].is_object(), "the schema has no {part}");
+                undescribed(&root["properties"][part], part, &generic, &mut missing);
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "{} CRD properties have no description (`kubectl explain` shows nothing for them): give each \
+             field a doc comment\n{}",
+            missing.len(),
+            missing.join("\n")
+        );
+    }
+
     #[test]
     fn the_chart_installs_the_same_crd() {
         let committed = include_str!("../../charts/fleetroll/templates/crds.yaml");

@@ -46,12 +46,14 @@ use super::status::FleetRolloutStatus;
 )]
 #[serde(rename_all = "camelCase")]
 pub struct FleetRolloutSpec {
-    /// The image to roll out, e.g. registry.example.com/web:v2.
+    /// The image to roll out, by tag or digest, e.g. registry.example.com/web:v2.
+    /// Changing it while the rollout runs starts a new revision.
     #[schemars(length(max = 1024))]
     #[x_kube(validation = Rule::new("self.matches('^\\\\S+$')").message("image must be a non-empty image reference without spaces, such as registry.example.com/web:v2"))]
     pub image: String,
 
-    /// The container whose image changes. Optional when every target has exactly one container.
+    /// The name of the container whose image changes in every target. Optional when every target has
+    /// exactly one container; otherwise the rollout stays Pending (reason ContainerAmbiguous).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub container: Option<String>,
@@ -67,15 +69,18 @@ pub struct FleetRolloutSpec {
     #[serde(default)]
     pub health: Health,
 
-    /// Holds the rollout before its next batch. The batch in flight finishes.
+    /// true holds the rollout before its next batch (the batch in flight finishes); false lets it go on.
+    /// Default false.
     #[serde(default)]
     pub paused: bool,
 
-    /// Stops the rollout for good. Targets already changed keep the new image.
+    /// true stops the rollout for good (phase Aborted). Targets already changed keep the new image.
+    /// Default false.
     #[serde(default)]
     pub abort: bool,
 
-    /// Restores the previous image of every target this rollout changed, once, then stops.
+    /// true restores the previous image of every target this rollout changed, once, then stops (phase
+    /// RolledBack). Default false.
     #[serde(default)]
     pub rollback: bool,
 
@@ -85,7 +90,8 @@ pub struct FleetRolloutSpec {
     #[schemars(range(min = 0, max = 2592000))]
     pub ttl_seconds_after_finished: Option<i64>,
 
-    /// Approvals for gated batches, each bound to the plan it approves (status.plan.hash).
+    /// Approvals for the batches that `strategy.approval` gates, at most one per batch index, each bound
+    /// to the plan it approves (status.plan.hash). At most 1000.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 1000))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["batch"]))]
@@ -102,10 +108,12 @@ pub struct FleetRolloutSpec {
 #[x_kube(validation = Rule::new(NODE_NAMESPACES_RULE).message("targets.namespaceSelector does not apply to kind Node: the DaemonSet is in the rollout's own namespace"))]
 #[x_kube(validation = Rule::new(NODE_TRANSITION_RULE).message("a node rollout's targets.kind and targets.daemonSet cannot change: it holds that DaemonSet until it ends; create another FleetRollout"))]
 pub struct Targets {
-    /// The kind of workload, each matching workload being one target; or `Node`, each node being one.
+    /// What a target is: Deployment, StatefulSet or DaemonSet (each matching workload is one target), or
+    /// Node (each node running a pod of `daemonSet` is one target). Changing it starts a new revision.
     pub kind: TargetKind,
 
-    /// Label selector on the workloads (not used with kind Node).
+    /// Label selector on the workloads; must not be empty, so that it never selects every workload. Not
+    /// used with kind Node.
     #[serde(default)]
     pub selector: LabelSelector,
 
@@ -115,7 +123,8 @@ pub struct Targets {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_selector: Option<LabelSelector>,
 
-    /// Kind Node: the DaemonSet, in the rollout's namespace, whose pods are replaced node by node.
+    /// Kind Node (and required for it): the name of the DaemonSet, in the rollout's namespace, whose pods
+    /// are replaced node by node. Cannot change while the rollout runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub daemon_set: Option<String>,
@@ -145,33 +154,40 @@ pub enum TargetKind {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Strategy {
-    /// Targets per batch once the `steps` are used up: an integer or a percentage of the fleet ("25%").
+    /// How many targets per batch once the `steps` are used up: a count (10) or a percentage of all
+    /// targets ("25%", rounded up to at least 1). Default "25%".
     #[serde(default = "default_batch_size")]
     #[x_kube(validation = Rule::new(BATCH_SIZE_RULE).message("batchSize must be a positive integer or a percentage from 1% to 100%, such as 10 or \"25%\""))]
     pub batch_size: IntOrString,
 
-    /// Sizes of the first batches (canary first), each an integer or a percentage; then `batchSize`.
+    /// Sizes of the first batches, in order, before `batchSize` takes over: each a count or a percentage of
+    /// all targets, e.g. [1, "10%"] for a canary of one target, then 10%. At most 50.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 50))]
     #[x_kube(validation = Rule::new(STEPS_RULE).message("every step must be a positive integer or a percentage from 1% to 100%, such as 1 or \"10%\""))]
     pub steps: Vec<IntOrString>,
 
-    /// Failed targets tolerated (an integer, or a percentage of the fleet) before `onFailure` applies.
+    /// How many failed targets are tolerated: a count (2) or a percentage of all targets ("5%", rounded
+    /// down). Once more targets than this have failed, `onFailure` applies. Default 0.
     #[serde(default = "default_max_failures")]
     #[x_kube(validation = Rule::new(MAX_FAILURES_RULE).message("maxFailures must be an integer of 0 or more, or a percentage from 0% to 100%, such as 2 or \"5%\""))]
     pub max_failures: IntOrString,
 
-    /// Wait between one batch finishing and the next starting, e.g. 30s, 5m, 1h30m (at most 720h).
+    /// How long to wait between one batch succeeding and the next starting, e.g. 30s, 5m or 1h30m (at most
+    /// 720h). Default 0s.
     #[serde(default = "zero_duration")]
     #[schemars(length(max = 32))]
     #[x_kube(validation = Rule::new(DURATION_RULE).message("pauseBetweenBatches must be a duration of at most 720h (30 days), such as 0s, 30s, 5m or 1h30m"))]
     pub pause_between_batches: String,
 
-    /// Which batches wait for an approval.
+    /// Which batches wait for an approval in `spec.approvals`: None (default), FirstBatch (the plan is
+    /// approved before anything changes) or EveryBatch.
     #[serde(default)]
     pub approval: ApprovalMode,
 
-    /// What to do once more targets failed than `maxFailures` allows.
+    /// What to do once more targets failed than `maxFailures` allows: Pause (default; wait for a person to
+    /// raise maxFailures, abort or roll back), Rollback (restore the previous image of every changed
+    /// target) or Abort (stop as Failed; targets keep what they have).
     #[serde(default)]
     pub on_failure: FailurePolicy,
 }
@@ -245,19 +261,21 @@ pub enum FailurePolicy {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Health {
-    /// A target not healthy this long after its change has failed, e.g. 10m (at most 720h).
+    /// How long a changed target may take to become healthy (ready, and passing `http` if set) before it
+    /// counts as failed, e.g. 90s or 10m (at most 720h). Default 10m.
     #[serde(default = "default_timeout")]
     #[schemars(length(max = 32))]
     #[x_kube(validation = Rule::new(DURATION_RULE).message("timeout must be a duration of at most 720h (30 days), such as 90s, 10m or 1h"))]
     pub timeout: String,
 
-    /// How long every target of a batch must stay healthy before the batch counts, e.g. 1m (at most 720h).
+    /// How long every target of a batch must stay healthy together before the batch succeeds, e.g. 1m (at
+    /// most 720h). Default 0s.
     #[serde(default = "zero_duration")]
     #[schemars(length(max = 32))]
     #[x_kube(validation = Rule::new(DURATION_RULE).message("soak must be a duration of at most 720h (30 days), such as 0s, 30s or 5m"))]
     pub soak: String,
 
-    /// An HTTP check each target must also pass.
+    /// An HTTP GET each target must also pass, besides being ready. Unset: readiness alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpCheck>,
 }
@@ -275,14 +293,16 @@ impl Default for Health {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct HttpCheck {
-    /// e.g. http://{name}.{namespace}.svc:8080/healthz
+    /// The URL to GET, with {name} and {namespace} replaced by the target's, e.g.
+    /// http://{name}.{namespace}.svc:8080/healthz (node rollouts: {node}, {podIP}, {hostIP}). The host
+    /// must name the target or be allowed by the operator (--http-check-allow); redirects are not followed.
     #[schemars(length(max = 2048))]
     #[x_kube(validation = Rule::new("self.matches('^https?://\\\\S+$')").message("http.url must be an http:// or https:// URL, such as http://{name}.{namespace}.svc:8080/healthz"))]
     #[x_kube(validation = Rule::new("!self.matches('^https?://[^/?#]*@')").message("http.url must not carry user information (user@host): it would name another host than it seems to"))]
     #[x_kube(validation = Rule::new("!self.matches('^https?://(169\\\\.254\\\\.|\\\\[[fF][eE][89abAB][0-9a-fA-F]:)')").message("http.url must not name a link-local address, where cloud metadata services answer"))]
     pub url: String,
 
-    /// The status code that means healthy.
+    /// The HTTP status code that means healthy, 100 to 599. Default 200.
     #[serde(default = "default_expect_status")]
     #[schemars(range(min = 100, max = 599))]
     pub expect_status: u16,
@@ -292,7 +312,8 @@ pub struct HttpCheck {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Approval {
-    /// The batch index (0-based) this approves.
+    /// The index of the batch this approves, 0-based (0 is the first batch); status.pendingApproval.batch
+    /// names the batch waiting.
     #[schemars(range(min = 0, max = 100000))]
     pub batch: u32,
 

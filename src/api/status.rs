@@ -5,14 +5,13 @@
 //! and large plans live in immutable child ConfigMaps.
 
 use k8s_openapi::{
-    apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time},
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
     jiff::Timestamp,
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::spec::{FleetRolloutSpec, TargetKind};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use super::revision::{PlanRef, Revision, SupersededRevision};
 
 /// How many recent batches `status.batches` keeps.
 pub const BATCH_WINDOW: usize = 16;
@@ -21,17 +20,23 @@ pub const FAILURE_DETAILS: usize = 20;
 /// How many superseded revisions and approval records are kept.
 pub const HISTORY: usize = 10;
 
+/// Where the rollout is, written by the operator only: the durable checkpoint it resumes from after a
+/// restart.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FleetRolloutStatus {
-    /// The spec generation this status reflects.
+    /// The spec generation (metadata.generation) this status reflects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
+    /// Where the rollout is: Pending (not planned yet, or cannot be planned: see the Degraded condition),
+    /// Progressing, Paused (by spec.paused or an exceeded failure budget), WaitingForApproval, RollingBack,
+    /// or one of the final phases Succeeded, Failed, Aborted, RolledBack.
     #[serde(default)]
     pub phase: Phase,
 
-    /// Why the rollout is in this phase (CamelCase, machine-readable).
+    /// Why the rollout is in this phase, machine-readable (CamelCase), e.g. Soaking, PausedBySpec,
+    /// FailureBudgetExceeded, NoTargets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 
@@ -39,11 +44,11 @@ pub struct FleetRolloutStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 
-    /// "updated/total", for `kubectl get`.
+    /// "updated/total" targets, e.g. "12/40", for `kubectl get`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<String>,
 
-    /// "k/N": the batch in progress (1-based) of N, for `kubectl get`.
+    /// "k/N": the batch in progress (1-based) of N batches, e.g. "2/5", for `kubectl get`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<String>,
 
@@ -51,14 +56,15 @@ pub struct FleetRolloutStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<Revision>,
 
-    /// Earlier revisions this rollout replaced mid-way (most recent last).
+    /// Earlier revisions this rollout replaced mid-way, most recent last (the last 10).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub superseded: Vec<SupersededRevision>,
 
-    /// The frozen plan of the current revision.
+    /// The frozen plan of the current revision: which target is in which batch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<PlanRef>,
 
+    /// How many targets of the plan are updated, healthy, failed, skipped or refused.
     #[serde(default)]
     pub counts: Counts,
 
@@ -78,7 +84,7 @@ pub struct FleetRolloutStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_approval: Option<PendingApproval>,
 
-    /// Approvals that released batches, with who gave them when known.
+    /// Approvals that released batches, with who gave them when known (the last 10).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub approvals: Vec<ApprovalRecord>,
 
@@ -90,30 +96,41 @@ pub struct FleetRolloutStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollback: Option<RollbackStatus>,
 
-    /// Progressing, Paused, Degraded, Complete.
+    /// The conditions Progressing, Paused, Degraded (the rollout cannot go on without help) and Complete.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 
+    /// When the rollout first started (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,
 
+    /// When the rollout reached a final phase (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Time>,
 }
 
+/// Where a rollout is.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
 pub enum Phase {
     /// Not planned yet, or cannot be planned (see the Degraded condition).
     #[default]
     Pending,
+    /// A batch is being applied or verified, or the next one is due.
     Progressing,
+    /// Held before the next batch: by `spec.paused`, or because the failure budget was exceeded.
     Paused,
+    /// The next batch waits for an approval in `spec.approvals`.
     WaitingForApproval,
+    /// Previous images are being restored.
     RollingBack,
+    /// Every batch succeeded.
     Succeeded,
+    /// Stopped: the failure budget was exceeded and `onFailure` is Abort.
     Failed,
+    /// Stopped by `spec.abort`.
     Aborted,
+    /// Previous images were restored.
     RolledBack,
 }
 
@@ -177,100 +194,7 @@ impl std::fmt::Display for Phase {
     }
 }
 
-/// The inputs that define what each target becomes and in which order. A change to any of them starts a
-/// new revision; changes to anything else (health, pacing, budget, controls) apply to the running one.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct RevisionInputs {
-    pub image: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub container: Option<String>,
-    pub kind: TargetKind,
-    pub selector: LabelSelector,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace_selector: Option<LabelSelector>,
-    pub batch_size: IntOrString,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub steps: Vec<IntOrString>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub daemon_set: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_selector: Option<LabelSelector>,
-}
-
-impl RevisionInputs {
-    pub fn of(spec: &FleetRolloutSpec) -> Self {
-        Self {
-            image: spec.image.clone(),
-            container: spec.container.clone(),
-            kind: spec.targets.kind,
-            selector: spec.targets.selector.clone(),
-            namespace_selector: spec.targets.namespace_selector.clone(),
-            batch_size: spec.strategy.batch_size.clone(),
-            steps: spec.strategy.steps.clone(),
-            daemon_set: spec.targets.daemon_set.clone(),
-            node_selector: spec.targets.node_selector.clone(),
-        }
-    }
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Revision {
-    /// 1 for the first revision, +1 for each superseding one. Part of every idempotency key.
-    pub number: u32,
-    /// sha256 of the canonical JSON of `inputs`, computed once when the revision was planned.
-    pub spec_hash: String,
-    pub inputs: RevisionInputs,
-    pub started_at: Time,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct SupersededRevision {
-    pub number: u32,
-    pub image: String,
-    /// Targets it had changed when it was replaced.
-    pub updated: u32,
-    pub superseded_at: Time,
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
-pub enum PlanStorage {
-    /// The plan is in `status.plan.batches`.
-    #[default]
-    Status,
-    /// The plan is in the immutable ConfigMaps named in `status.plan.shards`.
-    ConfigMaps,
-}
-
-/// The frozen plan: which target is in which batch, and each target's previous image (for rollback).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PlanRef {
-    /// Identifies this exact plan; approvals must cite it.
-    pub hash: String,
-    pub total_targets: u32,
-    pub total_batches: u32,
-    pub storage: PlanStorage,
-    /// The plan itself, when small enough to live in status.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub batches: Vec<Vec<PlannedTarget>>,
-    /// ConfigMaps (in the rollout's namespace, owned by it) holding the plan, in order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub shards: Vec<String>,
-}
-
-/// One target of the plan.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PlannedTarget {
-    pub namespace: String,
-    pub name: String,
-    /// The container image before this rollout first changed the target.
-    pub previous_image: String,
-}
-
+/// Target counts of the current revision's plan.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Counts {
@@ -295,14 +219,17 @@ pub struct Counts {
     pub refused: u32,
 }
 
+/// Where a batch is.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum BatchState {
+    /// Not started.
     #[default]
     Pending,
     /// Intent recorded; targets are being changed.
     Applying,
     /// Every target changed; waiting for health (and soak).
     Verifying,
+    /// Every target healthy (and soaked), within the failure budget.
     Succeeded,
     /// More failures than the budget allowed.
     Failed,
@@ -312,22 +239,29 @@ pub enum BatchState {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BatchStatus {
-    /// 0-based.
+    /// The batch's index, 0-based (status.batch shows it 1-based).
     pub index: u32,
+    /// How many targets the batch holds.
     pub size: u32,
+    /// Pending, Applying (targets are being changed), Verifying (waiting for health and soak), Succeeded,
+    /// or Failed (more failures than the budget allowed).
     pub state: BatchState,
     /// `<rollout-uid>/<revision>/<batch>`: recorded here before any target changes, and stamped on each
     /// target as the `fleetroll.dev/applied` annotation, so a replay is a no-op.
     pub idempotency_key: String,
+    /// When the batch started (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,
+    /// When every target of the batch had been changed (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied_at: Option<Time>,
-    /// When every target of the batch was last seen healthy together (the soak clock).
+    /// Since when every target of the batch has been healthy together (the soak clock; RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub healthy_since: Option<Time>,
+    /// When the batch succeeded or failed (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Time>,
+    /// How many of the batch's targets failed.
     #[serde(default)]
     pub failed: u32,
     /// Targets (`namespace/name`) whose change the API server refused (RBAC, an admission webhook or
@@ -340,62 +274,84 @@ pub struct BatchStatus {
 /// How many denied targets a batch checkpoint lists.
 pub const DENIED_LISTED: usize = 100;
 
+/// A target that failed, or that the rollout refused to change.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TargetFailure {
+    /// The target's namespace; empty for a node.
     pub namespace: String,
+    /// The target's name: the workload, or the node.
     pub name: String,
+    /// The index (0-based) of the batch it was in.
     pub batch: u32,
     /// e.g. Timeout, TargetMissing, HttpCheckFailed, ProgressDeadlineExceeded, or a refusal:
-    /// NamespaceNotOptedIn, OutOfScope, TargetProtected, TargetHeldByAnotherRollout
+    /// NamespaceNotOptedIn, OutOfScope, TargetProtected, TargetHeldByAnotherRollout.
     pub reason: String,
+    /// What happened, for people.
     pub message: String,
 }
 
+/// The approval a rollout waits for: add it to spec.approvals to release the batch.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PendingApproval {
+    /// The index (0-based) of the batch waiting: the `batch` of the approval to add.
     pub batch: u32,
+    /// The plan to approve (status.plan.hash): the `planHash` of the approval to add.
     pub plan_hash: String,
+    /// Since when the batch has been waiting (RFC 3339).
     pub since: Time,
 }
 
+/// An approval that released a batch.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ApprovalRecord {
+    /// The index (0-based) of the batch it released.
     pub batch: u32,
+    /// The plan it approved (status.plan.hash at the time).
     pub plan_hash: String,
+    /// Who approved, when known (spec.approvals[].approvedBy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approved_by: Option<String>,
+    /// When the batch was released (RFC 3339).
     pub approved_at: Time,
 }
 
+/// Matching targets that appeared after the plan was frozen.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Unplanned {
+    /// How many there are.
     pub count: u32,
     /// Up to 10 of them, as namespace/name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sample: Vec<String>,
 }
 
+/// Where a rollback is.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum RollbackState {
     /// Intent recorded; previous images are being restored.
     #[default]
     Restoring,
+    /// Every target restored, or skipped.
     Done,
 }
 
+/// A rollback: restoring every changed target's previous image.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RollbackStatus {
+    /// Restoring (previous images are being restored) or Done.
     pub state: RollbackState,
     /// `<rollout-uid>/<revision>/rollback`, stamped on each restored target.
     pub idempotency_key: String,
     /// Why: RollbackRequested or FailureBudgetExceeded.
     pub reason: String,
+    /// When the rollback began (RFC 3339).
     pub started_at: Time,
+    /// When the rollback was done (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Time>,
     /// Targets whose previous image was restored.

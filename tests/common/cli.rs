@@ -82,6 +82,21 @@ pub async fn helm(args: &[&str]) -> Ran {
     run(&helm, args, None).await
 }
 
+/// krew's manifest validator, which tests/testenv/build.sh builds and cluster.sh links with kubectl.
+pub async fn validate_krew_manifest(args: &[&str]) -> Ran {
+    let validator = binary("validate-krew-manifest");
+    assert!(
+        validator.is_absolute() || which(&validator),
+        "validate-krew-manifest is neither in target/testenv/bin nor on PATH: run tests/testenv/build.sh \
+         (and link it as tests/testenv/cluster.sh does)"
+    );
+    run(&validator, args, None).await
+}
+
+fn which(name: &Path) -> bool {
+    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(name).is_file()))
+}
+
 pub fn repo_path(relative: &str) -> String {
     root().join(relative).display().to_string()
 }

@@ -127,6 +127,17 @@ build_gitops_judge() {
   stamp "$out" "usage" './gitops-judge </dev/null || true'
 }
 
+# krew's own manifest validator, which the test of .krew.yaml runs. Not part of the control plane: built
+# here so that the tests find it where they find kubectl and helm. It has no --version; its build info does.
+build_krew_validator() {
+  local out=$CACHE/bin/validate-krew-manifest-$KREW_VERSION
+  [ -f "$out/.complete" ] && return 0
+  log "building validate-krew-manifest $KREW_VERSION"
+  mkdir -p "$out"
+  GOBIN=$out go install -trimpath -ldflags '-s -w' "sigs.k8s.io/krew/cmd/validate-krew-manifest@$KREW_VERSION"
+  stamp "$out" "sigs.k8s.io/krew	$KREW_VERSION" 'go version -m ./validate-krew-manifest | grep -w mod'
+}
+
 mkdir -p "$CACHE"
 start=$(date +%s)
 build_etcd
@@ -134,4 +145,5 @@ build_kwok
 build_helm
 build_kubernetes
 build_gitops_judge
-log "control-plane binaries ready in $CACHE/bin ($(($(date +%s) - start))s)"
+build_krew_validator
+log "control-plane binaries and test tools ready in $CACHE/bin ($(($(date +%s) - start))s)"

@@ -61,6 +61,7 @@ link_binaries() {
   ln -sf "$CACHE/bin/kwok-$KWOK_VERSION/kwok" "$BIN/kwok"
   ln -sf "$CACHE/bin/helm-$HELM_VERSION/helm" "$BIN/helm"
   ln -sf "$(gitops_judge_dir)/gitops-judge" "$BIN/gitops-judge"
+  ln -sf "$CACHE/bin/validate-krew-manifest-$KREW_VERSION/validate-krew-manifest" "$BIN/validate-krew-manifest"
 }
 
 # One CA; a serving cert for the apiserver; client certs whose CN/O the bootstrap RBAC policy knows.

@@ -4,3 +4,6 @@ K8S_VERSION=v1.37.2
 ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0
+# krew's manifest validator (sigs.k8s.io/krew/cmd/validate-krew-manifest), for the test of .krew.yaml.
+KREW_VERSION=v0.4.3
+
