@@ -151,3 +151,16 @@ fn every_phase_maps_to_one_kstatus_reading() {
         assert_eq!(gitops_state(phase, why, blocked), expected, "{phase} {why:?}");
     }
 }
+
+#[test]
+fn a_finished_rollout_observes_a_later_spec_change_so_it_does_not_read_in_progress_for_ever() {
+    let mut sim = Sim::new(spec(5), 10);
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    // Git (or a person) edits a field that starts nothing on a finished rollout.
+    sim.spec.paused = true;
+    sim.generation = 2;
+    assert_eq!(sim.settle(), None);
+    assert_generation(&sim.status, 2);
+    assert_eq!((sim.status.phase, kstatus(&sim.status)), (Phase::Succeeded, GitOpsState::Current));
+}
