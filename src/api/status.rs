@@ -92,6 +92,11 @@ pub struct FleetRolloutStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unplanned: Option<Unplanned>,
 
+    /// Targets of a succeeded rollout whose image someone else has changed since fleetroll set it (a
+    /// GitOps tool re-applying Git, say); recounted whenever one of its targets changes, gone once none is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changed_by_others: Option<ChangedByOthers>,
+
     /// Progress of a rollback, once one began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollback: Option<RollbackStatus>,
@@ -325,6 +330,17 @@ pub struct Unplanned {
     /// How many there are.
     pub count: u32,
     /// Up to 10 of them, as namespace/name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sample: Vec<String>,
+}
+
+/// The targets of a succeeded rollout that no longer carry its image.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ChangedByOthers {
+    /// How many there are.
+    pub count: u32,
+    /// Up to 10 of them, as `namespace/name: image they carry now`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sample: Vec<String>,
 }

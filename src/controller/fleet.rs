@@ -15,7 +15,12 @@ use kube::{ResourceExt, runtime::reflector::ObjectRef};
 use super::Context;
 use crate::{
     api::{FleetRollout, FleetRolloutStatus, Phase, PlannedTarget, TargetKind, Unplanned},
-    core::{Blocked, nodes, plan::Candidate, rollout::TargetState, scope},
+    core::{
+        Blocked, nodes,
+        plan::Candidate,
+        rollout::{Carrier, TargetState},
+        scope,
+    },
     edge::{
         daemonset_pods::{self, View},
         discovery,
@@ -74,6 +79,8 @@ pub(super) trait Seen {
     fn held_by(&self, t: &PlannedTarget) -> Option<String>;
     /// How soon to look again when nothing wakes the rollout (what is not watched).
     fn recheck(&self) -> Option<Duration>;
+    /// The targets carrying a key that starts with `prefix`, with their images now.
+    fn carrying(&self, prefix: &str) -> Vec<Carrier>;
 }
 
 /// A batch to change.
@@ -186,6 +193,10 @@ impl Seen for WorkloadsSeen {
     fn recheck(&self) -> Option<Duration> {
         None
     }
+
+    fn carrying(&self, prefix: &str) -> Vec<Carrier> {
+        self.stores.carrying(self.kind, self.container.as_deref(), prefix)
+    }
 }
 
 /// The other rollouts still running, by uid (`namespace/name`): a target one of them changed last is held.
@@ -289,6 +300,11 @@ impl Seen for NodesSeen {
     fn recheck(&self) -> Option<Duration> {
         // Pods and nodes are not watched: look again soon (a NotReady node fails, never hangs).
         self.view.as_ref().map(|_| NODE_RECHECK)
+    }
+
+    // A node's pod is replaced, not changed in place: nothing carries a key after success to look at.
+    fn carrying(&self, _: &str) -> Vec<Carrier> {
+        Vec::new()
     }
 }
 

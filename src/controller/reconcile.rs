@@ -197,6 +197,7 @@ async fn decide(
         target: &target,
         unplanned: &unplanned,
         scope: &in_scope,
+        carrying: &|prefix| seen.carrying(prefix),
     })
 }
 

@@ -17,7 +17,7 @@ use crate::{
     api::{FIELD_MANAGER, PlannedTarget, TargetKind},
     core::{
         count,
-        rollout::TargetState,
+        rollout::{Carrier, TargetState},
         workload::{self, Cached, WorkloadFacts},
     },
     error::{Error, Result, denial, is_not_found},
@@ -98,6 +98,35 @@ impl Stores {
             TargetKind::Deployment => keys(&self.deployments, keep),
             TargetKind::StatefulSet => keys(&self.statefulsets, keep),
             TargetKind::DaemonSet => keys(&self.daemonsets, keep),
+            TargetKind::Node => Vec::new(),
+        }
+    }
+
+    /// The cached workloads of a kind whose `fleetroll.dev/applied` key starts with `prefix`, with the image
+    /// of the rolled container.
+    pub fn carrying(&self, kind: TargetKind, container: Option<&str>, prefix: &str) -> Vec<Carrier> {
+        fn scan<K>(store: &Store<Cached<K>>, container: Option<&str>, prefix: &str) -> Vec<Carrier>
+        where
+            K: kube::Resource<DynamicType = ()> + Clone,
+        {
+            store
+                .state()
+                .iter()
+                .filter(|c| c.facts.applied.as_deref().is_some_and(|k| k.starts_with(prefix)))
+                .map(|c| Carrier {
+                    target: c.facts.key(),
+                    image: c
+                        .facts
+                        .container_image(container)
+                        .map(|(_, i)| i.to_string())
+                        .map_err(|e| e.to_string()),
+                })
+                .collect()
+        }
+        match kind {
+            TargetKind::Deployment => scan(&self.deployments, container, prefix),
+            TargetKind::StatefulSet => scan(&self.statefulsets, container, prefix),
+            TargetKind::DaemonSet => scan(&self.daemonsets, container, prefix),
             TargetKind::Node => Vec::new(),
         }
     }

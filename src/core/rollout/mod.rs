@@ -15,6 +15,7 @@
 //! (the summary fields and conditions people read), [`housekeeping`] (what a rollout holds and when it
 //! goes).
 
+mod drift;
 mod failure;
 mod gates;
 mod housekeeping;
@@ -73,6 +74,18 @@ pub struct Facts<'a> {
     pub unplanned: &'a dyn Fn() -> Option<Unplanned>,
     /// Whether a target may be changed (or restored) now: see [`crate::core::scope`].
     pub scope: &'a dyn Fn(&PlannedTarget) -> Result<(), Refusal>,
+    /// The workloads whose `fleetroll.dev/applied` key starts with the given prefix (asked only of a
+    /// succeeded rollout: it scans the cache).
+    pub carrying: &'a dyn Fn(&str) -> Vec<Carrier>,
+}
+
+/// A workload carrying one of this rollout's keys, as observed now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Carrier {
+    /// `namespace/name`.
+    pub target: String,
+    /// The image of the rolled container, or why it cannot be read.
+    pub image: Result<String, String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,7 +184,8 @@ fn advance(f: &Facts<'_>) -> Step {
         if f.spec.rollback && s.phase != Phase::RolledBack && s.counts.updated > 0 {
             return start_rollback(f, s, reason::ROLLBACK_REQUESTED);
         }
-        return write_if_changed(f, s, Vec::new(), None);
+        let events = drift::recount(f, &mut s);
+        return write_if_changed(f, s, events, None);
     }
     if f.spec.rollback {
         return start_rollback(f, s, reason::ROLLBACK_REQUESTED);

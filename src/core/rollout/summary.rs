@@ -50,7 +50,10 @@ fn message(s: &FleetRolloutStatus, total_batches: u32) -> String {
             None => "waiting for approval".into(),
         },
         Phase::RollingBack => format!("rolling back {} targets", c.updated),
-        Phase::Succeeded => format!("succeeded: {tally}"),
+        Phase::Succeeded => match changed_by_others(s) {
+            Some(changed) => format!("succeeded: {tally}; {changed}"),
+            None => format!("succeeded: {tally}"),
+        },
         Phase::Failed => format!("failed: failure budget exceeded; {tally}"),
         Phase::Aborted => format!("aborted on request; {tally}"),
         Phase::RolledBack => match &s.rollback {
@@ -73,6 +76,7 @@ pub(super) fn set_conditions(
     let message = s.message.clone().unwrap_or_default();
     let phase = s.phase;
     let progressing = matches!(phase, Phase::Progressing | Phase::RollingBack) && blocked.is_none();
+    let changed = changed_by_others(s);
     let cs = &mut s.conditions;
     conditions::set(
         cs,
@@ -97,10 +101,11 @@ pub(super) fn set_conditions(
         generation,
         now,
     );
-    let (degraded, degraded_reason, degraded_message) = match blocked {
-        Some(b) => (true, b.reason.to_string(), b.message.clone()),
-        None if reason == reason::FAILURE_BUDGET_EXCEEDED => (true, reason.clone(), message.clone()),
-        None => (false, "AsExpected".to_string(), String::new()),
+    let (degraded, degraded_reason, degraded_message) = match (blocked, changed) {
+        (Some(b), _) => (true, b.reason.to_string(), b.message.clone()),
+        (None, _) if reason == reason::FAILURE_BUDGET_EXCEEDED => (true, reason.clone(), message.clone()),
+        (None, Some(changed)) => (true, reason::IMAGE_CHANGED.to_string(), changed),
+        (None, None) => (false, "AsExpected".to_string(), String::new()),
     };
     conditions::set(
         cs,
@@ -144,8 +149,16 @@ pub enum GitOpsState {
 /// rollout goes on once someone resumes or approves it, so a Flux `wait` or `dependsOn` must not go ahead
 /// (Current) and must not report a failure either; its timeout is what says a person is needed. A pause
 /// the failure budget forced is Failed: targets failed and nothing happens until someone decides.
-pub fn gitops_state(phase: Phase, reason: Option<&str>, blocked: bool) -> GitOpsState {
+/// A succeeded rollout some of whose targets someone else has changed since is Failed too: what it
+/// promised no longer holds, and the operator will not undo someone else's change.
+pub fn gitops_state(
+    phase: Phase,
+    reason: Option<&str>,
+    blocked: bool,
+    changed_by_others: bool,
+) -> GitOpsState {
     match phase {
+        Phase::Succeeded if changed_by_others => GitOpsState::Failed,
         Phase::Succeeded => GitOpsState::Current,
         Phase::Failed | Phase::Aborted | Phase::RolledBack => GitOpsState::Failed,
         Phase::Pending if blocked => GitOpsState::Failed,
@@ -164,13 +177,15 @@ fn set_gitops_conditions(
     now: Timestamp,
     blocked: Option<&Blocked>,
 ) {
-    let (reason, message) = match blocked {
-        Some(b) => (b.reason.to_string(), b.message.clone()),
-        None => {
+    let changed = changed_by_others(s);
+    let (reason, message) = match (blocked, &changed) {
+        (Some(b), _) => (b.reason.to_string(), b.message.clone()),
+        (None, Some(changed)) => (reason::IMAGE_CHANGED.to_string(), changed.clone()),
+        (None, None) => {
             (s.reason.clone().unwrap_or_else(|| s.phase.to_string()), s.message.clone().unwrap_or_default())
         }
     };
-    let state = gitops_state(s.phase, s.reason.as_deref(), blocked.is_some());
+    let state = gitops_state(s.phase, s.reason.as_deref(), blocked.is_some(), changed.is_some());
     let at_rest = s.phase.as_str();
     for (type_, on) in [
         (conditions::READY, state == GitOpsState::Current),
@@ -187,4 +202,11 @@ fn set_gitops_conditions(
         };
         conditions::set(&mut s.conditions, desired, generation, now);
     }
+}
+
+/// What `status.changedByOthers` says, in words, for a succeeded rollout.
+fn changed_by_others(s: &FleetRolloutStatus) -> Option<String> {
+    let changed = s.changed_by_others.as_ref().filter(|_| s.phase == Phase::Succeeded)?;
+    let image = s.revision.as_ref().map_or("", |r| r.inputs.image.as_str());
+    Some(super::drift::message(changed.count, image, &changed.sample))
 }

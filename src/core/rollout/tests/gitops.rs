@@ -148,7 +148,7 @@ fn every_phase_maps_to_one_kstatus_reading() {
         (Phase::RolledBack, Some(reason::ROLLED_BACK), false, Failed),
     ];
     for (phase, why, blocked, expected) in cases {
-        assert_eq!(gitops_state(phase, why, blocked), expected, "{phase} {why:?}");
+        assert_eq!(gitops_state(phase, why, blocked, false), expected, "{phase} {why:?}");
     }
 }
 
@@ -163,4 +163,45 @@ fn a_finished_rollout_observes_a_later_spec_change_so_it_does_not_read_in_progre
     assert_eq!(sim.settle(), None);
     assert_generation(&sim.status, 2);
     assert_eq!((sim.status.phase, kstatus(&sim.status)), (Phase::Succeeded, GitOpsState::Current));
+}
+
+#[test]
+fn a_succeeded_rollout_whose_targets_someone_else_changed_since_reads_failed_until_they_carry_its_image() {
+    assert_eq!(gitops_state(Phase::Succeeded, Some(reason::SUCCEEDED), false, true), GitOpsState::Failed);
+    let mut sim = Sim::new(spec(5), 10);
+    sim.settle();
+    assert_eq!(kstatus(&sim.status), GitOpsState::Current);
+    // A GitOps tool re-applies Git on two targets: their old image is back, fleetroll's key stays.
+    let mut reverted: Vec<String> = sim.world.keys().take(2).cloned().collect();
+    reverted.sort();
+    for t in &reverted {
+        sim.world.get_mut(t).unwrap().image = Ok("web:v1".into());
+    }
+    let Step::Write(t) = sim.step() else { panic!("the change is recorded") };
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    let changed = sim.status.changed_by_others.clone().expect("changed targets are counted");
+    assert_eq!(changed.count, 2);
+    assert_eq!(changed.sample, reverted.iter().map(|t| format!("{t}: web:v1")).collect::<Vec<_>>());
+    assert_eq!(kstatus(&sim.status), GitOpsState::Failed);
+    let stalled = conditions::get(&sim.status.conditions, conditions::STALLED).expect("Stalled");
+    assert_eq!(stalled.reason, reason::IMAGE_CHANGED);
+    assert!(stalled.message.starts_with("2 targets no longer carry web:v2"), "{}", stalled.message);
+    assert!(conditions::is_true(&sim.status.conditions, conditions::DEGRADED));
+    assert!(conditions::is_true(&sim.status.conditions, conditions::COMPLETE), "it did complete");
+    let warnings: Vec<_> = t.events.iter().filter(|e| e.reason == reason::IMAGE_CHANGED).collect();
+    assert_eq!(warnings.len(), 1, "{:?}", t.events);
+    // Seen again with nothing new: no write, no second warning.
+    assert!(matches!(sim.step(), Step::Wait { .. }));
+
+    // A target another rollout takes over carries that rollout's key: not counted here.
+    sim.world.get_mut(&reverted[0]).unwrap().applied = Some("other-uid/1/0".into());
+    sim.settle();
+    assert_eq!(sim.status.changed_by_others.as_ref().map(|c| c.count), Some(1));
+    // The image put back: the rollout reads Current again.
+    sim.world.get_mut(&reverted[1]).unwrap().image = Ok("web:v2".into());
+    sim.settle();
+    assert_eq!(sim.status.changed_by_others, None);
+    assert_eq!(kstatus(&sim.status), GitOpsState::Current);
+    assert!(!conditions::is_true(&sim.status.conditions, conditions::DEGRADED));
 }

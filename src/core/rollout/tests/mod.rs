@@ -142,6 +142,14 @@ impl Sim {
             target: &lookup,
             unplanned: &|| None,
             scope: &scope,
+            carrying: &|prefix| {
+                let carries = |s: &TargetState| s.applied.as_deref().is_some_and(|k| k.starts_with(prefix));
+                world
+                    .iter()
+                    .filter(|(_, s)| carries(s))
+                    .map(|(t, s)| Carrier { target: t.clone(), image: s.image.clone() })
+                    .collect()
+            },
         })
     }
 

@@ -1,0 +1,59 @@
+//! After success: the targets a rollout changed whose image someone else has changed since (a GitOps tool
+//! re-applying Git, a person with kubectl). Recounted from what the targets carry now, so the status says
+//! how things are rather than what once happened; a Warning event says so whenever more are affected.
+//!
+//! A target counts when it still carries a key of this revision (nothing but fleetroll writes the key, and
+//! a later rollout replaces it) and its image is not the revision's. A target another rollout took over
+//! since carries that rollout's key, so it does not count here.
+
+use super::{Event, Facts};
+use crate::{
+    api::{ChangedByOthers, FleetRolloutStatus, Phase},
+    core::{count, reason},
+};
+
+/// Names of changed targets listed in status.
+const SAMPLE: usize = 10;
+
+/// Recounts the targets of a succeeded rollout that no longer carry its image; a Warning event when the
+/// count grows.
+pub(super) fn recount(f: &Facts<'_>, s: &mut FleetRolloutStatus) -> Vec<Event> {
+    let revision = match (&s.revision, s.phase) {
+        (Some(r), Phase::Succeeded) => r,
+        _ => {
+            s.changed_by_others = None;
+            return Vec::new();
+        }
+    };
+    let image = revision.inputs.image.clone();
+    let prefix = format!("{}/{}/", f.uid, revision.number);
+    let mut changed: Vec<String> = (f.carrying)(&prefix)
+        .into_iter()
+        .filter_map(|c| match c.image {
+            Ok(now) if now == image => None,
+            Ok(now) => Some(format!("{}: {now}", c.target)),
+            Err(why) => Some(format!("{}: {why}", c.target)),
+        })
+        .collect();
+    if changed.is_empty() {
+        s.changed_by_others = None;
+        return Vec::new();
+    }
+    changed.sort();
+    let total = count(changed.len());
+    changed.truncate(SAMPLE);
+    let before = f.status.changed_by_others.as_ref().map_or(0, |c| c.count);
+    let message = message(total, &image, &changed);
+    s.changed_by_others = Some(ChangedByOthers { count: total, sample: changed });
+    if total > before { vec![Event::warning(reason::IMAGE_CHANGED, None, message)] } else { Vec::new() }
+}
+
+/// One line on the targets that no longer carry `image`.
+pub(super) fn message(total: u32, image: &str, sample: &[String]) -> String {
+    let more = total.saturating_sub(count(sample.len()));
+    let tail = if more > 0 { format!(" (and {more} more)") } else { String::new() };
+    format!(
+        "{total} targets no longer carry {image}: someone else changed them after the rollout succeeded: {}{tail}",
+        sample.join(", ")
+    )
+}
