@@ -8,6 +8,7 @@ mod common;
 use std::{future::Future, time::Duration};
 
 use common::{
+    chart::{object, render},
     cli::{helm, kubectl, kubectl_as, repo_path},
     fleet::{Fleet, NEXT_IMAGE, READY_IMAGE, image_of, phase, with_fleet},
     mcp::drive,
@@ -125,22 +126,6 @@ async fn the_chart_lints_and_every_rendered_object_is_accepted() {
         committed == String::from_utf8_lossy(&render.stdout),
         "manifests/install.yaml is stale: run `make generate`"
     );
-}
-
-/// The chart rendered as release `fr` in namespace `ns` with `--set` values, one JSON value per object.
-async fn render(sets: &[&str]) -> Vec<Value> {
-    let chart = repo_path("charts/fleetroll");
-    let mut args = vec!["template", "fr", chart.as_str(), "--namespace", "ns"];
-    for set in sets {
-        args.extend(["--set", set]);
-    }
-    let yaml = helm(&args).await.ok().stdout;
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&yaml).unwrap();
-    docs.into_iter().filter(|d| !d.is_null()).collect()
-}
-
-fn object<'a>(objects: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
-    objects.iter().find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
 }
 
 /// Whether a ClusterRole or Role grants `verb` on `resource` (which may be `res/sub`) in API group `group`.
