@@ -1,5 +1,5 @@
 //! The Helm chart as a platform team ships it: values checked by a schema, high availability, an optional
-//! NetworkPolicy, metrics on their own port, and a labelled CRD.
+//! NetworkPolicy, metrics on their own port, a labelled CRD, and a README generated from the values.
 //! (tests/install.rs proves the rendered objects are accepted and the RBAC is right.)
 #![allow(clippy::unwrap_used)]
 
@@ -225,4 +225,20 @@ async fn the_crd_carries_the_charts_labels_and_is_kept_unless_told_otherwise() {
     assert_eq!(crd["metadata"]["labels"]["app.kubernetes.io/instance"], "fr");
     let none = render(&["crds.install=false"]).await;
     assert!(object(&none, "CustomResourceDefinition", crd_name).is_none());
+}
+
+#[tokio::test]
+async fn the_charts_readme_is_generated_from_its_values() {
+    let generated =
+        tokio::process::Command::new("bash").arg(repo_path("hack/chart-readme.sh")).output().await.unwrap();
+    assert!(generated.status.success(), "{}", String::from_utf8_lossy(&generated.stderr));
+    let generated = String::from_utf8(generated.stdout).unwrap();
+    let committed = std::fs::read_to_string(repo_path("charts/fleetroll/README.md")).unwrap();
+    assert!(committed == generated, "charts/fleetroll/README.md is stale: run `make generate`");
+    // Every value has a `# --` comment: helm-docs leaves the description cell of any other empty.
+    let rows: Vec<&str> = generated.lines().filter(|l| l.starts_with("| ") && l.contains(" | `")).collect();
+    assert!(rows.len() > 40, "the values table: {rows:?}");
+    for row in rows {
+        assert!(!row.trim_end().ends_with("|  |"), "a value without a description: {row}");
+    }
 }

@@ -60,6 +60,7 @@ link_binaries() {
   ln -sf "$CACHE/bin/etcd-$ETCD_VERSION/etcd" "$BIN/etcd"
   ln -sf "$CACHE/bin/kwok-$KWOK_VERSION/kwok" "$BIN/kwok"
   ln -sf "$CACHE/bin/helm-$HELM_VERSION/helm" "$BIN/helm"
+  ln -sf "$CACHE/bin/helm-docs-$HELM_DOCS_VERSION/helm-docs" "$BIN/helm-docs"
 }
 
 # One CA; a serving cert for the apiserver; client certs whose CN/O the bootstrap RBAC policy knows.

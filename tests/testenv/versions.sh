@@ -4,3 +4,5 @@ K8S_VERSION=v1.37.2
 ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0
+# Generates charts/fleetroll/README.md from values.yaml's `# --` comments (make generate; checked by tests).
+HELM_DOCS_VERSION=v1.14.2
