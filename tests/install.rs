@@ -8,6 +8,7 @@ mod common;
 use std::{future::Future, time::Duration};
 
 use common::{
+    chart::{object, render},
     cli::{helm, kubectl, kubectl_as, repo_path},
     fleet::{Fleet, NEXT_IMAGE, READY_IMAGE, image_of, phase, with_fleet},
     mcp::drive,
@@ -62,16 +63,26 @@ async fn the_chart_lints_and_every_rendered_object_is_accepted() {
     ])
     .await
     .ok();
-    // MCP without authentication is for local demos on loopback, never for an installation.
+    // MCP without authentication is for local demos on loopback, never for an installation: the schema
+    // refuses it, and the template too when the schema is skipped.
     let unauthenticated = helm(&["template", "fr", &chart, "--set", "mcp.auth=none"]).await;
     assert!(
-        unauthenticated.code != 0 && unauthenticated.stderr.contains("mcp.auth must be serviceaccount"),
+        unauthenticated.code != 0
+            && unauthenticated.stderr.contains("at '/mcp/auth': value must be 'serviceaccount'"),
         "{unauthenticated:?}"
+    );
+    let unchecked =
+        helm(&["template", "fr", &chart, "--skip-schema-validation", "--set", "mcp.auth=none"]).await;
+    assert!(
+        unchecked.code != 0 && unchecked.stderr.contains("mcp.auth must be serviceaccount"),
+        "{unchecked:?}"
     );
 
     with_namespace("chart", |_client: Client, ns: String| async move {
-        let rendered =
-            helm(&["template", "fr", &repo_path("charts/fleetroll"), "--namespace", &ns]).await.ok().stdout;
+        // The NetworkPolicy too (off by default), so that the API server judges it as well.
+        let chart = repo_path("charts/fleetroll");
+        let sets = ["--namespace", &ns, "--set", "networkPolicy.enabled=true"];
+        let rendered = helm(&[&["template", "fr", &chart][..], &sets].concat()).await.ok().stdout;
         for expected in [
             "replicas: 2",
             "path: /healthz",
@@ -94,6 +105,8 @@ async fn the_chart_lints_and_every_rendered_object_is_accepted() {
             "service/fr-fleetroll",
             "clusterrole.rbac.authorization.k8s.io/fr-fleetroll-impersonate",
             "clusterrole.rbac.authorization.k8s.io/fr-fleetroll-fleet-admin",
+            "poddisruptionbudget.policy/fr-fleetroll",
+            "networkpolicy.networking.k8s.io/fr-fleetroll",
             "validatingadmissionpolicy.admissionregistration.k8s.io/fr-fleetroll-creator-rights",
             "validatingadmissionpolicybinding.admissionregistration.k8s.io/fr-fleetroll-creator-rights",
         ] {
@@ -125,22 +138,6 @@ async fn the_chart_lints_and_every_rendered_object_is_accepted() {
         committed == String::from_utf8_lossy(&render.stdout),
         "manifests/install.yaml is stale: run `make generate`"
     );
-}
-
-/// The chart rendered as release `fr` in namespace `ns` with `--set` values, one JSON value per object.
-async fn render(sets: &[&str]) -> Vec<Value> {
-    let chart = repo_path("charts/fleetroll");
-    let mut args = vec!["template", "fr", chart.as_str(), "--namespace", "ns"];
-    for set in sets {
-        args.extend(["--set", set]);
-    }
-    let yaml = helm(&args).await.ok().stdout;
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&yaml).unwrap();
-    docs.into_iter().filter(|d| !d.is_null()).collect()
-}
-
-fn object<'a>(objects: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
-    objects.iter().find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
 }
 
 /// Whether a ClusterRole or Role grants `verb` on `resource` (which may be `res/sub`) in API group `group`.
@@ -286,8 +283,16 @@ async fn the_charts_rbac_follows_its_values() {
     assert!(args(&apart).contains(&"--fleet-namespace=fleet".to_string()));
     let bad = helm(&["template", "fr", &chart, "--set", "mcp.impersonation=sometimes"]).await;
     assert!(
-        bad.code != 0 && bad.stderr.contains("mcp.impersonation must be constrained or legacy"),
+        bad.code != 0
+            && bad.stderr.contains("at '/mcp/impersonation': value must be one of 'constrained', 'legacy'"),
         "{bad:?}"
+    );
+    let unchecked =
+        helm(&["template", "fr", &chart, "--skip-schema-validation", "--set", "mcp.impersonation=sometimes"])
+            .await;
+    assert!(
+        unchecked.code != 0 && unchecked.stderr.contains("mcp.impersonation must be constrained or legacy"),
+        "{unchecked:?}"
     );
 }
 

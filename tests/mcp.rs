@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::{
     fleet::{Fleet, NEXT_IMAGE, READY_IMAGE, image_of, phase, with_fleet},
     mcp::drive,
-    operator::{Operator, free_port},
+    operator::{Operator, free_port, http_get, status},
     tenant::{self, serviceaccount_kubeconfig},
 };
 use fleetroll::api::{FleetRollout, Phase, PlanStorage};
@@ -757,6 +757,41 @@ async fn writes_through_mcp_are_made_as_the_caller() {
         let said = format!("only {} may write here, not {}", user("agent"), user("other"));
         assert!(text.contains(&said), "{text}");
         assert!(fleet.rollouts().get_opt("as-other").await.unwrap().is_none(), "nothing was written");
+    })
+    .await;
+}
+
+/// With --metrics-listen (as the chart runs it), /metrics leaves the MCP listener for a listener of its own,
+/// which serves no MCP; probes answer on both.
+#[tokio::test]
+async fn with_metrics_listen_metrics_are_served_apart_from_mcp() {
+    with_fleet("metrics-port", 0, |fleet| async move {
+        for subcommand in ["operator", "mcp"] {
+            let metrics_port = free_port();
+            let listen = format!("127.0.0.1:{metrics_port}");
+            let extra = ["--metrics-listen", listen.as_str()];
+            let op = match subcommand {
+                "operator" => Operator::start(&fleet.ns, &extra, &[]),
+                _ => Operator::start_mcp(&fleet.ns, &extra, &[]),
+            };
+            op.ready().await;
+            let scraped = http_get(metrics_port, "/metrics").await;
+            assert!(
+                status(&scraped) == Some(200) && scraped.contains("fleetroll_leader "),
+                "{subcommand}: {scraped}"
+            );
+            for (port, path, code) in [
+                (op.port, "/metrics", 404),
+                (metrics_port, "/mcp", 404),
+                (metrics_port, "/readyz", 200),
+                (metrics_port, "/healthz", 200),
+                (op.port, "/healthz", 200),
+            ] {
+                let got = http_get(port, path).await;
+                assert_eq!(status(&got), Some(code), "{subcommand}: GET {path} on port {port}: {got}");
+            }
+            assert_eq!(drive(&["tools", &op.mcp_url()]).await["tools"].as_array().unwrap().len(), 9);
+        }
     })
     .await;
 }

@@ -48,9 +48,8 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct McpServeArgs {
-    /// Address of the HTTP listener.
-    #[arg(long, env = "FLEETROLL_LISTEN", default_value = "0.0.0.0:8080")]
-    listen: SocketAddr,
+    #[command(flatten)]
+    listen: ListenArgs,
 
     /// The namespace whose FleetRollouts may span namespaces (used by preview_rollout).
     #[arg(long, env = "FLEETROLL_FLEET_NAMESPACE", default_value = "fleetroll-system")]
@@ -58,6 +57,24 @@ struct McpServeArgs {
 
     #[command(flatten)]
     mcp: McpArgs,
+}
+
+#[derive(Clone, Copy, Debug, clap::Args)]
+struct ListenArgs {
+    /// Address of the HTTP listener: /mcp, /healthz, /readyz, and /metrics unless --metrics-listen is set.
+    #[arg(long, env = "FLEETROLL_LISTEN", default_value = "0.0.0.0:8080")]
+    listen: SocketAddr,
+
+    /// Serve /metrics (and /healthz, /readyz) on this address instead of the main listener, e.g.
+    /// 0.0.0.0:9090, so that a NetworkPolicy can let scrapers in without letting them reach /mcp.
+    #[arg(long, env = "FLEETROLL_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
+}
+
+impl ListenArgs {
+    fn listen(self) -> operator::Listen {
+        operator::Listen { http: self.listen, metrics: self.metrics_listen }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -138,9 +155,8 @@ impl McpArgs {
 
 #[derive(Debug, clap::Args)]
 struct OperatorArgs {
-    /// Address of the HTTP listener.
-    #[arg(long, env = "FLEETROLL_LISTEN", default_value = "0.0.0.0:8080")]
-    listen: SocketAddr,
+    #[command(flatten)]
+    listen: ListenArgs,
 
     /// The namespace whose FleetRollouts may span namespaces (targets.namespaceSelector).
     #[arg(long, env = "FLEETROLL_FLEET_NAMESPACE", default_value = "fleetroll-system")]
@@ -211,8 +227,8 @@ struct OperatorArgs {
 impl OperatorArgs {
     fn options(self) -> operator::Options {
         operator::Options {
-            listen: self.listen,
-            mcp: self.mcp.options(self.listen, &self.fleet_namespace),
+            listen: self.listen.listen(),
+            mcp: self.mcp.options(self.listen.listen, &self.fleet_namespace),
             lease_namespace: self.lease_namespace.unwrap_or_else(|| self.fleet_namespace.clone()),
             lease_name: self.lease_name,
             lease_duration: self.lease_duration,
@@ -290,9 +306,9 @@ pub fn run() -> ExitCode {
         }
         Command::Mcp(args) => {
             init_tracing(&cli.log_level, cli.log_format);
-            let mcp = args.mcp.options(args.listen, &args.fleet_namespace);
+            let mcp = args.mcp.options(args.listen.listen, &args.fleet_namespace);
             runtime::block_on(async {
-                operator::serve_mcp(args.listen, mcp).await.map(|()| ExitCode::SUCCESS)
+                operator::serve_mcp(args.listen.listen(), mcp).await.map(|()| ExitCode::SUCCESS)
             })
         }
     }
@@ -340,6 +356,15 @@ mod tests {
         {
             assert!(Cli::try_parse_from(["fleetroll", "operator"].iter().chain(bad)).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn metrics_move_to_their_own_listener_only_when_asked() {
+        assert!(operator(&[]).listen.metrics.is_none(), "one listener by default");
+        let o = operator(&["--listen=127.0.0.1:8080", "--metrics-listen=0.0.0.0:9090"]);
+        assert_eq!((o.listen.http.port(), o.listen.metrics.map(|a| a.port())), (8080, Some(9090)));
+        let mcp = Cli::try_parse_from(["fleetroll", "mcp", "--metrics-listen=127.0.0.1:9090"]).expect("mcp");
+        assert!(matches!(mcp.command, Command::Mcp(a) if a.listen.metrics_listen.is_some()));
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The operator's one HTTP listener: `/healthz`, `/readyz`, `/metrics` (and `/mcp` when the MCP server
-//! is mounted on it).
+//! The operator's HTTP endpoints: `/healthz`, `/readyz`, `/metrics` (and `/mcp` when the MCP server is
+//! mounted on the same listener). With `--metrics-listen`, `/metrics` moves to a listener of its own.
 
 use std::sync::{
     Arc,
@@ -18,12 +18,14 @@ pub struct Health {
     pub ready: Arc<AtomicBool>,
 }
 
+/// `/healthz`, `/readyz` and `/metrics`.
 pub fn router(health: Health) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .with_state(health)
+    probes(health.clone()).merge(Router::new().route("/metrics", get(metrics)).with_state(health))
+}
+
+/// `/healthz` and `/readyz` only: the main listener when `/metrics` is served on a listener of its own.
+pub fn probes(health: Health) -> Router {
+    Router::new().route("/healthz", get(|| async { "ok" })).route("/readyz", get(readyz)).with_state(health)
 }
 
 async fn readyz(State(h): State<Health>) -> impl IntoResponse {
@@ -62,5 +64,15 @@ mod tests {
         let body = axum::body::to_bytes(res.into_body(), 1 << 20).await.unwrap();
         let text = String::from_utf8(body.to_vec()).unwrap();
         assert!(text.contains("fleetroll_status_writes_total 1"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn the_probes_alone_serve_no_metrics() {
+        let health = Health { metrics: Arc::new(Metrics::default()), ready: Arc::new(AtomicBool::new(true)) };
+        let app = probes(health);
+        let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
+        assert_eq!(app.clone().oneshot(get("/healthz")).await.unwrap().status(), StatusCode::OK);
+        assert_eq!(app.clone().oneshot(get("/readyz")).await.unwrap().status(), StatusCode::OK);
+        assert_eq!(app.oneshot(get("/metrics")).await.unwrap().status(), StatusCode::NOT_FOUND);
     }
 }

@@ -1,4 +1,4 @@
-//! `fleetroll operator`: the HTTP listener, leader election, and the controller, on one shutdown signal.
+//! `fleetroll operator`: the HTTP listeners, leader election, and the controller, on one shutdown signal.
 
 use std::{
     net::SocketAddr,
@@ -23,9 +23,19 @@ use crate::{
     runtime::metrics::Metrics,
 };
 
+/// Where the HTTP endpoints listen.
+#[derive(Clone, Copy, Debug)]
+pub struct Listen {
+    /// `/mcp`, `/healthz`, `/readyz`, and `/metrics` unless it has a listener of its own.
+    pub http: SocketAddr,
+    /// `/metrics` (with `/healthz` and `/readyz`) on a listener of its own, so that a NetworkPolicy can
+    /// admit scrapers to it without admitting them to MCP.
+    pub metrics: Option<SocketAddr>,
+}
+
 #[derive(Clone, Debug)]
 pub struct Options {
-    pub listen: SocketAddr,
+    pub listen: Listen,
     pub mcp: mcp::Options,
     pub settings: Settings,
     pub lease_name: String,
@@ -33,8 +43,8 @@ pub struct Options {
     pub lease_duration: Duration,
 }
 
-/// Everything both `operator` and `mcp` run: a client, the HTTP listener with health, metrics and MCP, and
-/// a shutdown signal.
+/// Everything both `operator` and `mcp` run: a client, the HTTP listeners with health, metrics and MCP,
+/// and a shutdown signal.
 struct Serving {
     client: Client,
     /// The API server's URL (health checks may not reach it).
@@ -58,8 +68,8 @@ fn check_listener(listen: SocketAddr, auth: &mcp::auth::Mode) -> Result<()> {
     Ok(())
 }
 
-async fn serve(listen: SocketAddr, mut mcp_opts: mcp::Options) -> Result<Serving> {
-    check_listener(listen, &mcp_opts.auth)?;
+async fn serve(listen: Listen, mut mcp_opts: mcp::Options) -> Result<Serving> {
+    check_listener(listen.http, &mcp_opts.auth)?;
     let config = kube::Config::infer()
         .await
         .map_err(|e| Error::Config(format!("no Kubernetes configuration: {e}")))?;
@@ -81,16 +91,9 @@ async fn serve(listen: SocketAddr, mut mcp_opts: mcp::Options) -> Result<Serving
              rollouts as this server. Use it for local demos only."
         );
     }
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|source| Error::Listen { addr: listen.to_string(), source })?;
-    let app = http::router(http::Health { metrics: metrics.clone(), ready: ready.clone() })
-        .merge(mcp::router(client.clone(), config, &mcp_opts));
-    let stop = shutdown.clone();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await
-    });
-    info!(%listen, audience = %mcp_opts.resource, "serving /healthz, /readyz, /metrics, /mcp");
+    let health = http::Health { metrics: metrics.clone(), ready: ready.clone() };
+    let mcp_app = mcp::router(client.clone(), config, &mcp_opts);
+    let server = start_http(listen, health, mcp_app, &mcp_opts.resource, &shutdown).await?;
 
     Api::<FleetRollout>::all(client.clone())
         .list(&ListParams::default().limit(1))
@@ -98,6 +101,43 @@ async fn serve(listen: SocketAddr, mut mcp_opts: mcp::Options) -> Result<Serving
         .map_err(Error::CrdMissing)?;
     ready.store(true, Ordering::Relaxed);
     Ok(Serving { client, cluster_url, metrics, shutdown, server })
+}
+
+/// Starts the HTTP listeners: `/metrics` on the main one, or on its own when `listen.metrics` is set.
+async fn start_http(
+    listen: Listen,
+    health: http::Health,
+    mcp_app: axum::Router,
+    audience: &str,
+    shutdown: &CancellationToken,
+) -> Result<tokio::task::JoinHandle<std::io::Result<()>>> {
+    let Some(metrics_addr) = listen.metrics else {
+        let main = serve_on(listen.http, http::router(health).merge(mcp_app), shutdown.clone()).await?;
+        info!(listen = %listen.http, %audience, "serving /healthz, /readyz, /metrics, /mcp");
+        return Ok(tokio::spawn(main));
+    };
+    let main = serve_on(listen.http, http::probes(health.clone()).merge(mcp_app), shutdown.clone()).await?;
+    let side = serve_on(metrics_addr, http::router(health), shutdown.clone()).await?;
+    info!(listen = %listen.http, %audience, "serving /healthz, /readyz, /mcp");
+    info!(listen = %metrics_addr, "serving /metrics, /healthz, /readyz");
+    Ok(tokio::spawn(async move {
+        let (main, side) = tokio::join!(main, side);
+        main.and(side)
+    }))
+}
+
+/// Binds `addr` (so that a taken port fails the start) and returns the server, to run until `shutdown`.
+async fn serve_on(
+    addr: SocketAddr,
+    app: axum::Router,
+    stop: CancellationToken,
+) -> Result<impl Future<Output = std::io::Result<()>>> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Listen { addr: addr.to_string(), source })?;
+    Ok(async move {
+        axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await
+    })
 }
 
 /// Every address the API server answers on that the operator can know of, which health checks may never
@@ -142,7 +182,7 @@ async fn api_server_endpoints(client: &Client) -> Vec<std::net::IpAddr> {
 }
 
 /// `fleetroll mcp`: the MCP server alone.
-pub async fn serve_mcp(listen: SocketAddr, mcp_opts: mcp::Options) -> Result<()> {
+pub async fn serve_mcp(listen: Listen, mcp_opts: mcp::Options) -> Result<()> {
     let s = serve(listen, mcp_opts).await?;
     s.shutdown.cancelled().await;
     let _ = s.server.await;

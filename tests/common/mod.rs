@@ -147,6 +147,7 @@ impl Rng {
     }
 }
 
+pub mod chart;
 pub mod cli;
 pub mod fleet;
 pub mod mcp;

@@ -146,21 +146,32 @@ impl Operator {
 
     /// The operator's own metrics.
     pub async fn metrics(&self) -> String {
-        let url = format!("http://127.0.0.1:{}/metrics", self.port);
-        tokio::task::spawn_blocking(move || {
-            let mut stream = std::net::TcpStream::connect(
-                url.trim_start_matches("http://").split('/').next().unwrap_or_default(),
-            )
-            .expect("connect to the operator's metrics");
-            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-            write!(stream, "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("send");
-            let mut out = String::new();
-            let _ = std::io::Read::read_to_string(&mut stream, &mut out);
-            out
-        })
-        .await
-        .unwrap_or_default()
+        http_get(self.port, "/metrics").await
     }
+}
+
+/// `GET path` on 127.0.0.1:`port` over plain HTTP/1.0: the whole response, status line first; empty if
+/// nothing answers.
+pub async fn http_get(port: u16, path: &str) -> String {
+    let path = path.to_string();
+    tokio::task::spawn_blocking(move || {
+        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            return String::new();
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        let mut out = String::new();
+        if write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").is_ok() {
+            let _ = std::io::Read::read_to_string(&mut stream, &mut out);
+        }
+        out
+    })
+    .await
+    .unwrap_or_default()
+}
+
+/// The status code of a response [`http_get`] returned.
+pub fn status(response: &str) -> Option<u16> {
+    response.split_whitespace().nth(1)?.parse().ok()
 }
 
 impl Drop for Operator {

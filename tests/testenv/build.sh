@@ -138,11 +138,23 @@ build_krew_validator() {
   stamp "$out" "sigs.k8s.io/krew	$KREW_VERSION" 'go version -m ./validate-krew-manifest | grep -w mod'
 }
 
+# helm-docs prints no version of its own (it is set at release time), so the stamp is the module version
+# Go recorded in the binary.
+build_helm_docs() {
+  local out=$CACHE/bin/helm-docs-$HELM_DOCS_VERSION
+  [ -f "$out/.complete" ] && return 0
+  log "building helm-docs $HELM_DOCS_VERSION"
+  mkdir -p "$out"
+  GOBIN=$out go install -trimpath -ldflags '-s -w' "github.com/norwoodj/helm-docs/cmd/helm-docs@$HELM_DOCS_VERSION"
+  stamp "$out" "$HELM_DOCS_VERSION" 'go version -m ./helm-docs | grep -w mod'
+}
+
 mkdir -p "$CACHE"
 start=$(date +%s)
 build_etcd
 build_kwok
 build_helm
+build_helm_docs
 build_kubernetes
 build_gitops_judge
 build_krew_validator

@@ -62,6 +62,7 @@ link_binaries() {
   ln -sf "$CACHE/bin/helm-$HELM_VERSION/helm" "$BIN/helm"
   ln -sf "$(gitops_judge_dir)/gitops-judge" "$BIN/gitops-judge"
   ln -sf "$CACHE/bin/validate-krew-manifest-$KREW_VERSION/validate-krew-manifest" "$BIN/validate-krew-manifest"
+  ln -sf "$CACHE/bin/helm-docs-$HELM_DOCS_VERSION/helm-docs" "$BIN/helm-docs"
 }
 
 # One CA; a serving cert for the apiserver; client certs whose CN/O the bootstrap RBAC policy knows.

@@ -6,4 +6,5 @@ KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0
 # krew's manifest validator (sigs.k8s.io/krew/cmd/validate-krew-manifest), for the test of .krew.yaml.
 KREW_VERSION=v0.4.3
-
+# Generates charts/fleetroll/README.md from values.yaml's `# --` comments (make generate; checked by tests).
+HELM_DOCS_VERSION=v1.14.2

@@ -69,3 +69,42 @@ not get it there.
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end }}
+
+{{/* The metrics listener's port, which must not be the main listener's. */}}
+{{- define "fleetroll.metricsPort" -}}
+{{- if eq (int .Values.metrics.port) (int .Values.service.port) }}
+{{- fail (printf "metrics.port must differ from service.port (both %d): /metrics has a listener of its own" (int .Values.service.port)) }}
+{{- end }}
+{{- .Values.metrics.port }}
+{{- end }}
+
+{{/*
+The pods' topology spread: the user's constraints (labelSelector defaulting to the chart's pods), else, for
+more than one replica and no user affinity, a soft spread across nodes and zones. Soft (ScheduleAnyway):
+a cluster of one node or one zone still schedules every replica. pod-template-hash counts only the pods of
+the current ReplicaSet, so a rolling update spreads the new pods too.
+*/}}
+{{- define "fleetroll.topologySpreadConstraints" -}}
+{{- $selector := dict "matchLabels" (include "fleetroll.selectorLabels" . | fromYaml) }}
+{{- if .Values.topologySpreadConstraints }}
+topologySpreadConstraints:
+{{- range .Values.topologySpreadConstraints }}
+{{- $constraint := deepCopy . }}
+{{- if not $constraint.labelSelector }}
+{{- $_ := set $constraint "labelSelector" $selector }}
+{{- end }}
+  - {{ toYaml $constraint | indent 4 | trim }}
+{{- end }}
+{{- else if and .Values.defaultTopologySpread (gt (int .Values.replicaCount) 1) (not .Values.affinity) }}
+topologySpreadConstraints:
+{{- range list "kubernetes.io/hostname" "topology.kubernetes.io/zone" }}
+  - topologyKey: {{ . }}
+    maxSkew: 1
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector:
+      {{- toYaml $selector | nindent 6 }}
+    matchLabelKeys:
+      - pod-template-hash
+{{- end }}
+{{- end }}
+{{- end }}
