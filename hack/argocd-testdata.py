@@ -19,6 +19,7 @@ ARGO = os.path.join(ROOT, "manifests/argocd")
 BASE = os.path.join(ARGO, "resource_customizations/fleetroll.dev/FleetRollout")
 HEADER = "# Argo CD's test harness for resource customizations reads this; tests/gitops.rs runs it too.\n"
 ROWS = ["unseen", "stale", "progressing", "paused", "waiting-for-approval", "rolling-back", "succeeded",
+        "changed-by-others",
         "blocked", "paused-by-failures", "failed", "aborted", "rolled-back"]
 ACTIONS = ["pause", "resume", "approve", "abort", "rollback"]
 

@@ -8,7 +8,10 @@ use kube::ResourceExt;
 use serde::Serialize;
 
 use crate::{
-    api::{Counts, FleetRollout, FleetRolloutStatus, PendingApproval, Phase, PlannedTarget, TargetFailure},
+    api::{
+        ChangedByOthers, Counts, FleetRollout, FleetRolloutStatus, PendingApproval, Phase, PlannedTarget,
+        TargetFailure,
+    },
     core::reason::{ABORT_REQUESTED, IMAGE_CHANGED},
 };
 
@@ -41,6 +44,9 @@ pub struct Summary {
     pub pending_approval: Option<PendingApproval>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub failures: Vec<TargetFailure>,
+    /// Targets of a succeeded rollout whose image someone else has changed since (its message says so too).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changed_by_others: Option<ChangedByOthers>,
     pub paused: bool,
 }
 
@@ -60,6 +66,7 @@ pub fn summary(fr: &FleetRollout) -> Summary {
         plan_hash: s.plan.as_ref().map(|p| p.hash.clone()),
         pending_approval: s.pending_approval.clone(),
         failures: s.failures.iter().rev().take(5).cloned().collect(),
+        changed_by_others: s.changed_by_others.clone(),
         paused: fr.spec.paused,
     }
 }

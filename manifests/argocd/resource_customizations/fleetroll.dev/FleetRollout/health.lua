@@ -36,20 +36,21 @@ end
 local message = status.message or ""
 local phase = status.phase
 
-if phase == "Succeeded" then
-  hs.status = "Healthy"
-elseif phase == "Failed" or phase == "Aborted" or phase == "RolledBack" then
+if phase == "Failed" or phase == "Aborted" or phase == "RolledBack" then
   hs.status = "Degraded"
 elseif is_true(status, "Stalled") or is_true(status, "Degraded") then
-  -- A pause the failure budget forced, or a spec the operator cannot act on: the reason says which.
+  -- A pause the failure budget forced, a spec the operator cannot act on, or a succeeded rollout whose
+  -- targets someone else changed since: the reason says which.
   hs.status = "Degraded"
   local c = condition(status, "Stalled")
   if c == nil or c.status ~= "True" then
     c = condition(status, "Degraded")
   end
   if c.message ~= nil and c.message ~= "" then
-    message = c.reason .. ": " .. c.message
+    message = tostring(c.reason) .. ": " .. tostring(c.message)
   end
+elseif phase == "Succeeded" then
+  hs.status = "Healthy"
 elseif phase == "Paused" or phase == "WaitingForApproval" then
   hs.status = "Suspended"
 else
