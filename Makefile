@@ -64,8 +64,8 @@ chaos: mcp-tools ## fault injection with invariants checked; writes bench/result
 mcp-tools: ## install the real MCP clients the tests drive (Python mcp SDK, conformance suite on Node 22)
 	@tests/mcp/install.sh >/dev/null
 
-testenv: ## build the control-plane binaries into the cache (once)
-	$(TESTENV)/build.sh
+testenv: ## build the control-plane binaries and test tools into the cache (once), linked into target/testenv/bin
+	$(TESTENV)/cluster.sh tools
 
 cluster: ## start the local control plane (NODES=10 kwok nodes) or reuse the one that is up
 	@$(TESTENV)/cluster.sh up $(NODES)

@@ -57,7 +57,8 @@ def action_tests():
         dump(f"actions/testdata/{row}.yaml", "", obj)
         offered = judge(["lua-discovery", os.path.join(BASE, "actions/discovery.lua")], obj)
         discovery.append({"inputPath": f"testdata/{row}.yaml",
-                          "result": [{"name": a, "disabled": offered[a]["disabled"]} for a in sorted(ACTIONS)]})
+                          "result": [{"name": a, "disabled": offered[a]["disabled"], "iconClass": offered[a]["iconClass"]}
+                                     for a in sorted(ACTIONS)]})
     runs = []
     for action, row in [("approve", "waiting-for-approval"), ("pause", "progressing"), ("resume", "paused"),
                         ("abort", "progressing"), ("rollback", "succeeded")]:

@@ -17,15 +17,15 @@ use common::{
     cli::{gitops_judge, repo_path},
     fleet::{Fleet, NEXT_IMAGE, READY_IMAGE, UNREADY_IMAGE, deployment, phase, with_fleet},
     operator::Operator,
-    wait_for,
+    poll_until, wait_for,
 };
 use fleetroll::api::{FleetRollout, Phase};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::{
-    Api,
+    Api, ResourceExt,
     api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams},
-    runtime::watcher,
+    runtime::{WatchStreamExt, watcher},
 };
 use serde_json::{Value, json};
 
@@ -52,6 +52,33 @@ enum Row {
     Failed,
     Aborted,
     RolledBack,
+}
+
+const ALL: [Row; 13] = [
+    Row::Unseen,
+    Row::Stale,
+    Row::Blocked,
+    Row::Progressing,
+    Row::Paused,
+    Row::PausedByFailures,
+    Row::WaitingForApproval,
+    Row::RollingBack,
+    Row::Succeeded,
+    Row::ChangedByOthers,
+    Row::Failed,
+    Row::Aborted,
+    Row::RolledBack,
+];
+
+/// A row's name in testdata file names: `waiting-for-approval`.
+fn kebab(r: Row) -> String {
+    format!("{r:?}").chars().fold(String::new(), |mut out, c| {
+        if c.is_uppercase() && !out.is_empty() {
+            out.push('-');
+        }
+        out.push(c.to_ascii_lowercase());
+        out
+    })
 }
 
 /// kstatus (and Flux's CEL, which must agree) and Argo CD health, per row: the table in the README.
@@ -123,9 +150,10 @@ async fn record(fleet: &Fleet) -> Arc<Mutex<Vec<Value>>> {
     let sink = seen.clone();
     tokio::spawn(async move {
         let mut ready = Some(ready);
-        let mut events = watcher(api, watcher::Config::default()).boxed();
-        while let Some(Ok(event)) = events.next().await {
-            match event {
+        // A watch error is retried with backoff, and the versions written meanwhile come with the relist.
+        let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
+        while let Some(event) = events.next().await {
+            match event.unwrap_or(watcher::Event::Init) {
                 watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
                     sink.lock().unwrap().push(serde_json::to_value(o).unwrap());
                 }
@@ -140,6 +168,29 @@ async fn record(fleet: &Fleet) -> Arc<Mutex<Vec<Value>>> {
     });
     established.await.expect("the watch of FleetRollouts started");
     seen
+}
+
+/// Waits until the recorder holds the current version of every rollout: the waits of `drive` watch on
+/// their own, and a last version must not go unjudged because its event has not reached the recorder yet.
+async fn caught_up(fleet: &Fleet, seen: &Arc<Mutex<Vec<Value>>>) {
+    let current: Vec<String> = fleet
+        .rollouts()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|f| f.resource_version())
+        .collect();
+    poll_until("the recorder to hold every rollout's current version", DEADLINE, || {
+        let recorded = seen.lock().unwrap();
+        let has = |rv: &String| {
+            recorded
+                .iter()
+                .any(|o| o.pointer("/metadata/resourceVersion").and_then(Value::as_str) == Some(rv))
+        };
+        std::future::ready(current.iter().all(has))
+    })
+    .await;
 }
 
 /// Runs an Argo CD action on the live rollout: the script in gopher-lua, then its merge patch, as Argo CD's
@@ -193,7 +244,7 @@ async fn wait_phase(fleet: &Fleet, name: &str, want: Phase) -> FleetRollout {
     fleet.wait_rollout(name, &format!("{name} to be {want}"), DEADLINE, |f| phase(f) == want).await
 }
 
-/// Six rollouts, driven by Argo CD actions through every phase.
+/// Seven rollouts, driven by Argo CD actions through every phase.
 async fn drive(fleet: &Fleet) {
     // approve → Succeeded.
     fleet.rollout("gated", spec("gated", NEXT_IMAGE, json!({"strategy": {"approval": "FirstBatch"}}))).await;
@@ -204,6 +255,13 @@ async fn drive(fleet: &Fleet) {
     // Its targets never become ready: the failure budget pauses it, then rollback → RollingBack → RolledBack.
     fleet
         .rollout("failing", spec("failing", UNREADY_IMAGE, json!({"strategy": {"onFailure": "Pause"}})))
+        .await;
+    // Its failure policy rolls it back: RollingBack (FailureBudgetExceeded), then RolledBack.
+    fleet
+        .rollout(
+            "autorollback",
+            spec("autorollback", UNREADY_IMAGE, json!({"strategy": {"onFailure": "Rollback"}})),
+        )
         .await;
     // Fails by its own policy.
     fleet.rollout("failed", spec("failed", UNREADY_IMAGE, json!({"strategy": {"onFailure": "Abort"}}))).await;
@@ -241,6 +299,7 @@ async fn drive(fleet: &Fleet) {
         ("paused", Phase::Succeeded),
         ("soaking", Phase::Aborted),
         ("failing", Phase::RolledBack),
+        ("autorollback", Phase::RolledBack),
         ("failed", Phase::Failed),
     ] {
         wait_phase(fleet, name, end).await;
@@ -264,14 +323,7 @@ fn capture(r: Row, object: &Value) -> bool {
     let meta = o["metadata"].as_object_mut().unwrap();
     meta.retain(|k, _| ["name", "generation"].contains(&k.as_str()));
     meta.insert("namespace".into(), json!("fleet"));
-    let name = format!("{r:?}").chars().fold(String::new(), |mut out, c| {
-        if c.is_uppercase() && !out.is_empty() {
-            out.push('-');
-        }
-        out.push(c.to_ascii_lowercase());
-        out
-    });
-    let path = repo_path(&format!("{ARGO}/testdata/{name}.yaml"));
+    let path = repo_path(&format!("{ARGO}/testdata/{}.yaml", kebab(r)));
     std::fs::write(&path, serde_saphyr::to_string(&o).unwrap()).unwrap();
     true
 }
@@ -279,11 +331,14 @@ fn capture(r: Row, object: &Value) -> bool {
 #[tokio::test]
 async fn kstatus_flux_and_argo_cd_see_every_phase_as_documented() {
     with_fleet("gitops", 0, |fleet| async move {
-        for (label, n) in [("gated", 2), ("paused", 1), ("soaking", 1), ("failing", 2), ("failed", 1)] {
+        let groups =
+            [("gated", 2), ("paused", 1), ("soaking", 1), ("failing", 2), ("autorollback", 1), ("failed", 1)];
+        for (label, n) in groups {
             group(&fleet, label, n).await;
         }
         let seen = record(&fleet).await;
         drive(&fleet).await;
+        caught_up(&fleet, &seen).await;
 
         // Judge each distinct version once (the watch may hand one out again after a relist).
         let versions: BTreeMap<String, Value> = seen
@@ -316,22 +371,8 @@ async fn kstatus_flux_and_argo_cd_see_every_phase_as_documented() {
             }
         }
         eprintln!("{}", table.join("\n"));
-        let all = [
-            Row::Unseen,
-            Row::Stale,
-            Row::Blocked,
-            Row::Progressing,
-            Row::Paused,
-            Row::PausedByFailures,
-            Row::WaitingForApproval,
-            Row::RollingBack,
-            Row::Succeeded,
-            Row::ChangedByOthers,
-            Row::Failed,
-            Row::Aborted,
-            Row::RolledBack,
-        ];
-        let missing: Vec<_> = all.iter().filter(|r| !rows.contains(r)).collect();
+
+        let missing: Vec<_> = ALL.iter().filter(|r| !rows.contains(r)).collect();
         assert!(missing.is_empty(), "phases never seen live: {missing:?}");
     })
     .await;
@@ -380,21 +421,42 @@ async fn the_argo_cd_customization_passes_its_own_test_files() {
     let health = repo_path(&format!("{ARGO}/health.lua"));
     let tests = yaml(&format!("{ARGO}/health_test.yaml"));
     let cases = tests["tests"].as_array().unwrap();
-    assert!(cases.len() >= 12, "a case per row of the table");
+    let files: BTreeSet<String> = cases
+        .iter()
+        .map(|c| c["inputPath"].as_str().unwrap().trim_start_matches("testdata/").into())
+        .collect();
+    let rows: BTreeSet<String> = ALL.iter().map(|r| format!("{}.yaml", kebab(*r))).collect();
+    assert_eq!(files, rows, "a case per row of the table, captured live");
     for case in cases {
         let input = yaml(&format!("{ARGO}/{}", case["inputPath"].as_str().unwrap()));
         let got = gitops_judge(&["lua-health", &health], &input).await;
         assert_eq!(got, case["healthStatus"], "{}", case["inputPath"]);
+        // The expectation is the table's, not only what the script said when the file was written.
+        let r = row(&input);
+        assert!(case["inputPath"].as_str().unwrap().ends_with(&format!("/{}.yaml", kebab(r))));
+        assert_eq!(got["status"], json!(expected(r).1), "{}", case["inputPath"]);
     }
     let actions = yaml(&format!("{ARGO}/actions/action_test.yaml"));
     let discovery = repo_path(&format!("{ARGO}/actions/discovery.lua"));
     for case in actions["discoveryTests"].as_array().unwrap() {
         let input = yaml(&format!("{ARGO}/actions/{}", case["inputPath"].as_str().unwrap()));
         let offered = gitops_judge(&["lua-discovery", &discovery], &input).await;
-        for want in case["result"].as_array().unwrap() {
-            let name = want["name"].as_str().unwrap();
-            assert_eq!(offered[name]["disabled"], want["disabled"], "{name} on {}", case["inputPath"]);
-        }
+        // As Argo CD's harness compares them: whole entries (name, disabled, iconClass).
+        let offered: BTreeMap<String, Value> = offered
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(name, a)| {
+                (name.clone(), json!({"name": name, "disabled": a["disabled"], "iconClass": a["iconClass"]}))
+            })
+            .collect();
+        let wanted: BTreeMap<String, Value> = case["result"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| (w["name"].as_str().unwrap().to_string(), w.clone()))
+            .collect();
+        assert_eq!(offered, wanted, "{}", case["inputPath"]);
     }
     for case in actions["actionTests"].as_array().unwrap() {
         let action = case["action"].as_str().unwrap();
@@ -430,5 +492,33 @@ fn the_argocd_cm_patch_carries_the_tested_scripts() {
     for d in definitions {
         let name = d["name"].as_str().unwrap();
         assert_eq!(d["action.lua"], json!(read(&format!("actions/{name}/action.lua"))), "{name}");
+    }
+}
+
+/// Whatever the object, the health check answers and discovery offers actions: a Lua error would show in
+/// Argo CD as Unknown health with the error instead of the rollout's state.
+#[tokio::test]
+async fn the_argo_cd_scripts_answer_on_malformed_objects() {
+    let health = repo_path(&format!("{ARGO}/health.lua"));
+    let discovery = repo_path(&format!("{ARGO}/actions/discovery.lua"));
+    let base = json!({"apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout"});
+    let variants = [
+        json!({"metadata": "x", "spec": "y", "status": "z"}),
+        json!({"metadata": {"name": "a", "generation": "3"}, "status": {"observedGeneration": "x"}}),
+        json!({"metadata": {"name": "a", "generation": 1}, "status": {"observedGeneration": 1, "conditions": "c"}}),
+        json!({"metadata": {"name": "a", "generation": 1}, "spec": {"approvals": 7}, "status": {
+            "observedGeneration": 1, "phase": 5, "message": {"m": 1}, "counts": "n", "pendingApproval": [],
+            "conditions": ["s", 1, {"type": "Stalled", "status": "True"}, {"type": "Stalled", "reason": 2}],
+        }}),
+    ];
+    for variant in variants {
+        let mut object = base.clone();
+        object.as_object_mut().unwrap().extend(variant.as_object().unwrap().clone());
+        let h = gitops_judge(&["lua-health", &health], &object).await;
+        let valid = ["Healthy", "Progressing", "Degraded", "Suspended"];
+        assert!(valid.contains(&h["status"].as_str().unwrap_or_default()), "{h} for {object}");
+        assert!(h["message"].is_string(), "{h} for {object}");
+        let offered = gitops_judge(&["lua-discovery", &discovery], &object).await;
+        assert_eq!(offered["approve"]["disabled"], json!(true), "{offered} for {object}");
     }
 }

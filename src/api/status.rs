@@ -101,7 +101,10 @@ pub struct FleetRolloutStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollback: Option<RollbackStatus>,
 
-    /// The conditions Progressing, Paused, Degraded (the rollout cannot go on without help) and Complete.
+    /// For people: Progressing, Paused, Degraded (the rollout cannot go on without help, or targets were
+    /// changed by others since it succeeded) and Complete. For GitOps tools (kstatus): Ready (True once
+    /// succeeded), Reconciling (True while it goes on, or waits for someone) and Stalled (True when it
+    /// stopped short and will not go on by itself).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

@@ -188,7 +188,7 @@ pub async fn gitops_judge(args: &[&str], object: &serde_json::Value) -> serde_js
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .unwrap_or_else(|e| panic!("run {} (built by `make testenv`): {e}", judge.display()));
+        .unwrap_or_else(|e| panic!("run {} (`make testenv` builds and links it): {e}", judge.display()));
     let mut stdin = child.stdin.take().expect("stdin");
     stdin.write_all(object.to_string().as_bytes()).await.expect("write the object");
     drop(stdin);

@@ -5,6 +5,7 @@
 #   cluster.sh up [NODES]   start one (or reuse the one that is up, adding nodes up to NODES)
 #   cluster.sh down         stop every process `up` started, by PID, and remove the state
 #   cluster.sh status       exit 0 when a cluster is up and answering
+#   cluster.sh tools        build what is missing from the cache and link it into bin/ (no cluster needed)
 #
 # State lives in $FLEETROLL_TESTENV (default target/testenv): kubeconfig, bin/ (links to the cached
 # binaries), pki/, pids/, logs/, etcd/. Ports are chosen free at start, so nothing else is disturbed.
@@ -235,6 +236,8 @@ up() {
   local t0=$SECONDS
   if is_up; then
     log "reusing the cluster that is up at $W"
+    # The test tools may be newer than the cluster (a changed gitops-judge gets a new cache directory).
+    tools
     ensure_nodes "$nodes"
   else
     [ ! -d "$W/pids" ] || down
@@ -298,10 +301,16 @@ restart() {
   log "$c restarted"
 }
 
+tools() {
+  "$here/build.sh"
+  link_binaries
+}
+
 case "${1:-}" in
   up) up "${2:-10}" ;;
+  tools) tools ;;
   down) down ;;
   status) is_up ;;
   restart) restart "${2:?component}" ;;
-  *) die "usage: $0 up [NODES] | down | status | restart COMPONENT" ;;
+  *) die "usage: $0 up [NODES] | down | status | tools | restart COMPONENT" ;;
 esac

@@ -14,6 +14,7 @@ if [ -n "${FLEETROLL_TEST_KUBECONFIG:-}" ]; then
   export KUBECONFIG=$FLEETROLL_TEST_KUBECONFIG
 elif "$here/cluster.sh" status; then
   log "using the local control plane that is already up"
+  "$here/cluster.sh" tools
   export KUBECONFIG=${FLEETROLL_TESTENV:-$root/target/testenv}/kubeconfig
 else
   trap '"$here/cluster.sh" down' EXIT

@@ -4,9 +4,9 @@ go 1.26.0
 
 require (
 	github.com/evanphx/json-patch v5.9.11+incompatible
-	github.com/fluxcd/cli-utils v1.3.0
-	github.com/fluxcd/pkg/apis/kustomize v1.21.0
-	github.com/fluxcd/pkg/runtime v0.117.0
+	github.com/fluxcd/cli-utils v1.2.3
+	github.com/fluxcd/pkg/apis/kustomize v1.19.2
+	github.com/fluxcd/pkg/runtime v0.110.3
 	github.com/yuin/gopher-lua v1.1.2
 	k8s.io/apimachinery v0.37.0
 	layeh.com/gopher-json v0.0.0-20190114024228-97fed8db8427

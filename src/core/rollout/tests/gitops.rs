@@ -14,10 +14,11 @@ fn kstatus(s: &FleetRolloutStatus) -> GitOpsState {
     let reconciling = on(conditions::RECONCILING);
     let stalled = on(conditions::STALLED);
     assert!(!(reconciling && stalled), "Reconciling and Stalled both true: {:?}", s.conditions);
-    match (reconciling, stalled, on(conditions::READY)) {
+    let not_ready = conditions::get(&s.conditions, conditions::READY).is_some_and(|c| c.status == "False");
+    match (reconciling, stalled, not_ready) {
         (true, _, _) => GitOpsState::InProgress,
         (_, true, _) => GitOpsState::Failed,
-        (_, _, false) => GitOpsState::InProgress,
+        (_, _, true) => GitOpsState::InProgress,
         _ => GitOpsState::Current,
     }
 }

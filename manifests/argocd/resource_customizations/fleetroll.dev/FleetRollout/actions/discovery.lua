@@ -1,30 +1,40 @@
--- The actions Argo CD offers on a FleetRollout. Each is a spec change the operator acts on, the same
--- controls kubectl fleetroll and the MCP tools use; the admission policy judges who sends them.
+-- The actions Argo CD offers on a FleetRollout, each only where it applies. Each is a spec change the
+-- operator acts on, the same controls kubectl fleetroll and the MCP tools use; the admission policy
+-- judges who sends them.
+local function field(t, key)
+  if type(t) == "table" then
+    return t[key]
+  end
+  return nil
+end
+
 local actions = {}
-local spec = obj.spec or {}
-local status = obj.status or {}
-local phase = status.phase or "Pending"
+local spec = field(obj, "spec")
+local status = field(obj, "status")
+local phase = field(status, "phase") or "Pending"
 local finished = phase == "Succeeded" or phase == "Failed" or phase == "Aborted" or phase == "RolledBack"
-local rolling_back = phase == "RollingBack" or phase == "RolledBack" or spec.rollback == true
+local rolling_back = phase == "RollingBack" or phase == "RolledBack" or field(spec, "rollback") == true
+local updated = tonumber(field(field(status, "counts"), "updated")) or 0
 
 actions["pause"] = {
   ["iconClass"] = "fa fa-fw fa-pause-circle",
-  ["disabled"] = spec.paused == true or finished or rolling_back or spec.abort == true,
+  ["disabled"] = field(spec, "paused") == true or finished or rolling_back or field(spec, "abort") == true,
 }
 actions["resume"] = {
   ["iconClass"] = "fa fa-fw fa-play-circle",
-  ["disabled"] = spec.paused ~= true,
+  ["disabled"] = field(spec, "paused") ~= true or finished,
 }
 actions["approve"] = {
   ["iconClass"] = "fa fa-fw fa-check-circle",
-  ["disabled"] = phase ~= "WaitingForApproval" or status.pendingApproval == nil,
+  ["disabled"] = phase ~= "WaitingForApproval" or type(field(status, "pendingApproval")) ~= "table",
 }
 actions["abort"] = {
   ["iconClass"] = "fa fa-fw fa-stop-circle",
-  ["disabled"] = finished or rolling_back or spec.abort == true,
+  ["disabled"] = finished or rolling_back or field(spec, "abort") == true,
 }
+-- Only a rollout that changed something has anything to restore.
 actions["rollback"] = {
   ["iconClass"] = "fa fa-fw fa-undo",
-  ["disabled"] = rolling_back,
+  ["disabled"] = rolling_back or updated == 0,
 }
 return actions

@@ -1,12 +1,22 @@
 -- Approves the batch the rollout waits for, bound to the plan it was shown with (status.pendingApproval):
--- if the plan changes, the operator ignores this approval and asks again.
-local pending = obj.status ~= nil and obj.status.pendingApproval or nil
-if pending == nil then
+-- if the plan changes, the operator ignores this approval and asks again. An approval already given for
+-- that batch and plan is left as it is (with whoever gave it); older ones for the batch are replaced.
+local pending = nil
+if type(obj.status) == "table" and type(obj.status.pendingApproval) == "table" then
+  pending = obj.status.pendingApproval
+end
+if pending == nil or pending.batch == nil or pending.planHash == nil then
   error("no batch of this rollout is waiting for approval")
 end
+if type(obj.spec) ~= "table" then
+  error("the rollout has no spec")
+end
 local approvals = {}
-if obj.spec.approvals ~= nil then
+if type(obj.spec.approvals) == "table" then
   for _, a in ipairs(obj.spec.approvals) do
+    if a.batch == pending.batch and a.planHash == pending.planHash then
+      return obj
+    end
     if a.batch ~= pending.batch then
       table.insert(approvals, a)
     end
