@@ -42,6 +42,8 @@ async fn bad_values_are_refused_and_the_error_names_the_key() {
         ("metrics.port=70000", "at '/metrics/port'"),
         ("fleetNamespace=Fleet_NS", "at '/fleetNamespace'"),
         ("service.type=ExternalName", "at '/service/type'"),
+        // Without a name the operator's rights would be bound to the namespace's `default` ServiceAccount.
+        ("serviceAccount.create=false", "at '/serviceAccount/name'"),
     ] {
         let rendered = template(&[set]).await;
         assert!(rendered.code != 0 && rendered.stderr.contains(expected), "{set}: {rendered:?}");
@@ -110,6 +112,13 @@ async fn with_more_than_one_replica_a_budget_and_a_soft_spread_keep_one_serving(
     assert!(pod_spec(&with_affinity)["topologySpreadConstraints"].is_null());
     let preferred = &pod_spec(&with_affinity)["affinity"]["podAntiAffinity"];
     assert_eq!(preferred["preferredDuringSchedulingIgnoredDuringExecution"][0]["weight"], 100);
+    // A node affinity alone (pinning to infra nodes, say) keeps the spread.
+    let pinned = render(&[
+        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=infra",
+        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+    ])
+    .await;
+    assert_eq!(pod_spec(&pinned)["topologySpreadConstraints"].as_array().map(Vec::len), Some(2));
     // ... and their constraints replace it, selecting the chart's pods unless they say otherwise.
     let own = render(&[
         "topologySpreadConstraints[0].maxSkew=1",
@@ -241,4 +250,30 @@ async fn the_charts_readme_is_generated_from_its_values() {
     for row in rows {
         assert!(!row.trim_end().ends_with("|  |"), "a value without a description: {row}");
     }
+}
+
+/// What platforms set on every operator: a proxy for outbound checks, annotations for an internal load
+/// balancer, a ServiceAccount of their own.
+#[tokio::test]
+async fn platform_settings_render_where_they_belong() {
+    let objects = render(&[
+        "extraEnv[0].name=HTTPS_PROXY",
+        "extraEnv[0].value=http://proxy:3128",
+        "service.annotations.networking\\.gke\\.io/load-balancer-type=Internal",
+        "serviceAccount.create=false",
+        "serviceAccount.name=ops",
+    ])
+    .await;
+    let env = &pod_spec(&objects)["containers"][0]["env"];
+    assert!(
+        env.as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e == &json!({"name": "HTTPS_PROXY", "value": "http://proxy:3128"})),
+        "{env}"
+    );
+    let service = object(&objects, "Service", "fr-fleetroll").expect("the Service");
+    assert_eq!(service["metadata"]["annotations"]["networking.gke.io/load-balancer-type"], "Internal");
+    assert_eq!(pod_spec(&objects)["serviceAccountName"], "ops");
+    assert!(object(&objects, "ServiceAccount", "ops").is_none(), "not created");
 }

@@ -66,7 +66,7 @@ pub fn summary(fr: &FleetRollout) -> Summary {
         plan_hash: s.plan.as_ref().map(|p| p.hash.clone()),
         pending_approval: s.pending_approval.clone(),
         failures: s.failures.iter().rev().take(5).cloned().collect(),
-        changed_by_others: s.changed_by_others.clone(),
+        changed_by_others: s.changed_by_others.clone().filter(|_| s.phase == Phase::Succeeded),
         paused: fr.spec.paused,
     }
 }

@@ -114,7 +114,8 @@ impl Stores {
                 .iter()
                 .filter(|c| c.facts.applied.as_deref().is_some_and(|k| k.starts_with(prefix)))
                 .map(|c| Carrier {
-                    target: c.facts.key(),
+                    namespace: c.facts.namespace.clone(),
+                    name: c.facts.name.clone(),
                     image: c
                         .facts
                         .container_image(container)

@@ -95,7 +95,7 @@ topologySpreadConstraints:
 {{- end }}
   - {{ toYaml $constraint | indent 4 | trim }}
 {{- end }}
-{{- else if and .Values.defaultTopologySpread (gt (int .Values.replicaCount) 1) (not .Values.affinity) }}
+{{- else if and .Values.defaultTopologySpread (gt (int .Values.replicaCount) 1) (not (dig "podAntiAffinity" nil .Values.affinity)) }}
 topologySpreadConstraints:
 {{- range list "kubernetes.io/hostname" "topology.kubernetes.io/zone" }}
   - topologyKey: {{ . }}

@@ -2,13 +2,15 @@
 //! re-applying Git, a person with kubectl). Recounted from what the targets carry now, so the status says
 //! how things are rather than what once happened; a Warning event says so whenever more are affected.
 //!
-//! A target counts when it still carries a key of this revision (nothing but fleetroll writes the key, and
-//! a later rollout replaces it) and its image is not the revision's. A target another rollout took over
-//! since carries that rollout's key, so it does not count here.
+//! A target counts when it still carries a key of this revision (a later rollout replaces the key) and
+//! its image is not the revision's. Only targets the rollout may touch count: anyone may copy a key onto
+//! a workload of their own, and that must not make someone else's rollout read as failed. A target whose
+//! rolled container can no longer be told apart (no `container` and a second one added since) does not
+//! count: its image cannot be judged.
 
 use super::{Event, Facts};
 use crate::{
-    api::{ChangedByOthers, FleetRolloutStatus, Phase},
+    api::{ChangedByOthers, FleetRolloutStatus, Phase, PlannedTarget, target_key},
     core::{count, reason},
 };
 
@@ -27,12 +29,17 @@ pub(super) fn recount(f: &Facts<'_>, s: &mut FleetRolloutStatus) -> Vec<Event> {
     };
     let image = revision.inputs.image.clone();
     let prefix = format!("{}/{}/", f.uid, revision.number);
+    let in_scope = |namespace: &str, name: &str| {
+        let t =
+            PlannedTarget { namespace: namespace.into(), name: name.into(), previous_image: String::new() };
+        (f.scope)(&t).is_ok()
+    };
     let mut changed: Vec<String> = (f.carrying)(&prefix)
         .into_iter()
+        .filter(|c| in_scope(&c.namespace, &c.name))
         .filter_map(|c| match c.image {
-            Ok(now) if now == image => None,
-            Ok(now) => Some(format!("{}: {now}", c.target)),
-            Err(why) => Some(format!("{}: {why}", c.target)),
+            Ok(now) if now != image => Some(format!("{}: {now}", target_key(&c.namespace, &c.name))),
+            _ => None,
         })
         .collect();
     if changed.is_empty() {
@@ -53,7 +60,7 @@ pub(super) fn message(total: u32, image: &str, sample: &[String]) -> String {
     let more = total.saturating_sub(count(sample.len()));
     let tail = if more > 0 { format!(" (and {more} more)") } else { String::new() };
     format!(
-        "{total} targets no longer carry {image}: someone else changed them after the rollout succeeded: {}{tail}",
+        "{total} targets no longer carry {image}: someone else changed them since fleetroll set it: {}{tail}",
         sample.join(", ")
     )
 }

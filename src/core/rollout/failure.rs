@@ -63,6 +63,8 @@ pub(super) fn start_rollback(f: &Facts<'_>, mut s: FleetRolloutStatus, why: &'st
     s.phase = Phase::RollingBack;
     s.reason = Some(why.into());
     s.pending_approval = None;
+    // What the rollback restores is what fleetroll changed; targets changed by others since are left alone.
+    s.changed_by_others = None;
     s.rollback = Some(RollbackStatus {
         state: RollbackState::Restoring,
         idempotency_key: super::rollback_key(f.uid, s.revision_number()),
@@ -83,6 +85,44 @@ pub(super) fn changed_targets(f: &Facts<'_>) -> Vec<PlannedTarget> {
         Some(last) => f.plan.through(last).cloned().collect(),
         None => Vec::new(),
     }
+}
+
+/// Of the targets this revision changed, those a rollback may restore. A workload someone else changed
+/// since (it carries this revision's key but another image) or another rollout took over (it carries that
+/// rollout's key) keeps what it has and is reported: a rollback undoes fleetroll's change, never theirs.
+/// A target not seen (gone, or a node rollout's node) is left to the restore, which skips what is gone.
+pub(super) fn restorable(
+    f: &Facts<'_>,
+    targets: Vec<PlannedTarget>,
+    batch: u32,
+) -> (Vec<PlannedTarget>, Vec<TargetFailure>) {
+    let Some(revision) = f.status.revision.as_ref().filter(|_| !super::is_node_rollout(f)) else {
+        return (targets, Vec::new());
+    };
+    let ours = format!("{}/{}/", f.uid, revision.number);
+    let mut left = Vec::new();
+    let restorable = targets
+        .into_iter()
+        .filter(|t| {
+            let Some(state) = (f.target)(t) else { return true };
+            let name = target_key(&t.namespace, &t.name);
+            let why = match (state.applied.as_deref(), &state.image) {
+                (Some(k), Ok(image)) if k.starts_with(&ours) && *image != revision.inputs.image => Some((
+                    reason::IMAGE_CHANGED,
+                    format!(
+                        "{name} was changed to {image} by someone else since fleetroll set it; left as it is"
+                    ),
+                )),
+                (Some(k), _) if !k.starts_with(&ours) => Some((
+                    reason::TARGET_HELD,
+                    format!("{name} was changed by another rollout since; left as it is"),
+                )),
+                _ => None,
+            };
+            why.map(|(r, m)| left.push(super::failure(t, batch, r, m))).is_none()
+        })
+        .collect();
+    (restorable, left)
 }
 
 /// Splits targets into those the scope rules let this rollout change now and the refused ones, as failure

@@ -82,8 +82,8 @@ pub struct Facts<'a> {
 /// A workload carrying one of this rollout's keys, as observed now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Carrier {
-    /// `namespace/name`.
-    pub target: String,
+    pub namespace: String,
+    pub name: String,
     /// The image of the rolled container, or why it cannot be read.
     pub image: Result<String, String>,
 }
@@ -174,7 +174,9 @@ fn advance(f: &Facts<'_>) -> Step {
         return match &s.rollback {
             Some(rb) if rb.state == crate::api::RollbackState::Restoring => {
                 let last = f.status.current_batch.unwrap_or_default();
-                let (targets, refused) = in_scope(f, failure::changed_targets(f), last);
+                let (targets, mut refused) = in_scope(f, failure::changed_targets(f), last);
+                let (targets, left) = failure::restorable(f, targets, last);
+                refused.extend(left);
                 Step::Restore { key: rb.idempotency_key.clone(), targets, refused }
             }
             _ => write_if_changed(f, s, Vec::new(), None),

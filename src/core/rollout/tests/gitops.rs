@@ -206,3 +206,54 @@ fn a_succeeded_rollout_whose_targets_someone_else_changed_since_reads_failed_unt
     assert_eq!(kstatus(&sim.status), GitOpsState::Current);
     assert!(!conditions::is_true(&sim.status.conditions, conditions::DEGRADED));
 }
+
+#[test]
+fn only_targets_the_rollout_may_touch_and_whose_image_can_be_judged_count_as_changed() {
+    let mut sim = Sim::new(spec(5), 10);
+    sim.settle();
+    let mut targets: Vec<String> = sim.world.keys().cloned().collect();
+    targets.sort();
+    // Someone copies this rollout's key onto a workload out of its scope, with another image.
+    sim.world.get_mut(&targets[0]).unwrap().image = Ok("web:v1".into());
+    sim.refused.insert(targets[0].clone(), reason::OUT_OF_SCOPE);
+    // A second container was added to another target: the rolled one cannot be told apart any more.
+    sim.world.get_mut(&targets[1]).unwrap().image = Err("2 containers, name one".into());
+    assert!(matches!(sim.step(), Step::Wait { .. }), "nothing to record");
+    assert_eq!(sim.status.changed_by_others, None);
+    assert_eq!(kstatus(&sim.status), GitOpsState::Current);
+}
+
+#[test]
+fn a_rollback_after_success_undoes_only_fleetrolls_own_changes() {
+    let mut sim = Sim::new(spec(5), 10);
+    sim.settle();
+    let mut targets: Vec<String> = sim.world.keys().cloned().collect();
+    targets.sort();
+    // After success: CI moves one target on to v3; another rollout takes a second one over.
+    sim.world.get_mut(&targets[0]).unwrap().image = Ok("web:v3".into());
+    let other = sim.world.get_mut(&targets[1]).unwrap();
+    other.image = Ok("web:v4".into());
+    other.applied = Some("other-uid/1/0".into());
+    sim.settle();
+    assert_eq!(sim.status.changed_by_others.as_ref().map(|c| c.count), Some(1));
+
+    sim.spec.rollback = true;
+    sim.generation = 2;
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::RolledBack);
+    assert_eq!(sim.status.changed_by_others, None, "a rolled back rollout claims nothing");
+    let image = |t: &str| sim.world[t].image.clone().unwrap();
+    assert_eq!(
+        (image(&targets[0]), image(&targets[1])),
+        ("web:v3".into(), "web:v4".into()),
+        "left as they are"
+    );
+    assert!(targets[2..].iter().all(|t| image(t) == "web:v1"), "the rest restored");
+    let rb = sim.status.rollback.clone().unwrap();
+    assert_eq!((rb.restored, rb.skipped), (8, 2));
+    let why: Vec<(&str, &str)> =
+        sim.status.failures.iter().map(|f| (f.name.as_str(), f.reason.as_str())).rev().take(2).collect();
+    let names: Vec<&str> = targets[..2].iter().map(|t| t.split_once('/').unwrap().1).collect();
+    assert!(why.contains(&(names[0], reason::IMAGE_CHANGED)), "{why:?}");
+    assert!(why.contains(&(names[1], reason::TARGET_HELD)), "{why:?}");
+}

@@ -147,7 +147,10 @@ impl Sim {
                 world
                     .iter()
                     .filter(|(_, s)| carries(s))
-                    .map(|(t, s)| Carrier { target: t.clone(), image: s.image.clone() })
+                    .map(|(t, s)| {
+                        let (namespace, name) = t.split_once('/').unwrap_or_default();
+                        Carrier { namespace: namespace.into(), name: name.into(), image: s.image.clone() }
+                    })
                     .collect()
             },
         })
