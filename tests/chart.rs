@@ -44,6 +44,9 @@ async fn bad_values_are_refused_and_the_error_names_the_key() {
         ("service.type=ExternalName", "at '/service/type'"),
         // Without a name the operator's rights would be bound to the namespace's `default` ServiceAccount.
         ("serviceAccount.create=false", "at '/serviceAccount/name'"),
+        // Emptied with null, these would fail in the templates with a nil pointer instead.
+        ("httpCheck=null", "missing property 'httpCheck'"),
+        ("networkPolicy.mcp=null", "at '/networkPolicy': missing property 'mcp'"),
     ] {
         let rendered = template(&[set]).await;
         assert!(rendered.code != 0 && rendered.stderr.contains(expected), "{set}: {rendered:?}");
