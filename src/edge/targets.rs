@@ -86,62 +86,54 @@ impl Stores {
         }
     }
 
-    /// The keys (`namespace/name`) of the cached workloads of a kind that `keep` accepts.
-    pub fn keys_where(&self, kind: TargetKind, keep: impl Fn(&WorkloadFacts) -> bool) -> Vec<String> {
-        fn keys<K>(store: &Store<Cached<K>>, keep: impl Fn(&WorkloadFacts) -> bool) -> Vec<String>
+    /// What `pick` makes of each cached workload of a kind, where it makes anything.
+    fn filter_map<T>(&self, kind: TargetKind, pick: impl Fn(&WorkloadFacts) -> Option<T>) -> Vec<T> {
+        fn scan<K, T>(store: &Store<Cached<K>>, pick: impl Fn(&WorkloadFacts) -> Option<T>) -> Vec<T>
         where
             K: kube::Resource<DynamicType = ()> + Clone,
         {
-            store.state().iter().filter(|c| keep(&c.facts)).map(|c| c.facts.key()).collect()
+            store.state().iter().filter_map(|c| pick(&c.facts)).collect()
         }
         match kind {
-            TargetKind::Deployment => keys(&self.deployments, keep),
-            TargetKind::StatefulSet => keys(&self.statefulsets, keep),
-            TargetKind::DaemonSet => keys(&self.daemonsets, keep),
+            TargetKind::Deployment => scan(&self.deployments, pick),
+            TargetKind::StatefulSet => scan(&self.statefulsets, pick),
+            TargetKind::DaemonSet => scan(&self.daemonsets, pick),
             TargetKind::Node => Vec::new(),
         }
+    }
+
+    /// The keys (`namespace/name`) of the cached workloads of a kind that `keep` accepts.
+    pub fn keys_where(&self, kind: TargetKind, keep: impl Fn(&WorkloadFacts) -> bool) -> Vec<String> {
+        self.filter_map(kind, |f| keep(f).then(|| f.key()))
     }
 
     /// The cached workloads of a kind whose `fleetroll.dev/applied` key starts with `prefix`, with the image
     /// of the rolled container.
     pub fn carrying(&self, kind: TargetKind, container: Option<&str>, prefix: &str) -> Vec<Carrier> {
-        fn scan<K>(store: &Store<Cached<K>>, container: Option<&str>, prefix: &str) -> Vec<Carrier>
-        where
-            K: kube::Resource<DynamicType = ()> + Clone,
-        {
-            store
-                .state()
-                .iter()
-                .filter(|c| c.facts.applied.as_deref().is_some_and(|k| k.starts_with(prefix)))
-                .map(|c| Carrier {
-                    namespace: c.facts.namespace.clone(),
-                    name: c.facts.name.clone(),
-                    image: c
-                        .facts
-                        .container_image(container)
-                        .map(|(_, i)| i.to_string())
-                        .map_err(|e| e.to_string()),
-                })
-                .collect()
-        }
-        match kind {
-            TargetKind::Deployment => scan(&self.deployments, container, prefix),
-            TargetKind::StatefulSet => scan(&self.statefulsets, container, prefix),
-            TargetKind::DaemonSet => scan(&self.daemonsets, container, prefix),
-            TargetKind::Node => Vec::new(),
-        }
+        self.filter_map(kind, |f| {
+            f.applied.as_deref().is_some_and(|k| k.starts_with(prefix)).then(|| Carrier {
+                namespace: f.namespace.clone(),
+                name: f.name.clone(),
+                image: rolled_image(f, container),
+            })
+        })
     }
 
     /// What the state machine needs of a target.
     pub fn state(&self, kind: TargetKind, container: Option<&str>, t: &PlannedTarget) -> Option<TargetState> {
         let facts = self.facts(kind, &t.namespace, &t.name)?;
         Some(TargetState {
-            image: facts.container_image(container).map(|(_, i)| i.to_string()).map_err(|e| e.to_string()),
+            image: rolled_image(&facts, container),
             applied: facts.applied.clone(),
             readiness: facts.readiness(),
             http: None,
         })
     }
+}
+
+/// The image of a workload's rolled container, or why it cannot be told.
+fn rolled_image(facts: &WorkloadFacts, container: Option<&str>) -> Result<String, String> {
+    facts.container_image(container).map(|(_, i)| i.to_string()).map_err(|e| e.to_string())
 }
 
 /// What happened to the targets of one patch round.

@@ -90,13 +90,20 @@ build_kubernetes() {
     './kube-apiserver --version; ./kube-controller-manager --version; ./kube-scheduler --version; ./kubectl version --client'
 }
 
-build_kwok() {
-  local out=$CACHE/bin/kwok-$KWOK_VERSION
+# `go install`s a command once into $CACHE/bin/<name>-<version>; the stamp checks that `check`, run there,
+# prints `expect`.
+go_install() {
+  local name=$1 version=$2 package=$3 expect=$4 check=$5
+  local out=$CACHE/bin/$name-$version
   [ -f "$out/.complete" ] && return 0
-  log "building kwok $KWOK_VERSION"
+  log "building $name $version"
   mkdir -p "$out"
-  GOBIN=$out go install -trimpath -ldflags '-s -w' "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
-  stamp "$out" "${KWOK_VERSION#v}" './kwok --version'
+  GOBIN=$out go install -trimpath -ldflags '-s -w' "$package@$version"
+  stamp "$out" "$expect" "$check"
+}
+
+build_kwok() {
+  go_install kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok "${KWOK_VERSION#v}" './kwok --version'
 }
 
 build_helm() {
@@ -130,23 +137,15 @@ build_gitops_judge() {
 # krew's own manifest validator, which the test of .krew.yaml runs. Not part of the control plane: built
 # here so that the tests find it where they find kubectl and helm. It has no --version; its build info does.
 build_krew_validator() {
-  local out=$CACHE/bin/validate-krew-manifest-$KREW_VERSION
-  [ -f "$out/.complete" ] && return 0
-  log "building validate-krew-manifest $KREW_VERSION"
-  mkdir -p "$out"
-  GOBIN=$out go install -trimpath -ldflags '-s -w' "sigs.k8s.io/krew/cmd/validate-krew-manifest@$KREW_VERSION"
-  stamp "$out" "sigs.k8s.io/krew	$KREW_VERSION" 'go version -m ./validate-krew-manifest | grep -w mod'
+  go_install validate-krew-manifest "$KREW_VERSION" sigs.k8s.io/krew/cmd/validate-krew-manifest \
+    "sigs.k8s.io/krew	$KREW_VERSION" 'go version -m ./validate-krew-manifest | grep -w mod'
 }
 
 # helm-docs prints no version of its own (it is set at release time), so the stamp is the module version
 # Go recorded in the binary.
 build_helm_docs() {
-  local out=$CACHE/bin/helm-docs-$HELM_DOCS_VERSION
-  [ -f "$out/.complete" ] && return 0
-  log "building helm-docs $HELM_DOCS_VERSION"
-  mkdir -p "$out"
-  GOBIN=$out go install -trimpath -ldflags '-s -w' "github.com/norwoodj/helm-docs/cmd/helm-docs@$HELM_DOCS_VERSION"
-  stamp "$out" "$HELM_DOCS_VERSION" 'go version -m ./helm-docs | grep -w mod'
+  go_install helm-docs "$HELM_DOCS_VERSION" github.com/norwoodj/helm-docs/cmd/helm-docs \
+    "$HELM_DOCS_VERSION" 'go version -m ./helm-docs | grep -w mod'
 }
 
 mkdir -p "$CACHE"

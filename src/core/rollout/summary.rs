@@ -101,7 +101,7 @@ pub(super) fn set_conditions(
         generation,
         now,
     );
-    let (degraded, degraded_reason, degraded_message) = match (blocked, changed) {
+    let (degraded, degraded_reason, degraded_message) = match (blocked, changed.clone()) {
         (Some(b), _) => (true, b.reason.to_string(), b.message.clone()),
         (None, _) if reason == reason::FAILURE_BUDGET_EXCEEDED => (true, reason.clone(), message.clone()),
         (None, Some(changed)) => (true, reason::IMAGE_CHANGED.to_string(), changed),
@@ -130,7 +130,7 @@ pub(super) fn set_conditions(
         generation,
         now,
     );
-    set_gitops_conditions(s, generation, now, blocked);
+    set_gitops_conditions(s, generation, now, blocked, changed);
 }
 
 /// How GitOps tools are to judge a rollout: kstatus (Flux `wait`, `dependsOn` and health checks, kpt,
@@ -176,8 +176,8 @@ fn set_gitops_conditions(
     generation: i64,
     now: Timestamp,
     blocked: Option<&Blocked>,
+    changed: Option<String>,
 ) {
-    let changed = changed_by_others(s);
     let (reason, message) = match (blocked, &changed) {
         (Some(b), _) => (b.reason.to_string(), b.message.clone()),
         (None, Some(changed)) => (reason::IMAGE_CHANGED.to_string(), changed.clone()),

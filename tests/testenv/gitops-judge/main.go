@@ -125,8 +125,9 @@ func fluxCEL(obj *unstructured.Unstructured, file string) (any, error) {
 	return nil, fmt.Errorf("%s has no healthCheckExprs for %s %s", file, obj.GetAPIVersion(), obj.GetKind())
 }
 
-// runLua runs a script on obj as Argo CD does for a script from argocd-cm (useOpenLibs off).
-func runLua(obj *unstructured.Unstructured, file string) (lua.LValue, error) {
+// runLua runs a script on obj as Argo CD does for a script from argocd-cm (useOpenLibs off), and returns
+// the table it returns as JSON, encoded by gopher-json as Argo CD encodes it.
+func runLua(obj *unstructured.Unstructured, file string) ([]byte, error) {
 	script, err := os.ReadFile(file)
 	if err != nil {
 		return nil, err
@@ -154,7 +155,7 @@ func runLua(obj *unstructured.Unstructured, file string) (lua.LValue, error) {
 	if ret.Type() != lua.LTTable {
 		return nil, fmt.Errorf("%s returned %s, not a table", file, ret.Type())
 	}
-	return ret, nil
+	return luajson.Encode(ret)
 }
 
 // openSafeOs is the part of the os library Argo CD lets scripts use: time and date only.
@@ -195,11 +196,7 @@ func toLua(l *lua.LState, value any) lua.LValue {
 }
 
 func luaTable(obj *unstructured.Unstructured, file string) (any, error) {
-	ret, err := runLua(obj, file)
-	if err != nil {
-		return nil, err
-	}
-	raw, err := luajson.Encode(ret)
+	raw, err := runLua(obj, file)
 	if err != nil {
 		return nil, err
 	}
@@ -211,11 +208,7 @@ func luaTable(obj *unstructured.Unstructured, file string) (any, error) {
 // patch Argo CD computes from the live object to it. A patch of status is an error: our actions change only
 // the spec, which is what users and GitOps own.
 func luaAction(obj *unstructured.Unstructured, file string) (any, error) {
-	ret, err := runLua(obj, file)
-	if err != nil {
-		return nil, err
-	}
-	newRaw, err := luajson.Encode(ret)
+	newRaw, err := runLua(obj, file)
 	if err != nil {
 		return nil, err
 	}
