@@ -1,10 +1,12 @@
 //! The FleetRollout API (group `fleetroll.dev`, version `v1alpha1`), generated into `crds/` by
 //! `fleetroll crd`.
 
+mod analysis;
 mod revision;
 mod spec;
 mod status;
 
+pub use analysis::*;
 pub use revision::*;
 pub use spec::*;
 pub use status::*;

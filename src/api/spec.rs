@@ -11,7 +11,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::status::FleetRolloutStatus;
+use super::{analysis::Analysis, status::FleetRolloutStatus};
 
 /// Rolls one container image across a fleet of workloads in health-checked batches.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -69,6 +69,11 @@ pub struct FleetRolloutSpec {
     #[serde(default)]
     pub health: Health,
 
+    /// Metric analysis: queries against a Prometheus-compatible backend that a healthy batch must pass
+    /// before it counts. Unset: no analysis.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub analysis: Option<Analysis>,
+
     /// true holds the rollout before its next batch (the batch in flight finishes); false lets it go on.
     /// Default false.
     #[serde(default)]
@@ -83,6 +88,14 @@ pub struct FleetRolloutSpec {
     /// RolledBack). Default false.
     #[serde(default)]
     pub rollback: bool,
+
+    /// Set it to a new value (any text; the MCP resume_rollout tool, `kubectl fleetroll resume` and the
+    /// Argo CD resume action write the current time) to let a rollout go on that its analysis holds
+    /// (reason AnalysisInconclusive, or AnalysisFailed under onFailure Pause): the metrics holding it count
+    /// as Accepted. A value set before the hold began releases nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub resume_token: Option<String>,
 
     /// Deletes the FleetRollout (and its plan objects) this many seconds after it finishes, at most 2592000
     /// (30 days). Unset: kept until deleted. Rollouts started over MCP get the server's task retention.

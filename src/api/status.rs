@@ -11,7 +11,10 @@ use k8s_openapi::{
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::revision::{PlanRef, Revision, SupersededRevision};
+use super::{
+    analysis::BatchAnalysis,
+    revision::{PlanRef, Revision, SupersededRevision},
+};
 
 /// How many recent batches `status.batches` keeps.
 pub const BATCH_WINDOW: usize = 16;
@@ -272,6 +275,9 @@ pub struct BatchStatus {
     /// How many of the batch's targets failed.
     #[serde(default)]
     pub failed: u32,
+    /// The batch's metric analysis, once its targets were healthy together (spec.analysis).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub analysis: Option<BatchAnalysis>,
     /// Targets (`namespace/name`) whose change the API server refused (RBAC, an admission webhook or
     /// policy): failed at once, with its message in `failures`. At most 100 are listed; any beyond fail at
     /// the health timeout instead.

@@ -1,6 +1,7 @@
 //! The pure core: every decision fleetroll makes, as functions from facts to answers. Nothing here holds a
 //! kube `Client` or performs IO; the edge gathers the facts and carries out the answers.
 
+pub(crate) mod analysis;
 pub(crate) mod conditions;
 pub(crate) mod duration;
 pub(crate) mod http_check;

@@ -46,6 +46,30 @@ pub const PLAN_TAMPERED: &str = "PlanTampered";
 pub const NODE_ROLLOUTS_DISABLED: &str = "NodeRolloutsDisabled";
 /// A health check aimed where this installation does not let checks go.
 pub const HTTP_CHECK_REFUSED: &str = "HttpCheckRefused";
+/// An analysis without a backend: no provider address and no operator default.
+pub const ANALYSIS_PROVIDER_MISSING: &str = "AnalysisProviderMissing";
+/// An analysis backend this installation does not let rollouts query.
+pub const ANALYSIS_ADDRESS_REFUSED: &str = "AnalysisAddressRefused";
+/// An analysis the schema let through but the operator cannot run (an unknown placeholder, say).
+pub const INVALID_ANALYSIS: &str = "InvalidAnalysis";
+
+// Metric analysis of a batch.
+/// Measuring began: the batch's targets are healthy.
+pub const ANALYSIS_STARTED: &str = "AnalysisStarted";
+/// A measurement was taken (or not, for an error).
+pub const ANALYSIS_MEASURED: &str = "AnalysisMeasured";
+/// Every metric that decides passed.
+pub const ANALYSIS_PASSED: &str = "AnalysisPassed";
+/// A metric failed more measurements than its failureLimit: the batch failed.
+pub const ANALYSIS_FAILED: &str = "AnalysisFailed";
+/// A metric was inconclusive more often than its inconclusiveLimit: held until a person or agent acts.
+pub const ANALYSIS_INCONCLUSIVE: &str = "AnalysisInconclusive";
+/// Errors in a row past a metric's consecutiveErrorLimit: paused, measuring on until the backend answers.
+pub const ANALYSIS_ERROR: &str = "AnalysisError";
+/// The backend answered again after AnalysisError.
+pub const ANALYSIS_RECOVERED: &str = "AnalysisRecovered";
+/// spec.resumeToken changed: the metrics holding the rollout are accepted.
+pub const ANALYSIS_ACCEPTED: &str = "AnalysisAccepted";
 
 // Why the scope rules refuse a target (the whole plan, or one target right before it changes).
 /// The target's namespace is neither the rollout's own nor one it may reach.

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::auth::Identity;
 use crate::{
-    api::{FleetRolloutSpec, Health, Strategy, Targets},
+    api::{Analysis, FleetRolloutSpec, Health, Strategy, Targets},
     core::plan,
 };
 
@@ -37,6 +37,9 @@ pub struct RolloutFleetArgs {
     /// Health timeout, soak time, optional HTTP check.
     #[serde(default)]
     pub health: Option<Health>,
+    /// Metric analysis each healthy batch must pass (the FleetRollout's spec.analysis).
+    #[serde(default)]
+    pub analysis: Option<Analysis>,
     /// Create the rollout paused.
     #[serde(default)]
     pub paused: bool,
@@ -105,6 +108,8 @@ impl RolloutFleetArgs {
             targets: self.targets.clone(),
             strategy: self.strategy.clone().unwrap_or_default(),
             health: self.health.clone().unwrap_or_default(),
+            analysis: self.analysis.clone(),
+            resume_token: None,
             paused: self.paused,
             abort: false,
             rollback: false,
@@ -146,6 +151,7 @@ impl PreviewArgs {
             targets: self.targets.clone(),
             strategy: self.strategy.clone(),
             health: None,
+            analysis: None,
             paused: false,
         }
     }

@@ -292,7 +292,7 @@ fn trim_front<T>(v: &mut Vec<T>, keep: usize) {
     }
 }
 
-fn truncate(mut s: String, max: usize) -> String {
+pub(crate) fn truncate(mut s: String, max: usize) -> String {
     if s.len() > max {
         let mut cut = max;
         while !s.is_char_boundary(cut) {
@@ -310,7 +310,7 @@ fn until(now: Timestamp, then: Timestamp) -> Duration {
 
 /// `t + d`, saturating at the end of time: a timestamp read back from the cluster is input too, and no
 /// input may make the arithmetic panic.
-fn later(t: Timestamp, d: Duration) -> Timestamp {
+pub(crate) fn later(t: Timestamp, d: Duration) -> Timestamp {
     let d = SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
     t.checked_add(d).unwrap_or(Timestamp::MAX)
 }

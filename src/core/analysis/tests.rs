@@ -1,0 +1,222 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::jiff::Timestamp;
+
+use super::{
+    provider::{Backends, check},
+    *,
+};
+use crate::{
+    api::{Analysis, AnalysisProvider, PrometheusProvider, SecretRef},
+    core::{http_check::Allowed, reason},
+};
+
+fn metric(query: &str) -> Metric {
+    serde_json::from_value(serde_json::json!({
+        "name": "error-rate", "query": query, "thresholdRange": {"max": 0.01},
+    }))
+    .unwrap()
+}
+
+fn target(ns: &str, name: &str) -> PlannedTarget {
+    PlannedTarget { namespace: ns.into(), name: name.into(), previous_image: "old".into() }
+}
+
+fn sample(deployment: &str, value: f64) -> Sample {
+    Sample { labels: BTreeMap::from([("deployment".to_string(), deployment.to_string())]), value }
+}
+
+fn at(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + secs).unwrap()
+}
+
+#[test]
+fn batch_queries_match_exactly_the_batch_regex_escaped() {
+    let m = metric(
+        r#"sum(rate(errors{deployment=~"{{targets}}", namespace=~"{{ namespaces }}"}[{{interval}}]))"#,
+    );
+    let q = queries(&m, &[target("b", "web.v2"), target("a", "api"), target("a", "web.v2")]);
+    assert_eq!(q.len(), 1);
+    // Sorted, each once, the dot escaped for RE2 and the backslash for the PromQL string.
+    assert_eq!(q[0].promql, r#"sum(rate(errors{deployment=~"api|web\\.v2", namespace=~"a|b"}[30s]))"#);
+    assert_eq!(q[0].target, None);
+}
+
+#[test]
+fn target_queries_name_each_target() {
+    let mut m = metric(r#"up{namespace="{{namespace}}", deployment="{{name}}"}"#);
+    m.scope = MetricScope::Target;
+    let q = queries(&m, &[target("t1", "web"), target("t2", "api")]);
+    let promql: Vec<&str> = q.iter().map(|q| q.promql.as_str()).collect();
+    assert_eq!(
+        promql,
+        [r#"up{namespace="t1", deployment="web"}"#, r#"up{namespace="t2", deployment="api"}"#]
+    );
+    assert_eq!(q[1].target.as_deref(), Some("t2/api"));
+}
+
+#[test]
+fn regex_escape_covers_every_metacharacter() {
+    assert_eq!(regex_escape(r"a.b+c*d?(e)|[f]{g}^$\"), r"a\.b\+c\*d\?\(e\)\|\[f\]\{g\}\^\$\\");
+}
+
+#[test]
+fn unknown_and_unclosed_placeholders_are_named() {
+    assert!(check_query(&metric("x{a=~\"{{targets}}\"}")).is_ok());
+    let e = check_query(&metric("x{a=\"{{name}}\"}")).unwrap_err();
+    assert!(e.contains("unknown placeholder {{name}}") && e.contains("{{targets}}"), "{e}");
+    let mut m = metric("x{a=\"{{targets}}\"}");
+    m.scope = MetricScope::Target;
+    assert!(check_query(&m).unwrap_err().contains("{{targets}}"));
+    assert!(check_query(&metric("x{a=\"{{targets\"}")).unwrap_err().contains("not closed"));
+}
+
+#[test]
+fn every_sample_must_be_inside_the_range() {
+    let m = metric("q");
+    let ok = judge(&m, &Ok(vec![sample("a", 0.0), sample("b", 0.01)]));
+    assert_eq!(ok.phase, MeasurementPhase::Successful);
+    let bad = judge(&m, &Ok(vec![sample("a", 0.0), sample("b", 0.2)]));
+    assert_eq!(bad.phase, MeasurementPhase::Failed);
+    let message = bad.message.unwrap();
+    assert!(message.contains(r#"{deployment="b"} 0.2"#) && message.contains("1 of 2"), "{message}");
+    assert_eq!(bad.value.as_deref(), Some("0.2, 0"));
+}
+
+#[test]
+fn infinities_are_values_and_nan_is_no_data() {
+    let m = metric("q");
+    let inf = judge(&m, &Ok(vec![sample("a", f64::INFINITY)]));
+    assert_eq!((inf.phase, inf.value.as_deref()), (MeasurementPhase::Failed, Some("+Inf")));
+    let nan = judge(&m, &Ok(vec![sample("a", f64::NAN)]));
+    assert_eq!(nan.phase, MeasurementPhase::Inconclusive);
+    assert!(nan.message.unwrap().contains("NaN"));
+    let mixed = judge(&m, &Ok(vec![sample("a", f64::NAN), sample("b", 0.001)]));
+    assert_eq!(mixed.phase, MeasurementPhase::Successful);
+    let mut with_min = metric("q");
+    with_min.threshold_range = ThresholdRange { min: Some(0.5), max: None };
+    assert_eq!(judge(&with_min, &Ok(vec![sample("a", f64::NEG_INFINITY)])).phase, MeasurementPhase::Failed);
+}
+
+#[test]
+fn no_data_follows_on_no_data() {
+    let mut m = metric("q");
+    for (policy, phase) in [
+        (NoData::Inconclusive, MeasurementPhase::Inconclusive),
+        (NoData::Fail, MeasurementPhase::Failed),
+        (NoData::Pass, MeasurementPhase::Successful),
+    ] {
+        m.on_no_data = policy;
+        assert_eq!(judge(&m, &Ok(Vec::new())).phase, phase);
+    }
+    assert_eq!(judge(&m, &Err("connection refused".into())).phase, MeasurementPhase::Error);
+}
+
+#[test]
+fn a_target_measurement_is_as_bad_as_its_worst_target() {
+    let m = metric("q");
+    let answers = vec![
+        (Some("t/a".to_string()), Ok(vec![sample("a", 0.0)])),
+        (Some("t/b".to_string()), Ok(vec![sample("b", 0.5)])),
+        (Some("t/c".to_string()), Ok(Vec::new())),
+    ];
+    let v = judge_all(&m, &answers);
+    assert_eq!(v.phase, MeasurementPhase::Failed);
+    assert!(v.message.as_deref().unwrap().starts_with("t/b: "), "{v:?}");
+    let mut with_error = answers.clone();
+    with_error.push((Some("t/d".into()), Err("HTTP 503".into())));
+    let v = judge_all(&m, &with_error);
+    assert_eq!((v.phase, v.message.as_deref()), (MeasurementPhase::Error, Some("t/d: HTTP 503")));
+}
+
+#[test]
+fn limits_decide_the_run_and_errors_do_not_count() {
+    let mut m = metric("q");
+    m.count = 3;
+    m.failure_limit = 1;
+    m.consecutive_error_limit = 1;
+    let mut run = start(&m);
+    let verdict = |phase| Verdict { phase, value: None, message: None };
+    record(&m, &mut run, verdict(MeasurementPhase::Failed), at(0));
+    assert_eq!(run.phase, MetricPhase::Running, "one failure is within failureLimit 1");
+    record(&m, &mut run, verdict(MeasurementPhase::Error), at(1));
+    record(&m, &mut run, verdict(MeasurementPhase::Error), at(2));
+    assert!(erroring(&m, &run));
+    assert_eq!((taken(&run), run.errors), (1, 2));
+    record(&m, &mut run, verdict(MeasurementPhase::Successful), at(3));
+    assert!(!erroring(&m, &run), "a measurement taken ends the errors in a row");
+    assert_eq!(run.measurements.len(), 3, "status keeps the last three");
+    record(&m, &mut run, verdict(MeasurementPhase::Failed), at(4));
+    assert_eq!(run.phase, MetricPhase::Failed);
+
+    let mut run = start(&m);
+    for s in 0..3 {
+        record(&m, &mut run, verdict(MeasurementPhase::Successful), at(s));
+    }
+    assert_eq!(run.phase, MetricPhase::Successful);
+    m.inconclusive_limit = 0;
+    let mut run = start(&m);
+    record(&m, &mut run, verdict(MeasurementPhase::Inconclusive), at(0));
+    assert_eq!(run.phase, MetricPhase::Inconclusive);
+}
+
+#[test]
+fn measurements_are_due_after_the_initial_delay_then_every_interval() {
+    let mut m = metric("q");
+    m.initial_delay = "30s".into();
+    m.interval = "1m".into();
+    m.count = 2;
+    let mut run = start(&m);
+    assert_eq!(due(&m, &run, at(0)), Some(at(30)));
+    record(&m, &mut run, Verdict { phase: MeasurementPhase::Successful, value: None, message: None }, at(31));
+    assert_eq!(due(&m, &run, at(0)), Some(at(91)));
+    record(&m, &mut run, Verdict { phase: MeasurementPhase::Successful, value: None, message: None }, at(91));
+    assert_eq!(due(&m, &run, at(0)), None, "done");
+}
+
+fn analysis(address: Option<&str>) -> Analysis {
+    Analysis {
+        provider: Some(AnalysisProvider {
+            prometheus: Some(PrometheusProvider {
+                address: address.map(str::to_string),
+                secret_ref: Some(SecretRef { name: "prom".into() }),
+                timeout: "5s".into(),
+            }),
+        }),
+        metrics: vec![metric("q")],
+    }
+}
+
+#[test]
+fn a_rollout_queries_only_backends_the_operator_allows() {
+    let mut backends = Backends::default();
+    let missing = backends.resolve(&analysis(None), "team").unwrap_err();
+    assert_eq!(missing.reason, reason::ANALYSIS_PROVIDER_MISSING);
+    backends.default_address = Some("http://prometheus.monitoring:9090/".into());
+    let b = backends.resolve(&analysis(None), "team").unwrap();
+    assert_eq!(b.address, "http://prometheus.monitoring:9090");
+    assert_eq!((b.secret.as_deref(), b.timeout.as_secs()), (Some("prom"), 5));
+    assert!(backends.resolve(&analysis(Some("http://prometheus.monitoring:9090")), "team").is_ok());
+    // Its own namespace's Service, yes; another namespace's, or an address, no.
+    assert!(backends.resolve(&analysis(Some("http://prom.team.svc:9090")), "team").is_ok());
+    for refused in ["http://prom.other.svc:9090", "http://10.0.0.7:9090", "http://evil.example.com"] {
+        let e = backends.resolve(&analysis(Some(refused)), "team").unwrap_err();
+        assert_eq!(e.reason, reason::ANALYSIS_ADDRESS_REFUSED, "{refused}");
+    }
+    backends.policy.allowed =
+        vec![Allowed::Net("10.0.0.0/8".parse().unwrap()), Allowed::Host("thanos.example.com".into())];
+    assert!(backends.resolve(&analysis(Some("http://10.0.0.7:9090")), "team").is_ok());
+    assert!(backends.resolve(&analysis(Some("https://thanos.example.com/prometheus")), "team").is_ok());
+}
+
+#[test]
+fn an_analysis_that_cannot_decide_is_refused() {
+    let backends = Backends { default_address: Some("http://p:9090".into()), ..Default::default() };
+    let mut a = analysis(None);
+    a.metrics[0].dry_run = true;
+    assert_eq!(check(&backends, &a, "team").unwrap_err().reason, reason::INVALID_ANALYSIS);
+    a.metrics[0].dry_run = false;
+    a.metrics[0].query = "x{{bogus}}".into();
+    let e = check(&backends, &a, "team").unwrap_err();
+    assert!(e.message.contains("{{bogus}}"), "{}", e.message);
+}
