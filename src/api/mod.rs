@@ -57,7 +57,12 @@ pub fn crd_yaml() -> Result<String, serde_saphyr::ser::Error> {
 pub fn crd_helm_template() -> Result<String, serde_saphyr::ser::Error> {
     let crd = crd();
     let name = crd.metadata.name.clone().unwrap_or_default();
-    let yaml = serde_saphyr::to_string(&crd)?;
+    // Query placeholders ({{targets}}) in descriptions and rules are text to Helm, not actions.
+    let yaml = serde_saphyr::to_string(&crd)?
+        .replace("{{", "\u{0}OPEN")
+        .replace("}}", "\u{0}CLOSE")
+        .replace("\u{0}OPEN", r#"{{ "{{" }}"#)
+        .replace("\u{0}CLOSE", r#"{{ "}}" }}"#);
     // The labels and the annotation are template text, which no serializer writes: they go in by hand,
     // under the metadata, which holds the name alone.
     let plain = format!("\nmetadata:\n  name: {name}\n");

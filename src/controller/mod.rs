@@ -2,6 +2,7 @@
 //! with backoff, and the gauges. What a reconcile does is in [`reconcile`]; how each kind of target is
 //! found, seen and changed is in [`fleet`].
 
+mod analysis;
 mod fleet;
 mod reconcile;
 
@@ -60,6 +61,8 @@ pub struct Settings {
     /// Where health checks may go besides the targets (`--http-check-allow`), and the API server's
     /// addresses, which they may not reach.
     pub http_check: http_check::Policy,
+    /// The default analysis backend and where rollouts may point theirs (`--analysis-*`).
+    pub analysis: crate::core::analysis::provider::Backends,
 }
 
 /// Shared by every reconcile.
@@ -72,6 +75,8 @@ pub struct Context {
     rollouts: Store<FleetRollout>,
     plans: PlanStore,
     prober: Prober,
+    /// Sends analysis queries, under `settings.analysis.policy`.
+    querier: crate::edge::prometheus::Querier,
     metrics: Arc<Metrics>,
     /// Status writes, events, the finalizer and deletion of the rollouts themselves.
     rollouts_io: Rollouts,
@@ -239,12 +244,16 @@ pub async fn run(
 
     let (controller, stores) = watches(&client, rollouts);
     let prober = Prober::new(settings.http_check.clone(), Some(client.clone())).map_err(Error::Config)?;
+    let querier =
+        crate::edge::prometheus::Querier::new(settings.analysis.policy.clone(), Some(client.clone()))
+            .map_err(Error::Config)?;
     let ctx = Arc::new(Context {
         rollouts_io: Rollouts::new(client.clone(), &settings.identity, metrics.clone()),
         rollouts: controller.store(),
         client,
         plans: PlanStore::new(settings.plan_limits),
         prober,
+        querier,
         rules: scope::Rules {
             fleet_namespace: settings.fleet_namespace.clone(),
             protected_namespaces: settings.protected_namespaces.clone(),

@@ -116,7 +116,7 @@ async fn step<F: Fleet>(ctx: &Context, fr: Arc<FleetRollout>, round: &mut Round)
     let status = fr.status.clone().unwrap_or_default();
     let now = Timestamp::now();
     // A rollout this installation may not run halts before anything changes.
-    if let Some(why) = (!status.phase.is_terminal()).then(|| not_served(ctx, &fr.spec)).flatten() {
+    if let Some(why) = (!status.phase.is_terminal()).then(|| not_served(ctx, &fr)).flatten() {
         return halt(ctx, &fr, &status, &why, now).await;
     }
     if rollout::needs_new_revision(&fr.spec, &status) {
@@ -161,6 +161,7 @@ async fn decide(
     now: Timestamp,
 ) -> Step {
     let http = probe(ctx, &fr.spec, status, &loaded.plan, seen).await;
+    let measured = super::analysis::measure(ctx, fr, status, &loaded.plan, now).await;
     let target = |t: &PlannedTarget| {
         seen.target(t).map(|mut s| {
             s.http = http.get(&(t.namespace.clone(), t.name.clone())).cloned();
@@ -198,6 +199,7 @@ async fn decide(
         unplanned: &unplanned,
         scope: &in_scope,
         carrying: &|prefix| seen.carrying(prefix),
+        measured: &measured,
     })
 }
 
@@ -260,6 +262,7 @@ async fn act<F: Fleet>(
                 round.batch_settled_at = Some(round.started);
             }
             ctx.observe_batches(status, &t.status);
+            super::analysis::observe(ctx, status, &t.status);
             let written = ctx.rollouts_io.write_status(&fr, t).await;
             if intent && written.is_ok() {
                 failpoint::hit(failpoint::AFTER_INTENT).await;
@@ -327,7 +330,8 @@ async fn settle(ctx: &Context, fr: &FleetRollout, written: Result<Arc<FleetRollo
 
 /// Why this installation will not run a spec at all: node rollouts it was not given the rights for, or a
 /// health check that may not go where it points.
-fn not_served(ctx: &Context, spec: &FleetRolloutSpec) -> Option<Blocked> {
+fn not_served(ctx: &Context, fr: &FleetRollout) -> Option<Blocked> {
+    let spec = &fr.spec;
     if spec.targets.kind == TargetKind::Node && !ctx.settings.node_rollouts {
         return Some(Blocked {
             reason: reason::NODE_ROLLOUTS_DISABLED,
@@ -336,6 +340,15 @@ fn not_served(ctx: &Context, spec: &FleetRolloutSpec) -> Option<Blocked> {
                       with --node-rollouts=false (Helm value nodeRollouts.enabled); nothing was changed"
                     .into(),
         });
+    }
+    if let Some(analysis) = &spec.analysis
+        && let Err(blocked) = crate::core::analysis::provider::check(
+            &ctx.settings.analysis,
+            analysis,
+            &fr.namespace().unwrap_or_default(),
+        )
+    {
+        return Some(blocked);
     }
     let check = spec.health.http.as_ref()?;
     let message = ctx.prober.policy().check_template(&check.url, spec.targets.kind).err()?;

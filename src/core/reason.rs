@@ -57,6 +57,9 @@ pub const INVALID_ANALYSIS: &str = "InvalidAnalysis";
 /// Measuring began: the batch's targets are healthy.
 pub const ANALYSIS_STARTED: &str = "AnalysisStarted";
 /// A measurement was taken (or not, for an error).
+/// Measurements of the batch are due (status reason while it is measured).
+pub const ANALYSIS_RUNNING: &str = "AnalysisRunning";
+/// A measurement was taken (or not, for an error).
 pub const ANALYSIS_MEASURED: &str = "AnalysisMeasured";
 /// Every metric that decides passed.
 pub const ANALYSIS_PASSED: &str = "AnalysisPassed";

@@ -220,12 +220,58 @@ struct OperatorArgs {
     #[arg(long, env = "FLEETROLL_CLUSTER_DOMAIN", default_value = crate::core::http_check::CLUSTER_DOMAIN)]
     cluster_domain: String,
 
+    /// The Prometheus-compatible backend a rollout's analysis queries when it names none, e.g.
+    /// http://prometheus.monitoring:9090. Rollouts may always name it.
+    #[arg(long = "analysis-prometheus-address", env = "FLEETROLL_ANALYSIS_PROMETHEUS_ADDRESS", value_parser = analysis_address)]
+    analysis_prometheus_address: Option<String>,
+
+    /// Hosts, addresses or CIDRs a rollout's analysis may name as its backend besides the default and
+    /// Services in its own namespace (comma-separated or repeated; none by default). A CIDR also lets
+    /// queries reach loopback or link-local addresses in it.
+    #[arg(long = "analysis-allow", env = "FLEETROLL_ANALYSIS_ALLOW", value_delimiter = ',')]
+    analysis_allow: Vec<crate::core::http_check::Allowed>,
+
     #[command(flatten)]
     mcp: McpArgs,
 }
 
+/// An http(s) URL with a host, as the default analysis backend.
+fn analysis_address(text: &str) -> Result<String, String> {
+    let url = url::Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    let fine = matches!(url.scheme(), "http" | "https")
+        && url.host().is_some()
+        && url.username().is_empty()
+        && url.password().is_none()
+        && url.query().is_none();
+    if fine {
+        Ok(text.trim_end_matches('/').to_string())
+    } else {
+        Err(format!("{text:?} is not an http(s) base URL"))
+    }
+}
+
 impl OperatorArgs {
+    /// The analysis backends: the default is always allowed, whatever it resolves to.
+    fn analysis(&self, cluster_domain: &str) -> crate::core::analysis::provider::Backends {
+        let mut allowed = self.analysis_allow.clone();
+        let default_host = self.analysis_prometheus_address.as_deref().and_then(|a| url::Url::parse(a).ok());
+        if let Some(host) = default_host.as_ref().and_then(|u| u.host_str().map(str::to_string)) {
+            let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+            allowed.extend(host.parse::<crate::core::http_check::Allowed>());
+        }
+        crate::core::analysis::provider::Backends {
+            default_address: self.analysis_prometheus_address.clone(),
+            policy: crate::core::http_check::Policy {
+                allowed,
+                api_server: Vec::new(),
+                cluster_domain: cluster_domain.to_string(),
+            },
+        }
+    }
+
     fn options(self) -> operator::Options {
+        let cluster_domain = self.cluster_domain.trim_matches('.').to_ascii_lowercase();
+        let analysis = self.analysis(&cluster_domain);
         operator::Options {
             listen: self.listen.listen(),
             mcp: self.mcp.options(self.listen.listen, &self.fleet_namespace),
@@ -251,8 +297,9 @@ impl OperatorArgs {
                 http_check: crate::core::http_check::Policy {
                     allowed: self.http_check_allow,
                     api_server: Vec::new(),
-                    cluster_domain: self.cluster_domain.trim_matches('.').to_ascii_lowercase(),
+                    cluster_domain,
                 },
+                analysis,
             },
         }
     }

@@ -28,6 +28,14 @@ pub struct ErrorLabel {
     pub error: String,
 }
 
+/// A measurement's outcome, and the metric it belongs to.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MeasurementLabel {
+    pub metric: String,
+    pub phase: String,
+    pub dry_run: String,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     registry: Mutex<Registry>,
@@ -46,6 +54,8 @@ pub struct Metrics {
     pub reconcile_duration: Histogram,
     pub status_writes: Counter,
     pub target_patches: Counter,
+    /// Analysis measurements recorded in status, by metric name, outcome and dry run.
+    pub analysis_measurements: Family<MeasurementLabel, Counter>,
     /// 1 while this replica holds the lease.
     pub leader: Gauge,
 }
@@ -64,6 +74,7 @@ impl Default for Metrics {
             reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             status_writes: Counter::default(),
             target_patches: Counter::default(),
+            analysis_measurements: Family::default(),
             leader: Gauge::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
@@ -96,6 +107,11 @@ impl Default for Metrics {
                 "target_patches",
                 "Target workload patches (image changes and restores)",
                 m.target_patches.clone(),
+            );
+            r.register(
+                "analysis_measurements",
+                "Analysis measurements recorded, by metric, outcome (Successful, Failed, Inconclusive, Error) and dry run",
+                m.analysis_measurements.clone(),
             );
             r.register("leader", "1 while this replica holds the leader lease", m.leader.clone());
         }

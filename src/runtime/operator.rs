@@ -194,6 +194,7 @@ pub async fn run(opts: Options) -> Result<()> {
         serve(opts.listen, opts.mcp.clone()).await?;
     let mut settings = opts.settings;
     settings.http_check.api_server = api_server_addresses(&cluster_url, &client).await;
+    settings.analysis.policy.api_server = settings.http_check.api_server.clone();
 
     let elector = Arc::new(Elector::new(
         client.clone(),

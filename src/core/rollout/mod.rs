@@ -15,6 +15,7 @@
 //! (the summary fields and conditions people read), [`housekeeping`] (what a rollout holds and when it
 //! goes).
 
+mod analysis;
 mod drift;
 mod failure;
 mod gates;
@@ -27,6 +28,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 pub use self::{
+    analysis::due_queries,
     failure::{denied, restored},
     gates::{NewRevision, blocked, start_revision},
     housekeeping::{before_observing, probes},
@@ -77,6 +79,8 @@ pub struct Facts<'a> {
     /// The workloads whose `fleetroll.dev/applied` key starts with the given prefix (asked only of a
     /// succeeded rollout: it scans the cache).
     pub carrying: &'a dyn Fn(&str) -> Vec<Carrier>,
+    /// The measurements the edge took this step ([`due_queries`] says which are due).
+    pub measured: &'a [crate::core::analysis::Measured],
 }
 
 /// A workload carrying one of this rollout's keys, as observed now.
@@ -203,6 +207,9 @@ fn advance(f: &Facts<'_>) -> Step {
     match s.current().cloned() {
         Some(b) if b.state == BatchState::Applying => apply(f, s, b),
         Some(b) if b.state == BatchState::Verifying => verify(f, s, b),
+        Some(b) if b.state == BatchState::Failed && b.analysis.as_ref().is_some_and(|a| a.hold.is_some()) => {
+            analysis::held_failure(f, s, &b)
+        }
         Some(b) if b.state == BatchState::Failed && failure::over_budget(f, &s) => {
             // Held by the Pause policy until the budget is raised, or an abort or rollback arrives.
             write_if_changed(f, s, Vec::new(), None)

@@ -4,7 +4,7 @@
 use k8s_openapi::jiff::Timestamp;
 
 use crate::{
-    api::{FleetRolloutStatus, Phase},
+    api::{FleetRolloutStatus, MetricPhase, Phase},
     core::{
         Blocked,
         conditions::{self, Desired},
@@ -36,12 +36,29 @@ fn message(s: &FleetRolloutStatus, total_batches: u32) -> String {
                 format!("waiting before batch {}/{total_batches}; {tally}", batch + 1)
             }
             Some(reason::SOAKING) => format!("batch {batch}/{total_batches} soaking; {tally}"),
+            Some(reason::ANALYSIS_RUNNING) => {
+                format!("batch {batch}/{total_batches} analysis running{}; {tally}", analysis_progress(s))
+            }
             _ if s.current_batch.is_none() => format!("planned in {total_batches} batches; {tally}"),
             _ => format!("batch {batch}/{total_batches} in progress; {tally}"),
         },
         Phase::Paused if s.reason.as_deref() == Some(reason::FAILURE_BUDGET_EXCEEDED) => {
             format!("paused: failure budget exceeded in batch {batch}/{total_batches}; {tally}")
         }
+        Phase::Paused if s.reason.as_deref() == Some(reason::ANALYSIS_FAILED) => {
+            format!(
+                "paused: analysis failed in batch {batch}/{total_batches}{}; {tally}",
+                analysis_progress(s)
+            )
+        }
+        Phase::Paused if s.reason.as_deref() == Some(reason::ANALYSIS_INCONCLUSIVE) => format!(
+            "paused: analysis inconclusive in batch {batch}/{total_batches}{}; resume, abort or roll back; {tally}",
+            analysis_progress(s)
+        ),
+        Phase::Paused if s.reason.as_deref() == Some(reason::ANALYSIS_ERROR) => format!(
+            "paused: the metrics backend is not answering in batch {batch}/{total_batches}{}; measuring on; {tally}",
+            analysis_progress(s)
+        ),
         Phase::Paused => format!("paused before batch {}/{total_batches}; {tally}", batch + 1),
         Phase::WaitingForApproval => match &s.pending_approval {
             Some(p) => {
@@ -54,6 +71,12 @@ fn message(s: &FleetRolloutStatus, total_batches: u32) -> String {
             Some(changed) => format!("succeeded: {tally}; {changed}"),
             None => format!("succeeded: {tally}"),
         },
+        Phase::Failed if s.reason.as_deref() == Some(reason::ANALYSIS_FAILED) => {
+            format!(
+                "failed: analysis failed in batch {batch}/{total_batches}{}; {tally}",
+                analysis_progress(s)
+            )
+        }
         Phase::Failed => format!("failed: failure budget exceeded; {tally}"),
         Phase::Aborted => format!("aborted on request; {tally}"),
         Phase::RolledBack => match &s.rollback {
@@ -103,7 +126,9 @@ pub(super) fn set_conditions(
     );
     let (degraded, degraded_reason, degraded_message) = match (blocked, changed.clone()) {
         (Some(b), _) => (true, b.reason.to_string(), b.message.clone()),
-        (None, _) if reason == reason::FAILURE_BUDGET_EXCEEDED => (true, reason.clone(), message.clone()),
+        (None, _) if reason == reason::FAILURE_BUDGET_EXCEEDED || reason == reason::ANALYSIS_FAILED => {
+            (true, reason.clone(), message.clone())
+        }
         (None, Some(changed)) => (true, reason::IMAGE_CHANGED.to_string(), changed),
         (None, None) => (false, "AsExpected".to_string(), String::new()),
     };
@@ -148,7 +173,8 @@ pub enum GitOpsState {
 /// The kstatus verdict on a rollout. Paused and WaitingForApproval are InProgress: nothing is wrong and the
 /// rollout goes on once someone resumes or approves it, so a Flux `wait` or `dependsOn` must not go ahead
 /// (Current) and must not report a failure either; its timeout is what says a person is needed. A pause
-/// the failure budget forced is Failed: targets failed and nothing happens until someone decides.
+/// the failure budget or a failed analysis forced is Failed: nothing happens until someone decides. A
+/// pause for an inconclusive analysis or a metrics outage is InProgress: nothing says the image is bad.
 /// A succeeded rollout some of whose targets someone else has changed since is Failed too: what it
 /// promised no longer holds, and the operator will not undo someone else's change.
 pub fn gitops_state(
@@ -162,7 +188,11 @@ pub fn gitops_state(
         Phase::Succeeded => GitOpsState::Current,
         Phase::Failed | Phase::Aborted | Phase::RolledBack => GitOpsState::Failed,
         Phase::Pending if blocked => GitOpsState::Failed,
-        Phase::Paused if reason == Some(reason::FAILURE_BUDGET_EXCEEDED) => GitOpsState::Failed,
+        Phase::Paused
+            if matches!(reason, Some(reason::FAILURE_BUDGET_EXCEEDED | reason::ANALYSIS_FAILED)) =>
+        {
+            GitOpsState::Failed
+        }
         Phase::Pending
         | Phase::Progressing
         | Phase::RollingBack
@@ -209,4 +239,21 @@ fn changed_by_others(s: &FleetRolloutStatus) -> Option<String> {
     let changed = s.changed_by_others.as_ref().filter(|_| s.phase == Phase::Succeeded)?;
     let image = s.revision.as_ref().map_or("", |r| r.inputs.image.as_str());
     Some(super::drift::message(changed.count, image, &changed.sample))
+}
+
+/// The batch in flight's metrics, in words: " (error-rate 2/4, latency Failed)"; empty without analysis.
+fn analysis_progress(s: &FleetRolloutStatus) -> String {
+    let Some(a) = s.current().and_then(|b| b.analysis.as_ref()) else { return String::new() };
+    let parts: Vec<String> = a
+        .metrics
+        .iter()
+        .map(|r| {
+            let dry = if r.dry_run { ", dry run" } else { "" };
+            match r.phase {
+                MetricPhase::Running => format!("{} {} taken{dry}", r.name, crate::core::analysis::taken(r)),
+                phase => format!("{} {}{dry}", r.name, phase.as_str()),
+            }
+        })
+        .collect();
+    if parts.is_empty() { String::new() } else { format!(" ({})", parts.join(", ")) }
 }

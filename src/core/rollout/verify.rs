@@ -4,8 +4,12 @@
 use std::time::Duration;
 
 use super::{
-    Event, Facts, Step, failure, failure::apply_failure_policy, gates::next_batch, later, total_batches,
-    trim_front, until, write, write_if_changed,
+    Event, Facts, Step,
+    analysis::{self, Gate},
+    failure,
+    failure::apply_failure_policy,
+    gates::next_batch,
+    later, total_batches, trim_front, until, write_if_changed,
 };
 use crate::{
     api::{
@@ -51,12 +55,25 @@ pub(super) fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -
         return write_if_changed(f, s, events, Some(soon.map_or(wait, |soon| soon.min(wait))));
     }
     let failed = count(tally.failures.len()) - tally.skipped;
-    if failed == 0
-        && let Some(step) = soak(f, &mut s, b.index)
-    {
-        return step;
+    // Failures past the budget settle the batch at once: nothing left to measure or soak.
+    if s.counts.failed.saturating_add(failed) > failure::budget(f) {
+        return settle(f, s, &b, tally, failed, Vec::new(), None);
     }
-    settle(f, s, &b, tally, failed)
+    let mut events = Vec::new();
+    let wait = match analysis::gate(f, &mut s, b.index, &mut events) {
+        Gate::Failed(why) => return settle(f, s, &b, tally, failed, events, Some(why)),
+        Gate::Held => return write_if_changed(f, s, events, None),
+        Gate::Wait(after) => Some(after),
+        Gate::Passed => None,
+    };
+    let soaking = if failed == 0 { soak(f, &mut s, b.index, &mut events) } else { None };
+    match (wait, soaking) {
+        (None, None) => settle(f, s, &b, tally, failed, events, None),
+        (analysing, soaking) => {
+            let after = [analysing.flatten(), soaking].into_iter().flatten().min();
+            write_if_changed(f, s, events, after)
+        }
+    }
 }
 
 /// Judges every target of the batch.
@@ -96,32 +113,45 @@ fn tally(f: &Facts<'_>, b: &BatchStatus, timed_out: bool) -> Tally {
     t
 }
 
-/// Holds a healthy batch for `health.soak` before it counts; None once it has soaked (or needs no soak).
-fn soak(f: &Facts<'_>, s: &mut FleetRolloutStatus, index: u32) -> Option<Step> {
+/// Holds a healthy batch for `health.soak` before it counts: how long it has left, or None once it has
+/// soaked (or needs no soak).
+fn soak(f: &Facts<'_>, s: &mut FleetRolloutStatus, index: u32, events: &mut Vec<Event>) -> Option<Duration> {
     let soak = duration::parse(&f.spec.health.soak).unwrap_or(Duration::ZERO);
     if soak.is_zero() {
         return None;
     }
-    match s.batch(index).and_then(|x| x.healthy_since.clone()) {
+    let since = match s.batch(index).and_then(|x| x.healthy_since.clone()) {
+        Some(since) => since.0,
         None => {
             if let Some(entry) = s.batch_mut(index) {
                 entry.healthy_since = Some(time(f.now));
             }
-            s.reason = Some(reason::SOAKING.into());
             let message =
                 format!("batch {}: all targets healthy, soaking for {}", index + 1, f.spec.health.soak);
-            Some(write(f, s.clone(), vec![Event::normal(reason::SOAKING, Some(index), message)]))
+            events.push(Event::normal(reason::SOAKING, Some(index), message));
+            f.now
         }
-        Some(since) if f.now < later(since.0, soak) => {
-            let left = until(f.now, later(since.0, soak));
-            Some(write_if_changed(f, s.clone(), Vec::new(), Some(left)))
-        }
-        Some(_) => None,
+    };
+    let end = later(since, soak);
+    if f.now >= end {
+        return None;
     }
+    if s.reason.as_deref() != Some(reason::ANALYSIS_RUNNING) || s.phase != crate::api::Phase::Progressing {
+        s.reason = Some(reason::SOAKING.into());
+    }
+    Some(until(f.now, end))
 }
 
 /// The batch is settled: count it, then either go on or apply the failure policy.
-fn settle(f: &Facts<'_>, mut s: FleetRolloutStatus, b: &BatchStatus, t: Tally, failed: u32) -> Step {
+fn settle(
+    f: &Facts<'_>,
+    mut s: FleetRolloutStatus,
+    b: &BatchStatus,
+    t: Tally,
+    failed: u32,
+    mut events: Vec<Event>,
+    analysis_failed: Option<String>,
+) -> Step {
     let changed = changed_by_others(b.index, &t.failures);
     s.counts.healthy += t.healthy;
     s.counts.failed += failed;
@@ -132,7 +162,8 @@ fn settle(f: &Facts<'_>, mut s: FleetRolloutStatus, b: &BatchStatus, t: Tally, f
     trim_front(&mut s.failures, FAILURE_DETAILS);
     let over_budget = failure::over_budget(f, &s);
     if let Some(entry) = s.batch_mut(b.index) {
-        entry.state = if over_budget { BatchState::Failed } else { BatchState::Succeeded };
+        let batch_failed = over_budget || analysis_failed.is_some();
+        entry.state = if batch_failed { BatchState::Failed } else { BatchState::Succeeded };
         entry.failed = entry.failed.saturating_add(failed);
         entry.finished_at = Some(time(f.now));
     }
@@ -146,15 +177,19 @@ fn settle(f: &Facts<'_>, mut s: FleetRolloutStatus, b: &BatchStatus, t: Tally, f
             s.counts.failed,
             failure::budget(f)
         );
-        let mut events = vec![Event::warning(reason::BATCH_FAILED, Some(b.index), message)];
+        events.push(Event::warning(reason::BATCH_FAILED, Some(b.index), message));
         events.extend(changed);
         return apply_failure_policy(f, s, b, events);
     }
-    let mut events: Vec<Event> = t
-        .refused
-        .iter()
-        .map(|r| Event::warning(reason::refusal(&r.reason), Some(b.index), r.message.clone()))
-        .collect();
+    if let Some(why) = analysis_failed {
+        events.extend(changed);
+        return analysis::fail(f, s, b, events, &why);
+    }
+    events.extend(
+        t.refused
+            .iter()
+            .map(|r| Event::warning(reason::refusal(&r.reason), Some(b.index), r.message.clone())),
+    );
     events.extend(changed);
     let message = format!(
         "batch {}/{total}: {} healthy, {failed} failed, {} skipped, {} refused",

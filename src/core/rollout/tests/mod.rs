@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+mod analysis;
 mod batches;
 mod failures;
 mod gates;
@@ -55,6 +56,10 @@ pub(super) struct Sim {
     pub(super) denied: std::collections::HashSet<String>,
     /// Whether the rollout carries the finalizer of a node rollout.
     pub(super) holds_daemonset: bool,
+    /// What the simulated metrics backend answers, per metric (absent: an error).
+    pub(super) backend: HashMap<String, crate::core::analysis::Answer>,
+    /// Queries sent to it.
+    pub(super) queries: std::cell::Cell<usize>,
 }
 
 pub(super) fn key(t: &PlannedTarget) -> String {
@@ -120,7 +125,30 @@ impl Sim {
             refused: HashMap::new(),
             denied: Default::default(),
             holds_daemonset: false,
+            backend: HashMap::new(),
+            queries: Default::default(),
         }
+    }
+
+    /// The measurements the controller would take now, from the simulated backend.
+    pub(super) fn measure(&self) -> Vec<crate::core::analysis::Measured> {
+        due_queries(&self.spec, &self.status, &self.plan, self.now)
+            .into_iter()
+            .flat_map(|(batch, queries)| queries.into_iter().map(move |q| (batch, q)))
+            .fold(Vec::new(), |mut out: Vec<crate::core::analysis::Measured>, (batch, q)| {
+                self.queries.set(self.queries.get() + 1);
+                let answer =
+                    self.backend.get(&q.metric).cloned().unwrap_or_else(|| Err("connection refused".into()));
+                match out.iter_mut().find(|m| m.metric == q.metric) {
+                    Some(m) => m.answers.push((q.target, answer)),
+                    None => out.push(crate::core::analysis::Measured {
+                        batch,
+                        metric: q.metric,
+                        answers: vec![(q.target, answer)],
+                    }),
+                }
+                out
+            })
     }
 
     pub(super) fn advance(&self) -> Step {
@@ -131,7 +159,9 @@ impl Sim {
             Some(reason) => Err(Refusal { reason, message: format!("{}: refused", key(t)) }),
             None => Ok(()),
         };
+        let measured = self.measure();
         decide(&Facts {
+            measured: &measured,
             now: self.now,
             uid: UID,
             generation: self.generation,

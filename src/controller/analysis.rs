@@ -1,0 +1,93 @@
+//! Takes the measurements the core says are due (the backend, its credentials and the queries are the
+//! edge's), and counts the ones a status write recorded, for `/metrics`.
+
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::Context;
+use crate::{
+    api::{FleetRollout, FleetRolloutStatus, MetricRun},
+    core::{
+        analysis::{Answer, Measured, Query},
+        plan::Plan,
+        rollout,
+    },
+    edge::prometheus,
+    runtime::metrics::MeasurementLabel,
+};
+
+/// The measurements due now for the batch in flight, taken. A backend or Secret that cannot be used makes
+/// every due measurement an Error (the core counts it against consecutiveErrorLimit).
+pub(super) async fn measure(
+    ctx: &Context,
+    fr: &FleetRollout,
+    status: &FleetRolloutStatus,
+    plan: &Plan,
+    now: Timestamp,
+) -> Vec<Measured> {
+    let due = rollout::due_queries(&fr.spec, status, plan, now);
+    let Some(analysis) = fr.spec.analysis.as_ref().filter(|_| !due.is_empty()) else { return Vec::new() };
+    let namespace = fr.namespace().unwrap_or_default();
+    let queries: Vec<(u32, Query)> =
+        due.into_iter().flat_map(|(batch, qs)| qs.into_iter().map(move |q| (batch, q))).collect();
+    let backend = match ctx.settings.analysis.resolve(analysis, &namespace) {
+        Ok(b) => b,
+        Err(blocked) => {
+            return gather(queries.into_iter().map(|(b, q)| (b, q, Err(blocked.message.clone()))));
+        }
+    };
+    let credentials = match &backend.secret {
+        None => None,
+        Some(name) => match prometheus::read_credentials(&ctx.client, &namespace, name).await {
+            Ok(c) => Some(c),
+            Err(e) => return gather(queries.into_iter().map(|(b, q)| (b, q, Err(e.clone())))),
+        },
+    };
+    let batch = queries.first().map_or(0, |(b, _)| *b);
+    let answers = ctx
+        .querier
+        .measure(&backend, credentials.as_ref(), queries.into_iter().map(|(_, q)| q).collect())
+        .await;
+    gather(answers.into_iter().map(|(q, a)| (batch, q, a)))
+}
+
+/// Groups answers into one measurement per batch and metric, in the order the queries came.
+fn gather(answers: impl Iterator<Item = (u32, Query, Answer)>) -> Vec<Measured> {
+    let mut out: Vec<Measured> = Vec::new();
+    for (batch, query, answer) in answers {
+        match out.iter_mut().find(|m| m.batch == batch && m.metric == query.metric) {
+            Some(m) => m.answers.push((query.target, answer)),
+            None => out.push(Measured { batch, metric: query.metric, answers: vec![(query.target, answer)] }),
+        }
+    }
+    out
+}
+
+/// Counts the measurements a written status added, by metric and outcome.
+pub(super) fn observe(ctx: &Context, before: &FleetRolloutStatus, after: &FleetRolloutStatus) {
+    for b in &after.batches {
+        let Some(a) = &b.analysis else { continue };
+        let old = before.batch(b.index).and_then(|x| x.analysis.as_ref());
+        for run in &a.metrics {
+            let was = old.and_then(|o| o.metrics.iter().find(|r| r.name == run.name));
+            for (phase, n) in added(was, run) {
+                let label = MeasurementLabel {
+                    metric: run.name.clone(),
+                    phase: phase.into(),
+                    dry_run: run.dry_run.to_string(),
+                };
+                ctx.metrics.analysis_measurements.get_or_create(&label).inc_by(u64::from(n));
+            }
+        }
+    }
+}
+
+fn added(was: Option<&MetricRun>, now: &MetricRun) -> [(&'static str, u32); 4] {
+    let before = was.cloned().unwrap_or_default();
+    [
+        ("Successful", now.successful.saturating_sub(before.successful)),
+        ("Failed", now.failed.saturating_sub(before.failed)),
+        ("Inconclusive", now.inconclusive.saturating_sub(before.inconclusive)),
+        ("Error", now.errors.saturating_sub(before.errors)),
+    ]
+}

@@ -1,0 +1,258 @@
+//! Metric analysis in the state machine: passing, failing, inconclusive holds, backend outages, dry runs,
+//! and measurements never counted twice.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::{
+    api::{Analysis, MetricPhase, MetricScope},
+    core::analysis::{Measured, Sample},
+};
+
+fn with_analysis(n_batch: i32, count: u32) -> FleetRolloutSpec {
+    let mut s = spec(n_batch);
+    let metric = serde_json::json!({
+        "name": "error-rate", "query": "sum(rate(errors{deployment=~\"{{targets}}\"}[{{interval}}]))",
+        "thresholdRange": {"max": 0.01}, "interval": "10s", "count": count,
+    });
+    s.analysis = Some(serde_json::from_value(serde_json::json!({ "metrics": [metric] })).unwrap());
+    s
+}
+
+fn metrics(s: &mut FleetRolloutSpec) -> &mut Vec<crate::api::Metric> {
+    &mut s.analysis.as_mut().unwrap().metrics
+}
+
+fn value(v: f64) -> crate::core::analysis::Answer {
+    Ok(vec![Sample { labels: BTreeMap::from([("deployment".into(), "web-00".into())]), value: v }])
+}
+
+/// Steps and lets time pass until the rollout ends or waits for someone; at most `limit` rounds.
+fn drive(sim: &mut Sim, limit: usize) {
+    for _ in 0..limit {
+        let wait = sim.settle();
+        if sim.status.phase.is_terminal() || sim.status.phase == Phase::Paused {
+            return;
+        }
+        sim.pass(wait.unwrap_or(Duration::from_secs(1)));
+    }
+}
+
+fn run<'a>(sim: &'a Sim, batch: u32, metric: &str) -> &'a crate::api::MetricRun {
+    let a = sim.status.batch(batch).and_then(|b| b.analysis.as_ref()).expect("the batch has an analysis");
+    a.metrics.iter().find(|r| r.name == metric).expect("the metric has a run")
+}
+
+#[test]
+fn a_healthy_fleet_passes_every_batch_after_count_measurements_each() {
+    let mut sim = Sim::new(with_analysis(5, 3), 15);
+    sim.backend.insert("error-rate".into(), value(0.001));
+    let started = sim.now;
+    drive(&mut sim, 100);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    for batch in 0..3 {
+        let r = run(&sim, batch, "error-rate");
+        assert_eq!((r.phase, r.successful, r.failed, r.errors), (MetricPhase::Successful, 3, 0, 0));
+        assert_eq!(r.measurements.len(), 3);
+    }
+    assert_eq!(sim.queries.get(), 9, "one query per measurement: 3 batches x 3");
+    // Three measurements 10 s apart per batch: the rollout took at least 3 x 20 s.
+    assert!(sim.now.duration_since(started).as_secs() >= 60);
+}
+
+#[test]
+fn a_failing_metric_fails_the_batch_and_on_failure_applies() {
+    let mut s = with_analysis(5, 3);
+    s.strategy.on_failure = FailurePolicy::Rollback;
+    let mut sim = Sim::new(s, 15);
+    sim.backend.insert("error-rate".into(), value(0.2));
+    drive(&mut sim, 100);
+    assert_eq!(sim.status.phase, Phase::RolledBack);
+    assert_eq!(sim.status.rollback.as_ref().unwrap().reason, reason::ANALYSIS_FAILED);
+    let r = run(&sim, 0, "error-rate");
+    assert_eq!((r.phase, r.failed), (MetricPhase::Failed, 1), "failureLimit 0: the first failure decides");
+    let message = r.measurements[0].message.as_deref().unwrap();
+    assert!(message.contains(r#"{deployment="web-00"} 0.2"#), "{message}");
+    assert_eq!(sim.status.batch(0).unwrap().state, BatchState::Failed);
+    assert_eq!(sim.changes.iter().filter(|(_, k)| k.ends_with("/rollback")).count(), 5);
+}
+
+#[test]
+fn a_failure_under_pause_holds_until_the_resume_token_changes() {
+    let mut sim = Sim::new(with_analysis(5, 1), 10);
+    sim.backend.insert("error-rate".into(), value(0.2));
+    sim.spec.resume_token = Some("before".into());
+    drive(&mut sim, 50);
+    assert_eq!(
+        (sim.status.phase, sim.status.reason.as_deref()),
+        (Phase::Paused, Some(reason::ANALYSIS_FAILED))
+    );
+    assert!(conditions::is_true(&sim.status.conditions, conditions::STALLED), "kstatus reads Failed");
+    assert_eq!(sim.changes.len(), 5);
+    // Still held however long it waits, and the same token releases nothing.
+    sim.pass(Duration::from_secs(3600));
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.changes.len(), 5);
+    sim.backend.insert("error-rate".into(), value(0.0));
+    sim.spec.resume_token = Some("now".into());
+    drive(&mut sim, 50);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    assert_eq!(run(&sim, 0, "error-rate").phase, MetricPhase::Accepted);
+    assert_eq!(run(&sim, 1, "error-rate").phase, MetricPhase::Successful);
+}
+
+#[test]
+fn no_data_pauses_as_inconclusive_until_resumed() {
+    let mut sim = Sim::new(with_analysis(5, 2), 10);
+    sim.backend.insert("error-rate".into(), Ok(Vec::new()));
+    drive(&mut sim, 50);
+    assert_eq!(
+        (sim.status.phase, sim.status.reason.as_deref()),
+        (Phase::Paused, Some(reason::ANALYSIS_INCONCLUSIVE))
+    );
+    assert!(
+        conditions::is_true(&sim.status.conditions, conditions::RECONCILING),
+        "waiting for a person is InProgress"
+    );
+    assert_eq!(run(&sim, 0, "error-rate").phase, MetricPhase::Inconclusive);
+    let queries = sim.queries.get();
+    sim.pass(Duration::from_secs(600));
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.queries.get(), queries, "a held analysis sends no queries");
+    sim.spec.resume_token = Some("go".into());
+    sim.backend.insert("error-rate".into(), value(0.0));
+    drive(&mut sim, 50);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    assert_eq!(run(&sim, 0, "error-rate").phase, MetricPhase::Accepted);
+}
+
+#[test]
+fn on_no_data_fail_fails_the_batch() {
+    let mut s = with_analysis(5, 2);
+    metrics(&mut s)[0].on_no_data = crate::api::NoData::Fail;
+    s.strategy.on_failure = FailurePolicy::Abort;
+    let mut sim = Sim::new(s, 10);
+    sim.backend.insert("error-rate".into(), Ok(Vec::new()));
+    drive(&mut sim, 50);
+    assert_eq!(
+        (sim.status.phase, sim.status.reason.as_deref()),
+        (Phase::Failed, Some(reason::ANALYSIS_FAILED))
+    );
+}
+
+#[test]
+fn a_backend_outage_pauses_and_measuring_resumes_when_it_answers() {
+    let mut s = with_analysis(5, 2);
+    metrics(&mut s)[0].consecutive_error_limit = 2;
+    let mut sim = Sim::new(s, 10);
+    // No answer configured: every query errors.
+    drive(&mut sim, 50);
+    assert_eq!(
+        (sim.status.phase, sim.status.reason.as_deref()),
+        (Phase::Paused, Some(reason::ANALYSIS_ERROR))
+    );
+    let r = run(&sim, 0, "error-rate");
+    assert_eq!((r.errors, r.consecutive_errors, crate::core::analysis::taken(r)), (3, 3, 0));
+    // Still measuring while paused: the next retry is an interval away.
+    let wait = sim.settle().expect("retries after the interval");
+    assert!(wait <= Duration::from_secs(10), "{wait:?}");
+    sim.pass(wait);
+    sim.settle();
+    assert_eq!(run(&sim, 0, "error-rate").errors, 4);
+    sim.backend.insert("error-rate".into(), value(0.0));
+    sim.pass(Duration::from_secs(10));
+    sim.settle();
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::ANALYSIS_RUNNING));
+    assert_eq!(sim.status.phase, Phase::Progressing);
+    drive(&mut sim, 50);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    let r = run(&sim, 0, "error-rate");
+    assert_eq!(
+        (r.successful, r.errors, r.consecutive_errors),
+        (2, 4, 0),
+        "errors are not counted as measurements"
+    );
+}
+
+#[test]
+fn a_failing_dry_run_metric_is_reported_and_changes_nothing() {
+    let mut s = with_analysis(5, 1);
+    let mut dry = metrics(&mut s)[0].clone();
+    dry.name = "latency".into();
+    dry.dry_run = true;
+    dry.scope = MetricScope::Target;
+    dry.query = "latency{deployment=\"{{name}}\"}".into();
+    metrics(&mut s).push(dry);
+    let mut sim = Sim::new(s, 10);
+    sim.backend.insert("error-rate".into(), value(0.0));
+    sim.backend.insert("latency".into(), value(99.0));
+    drive(&mut sim, 50);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    let r = run(&sim, 0, "latency");
+    assert_eq!((r.phase, r.dry_run), (MetricPhase::Failed, true));
+    assert!(
+        r.measurements[0].message.as_deref().unwrap().contains("tenant-"),
+        "Target measurements name targets"
+    );
+    // Target scope: one query per target of the batch (5), per batch, plus one Batch query per batch.
+    assert_eq!(sim.queries.get(), 2 * (5 + 1));
+}
+
+#[test]
+fn a_measurement_is_never_counted_twice() {
+    let mut sim = Sim::new(with_analysis(5, 3), 10);
+    sim.backend.insert("error-rate".into(), value(0.0));
+    // Up to the batch being healthy and the analysis started.
+    while sim.status.batch(0).and_then(|b| b.analysis.as_ref()).is_none() {
+        sim.step();
+    }
+    let before = sim.status.clone();
+    let Step::Write(first) = sim.advance() else { panic!("the first measurement is recorded") };
+    assert_eq!(run_of(&first.status).successful, 1);
+    // The same measurement handed in again with the status that recorded it: not due, dropped.
+    sim.status = first.status.clone();
+    let replay = vec![Measured { batch: 0, metric: "error-rate".into(), answers: vec![(None, value(0.0))] }];
+    let step = decide_with(&sim, &replay);
+    assert!(matches!(step, Step::Wait { .. }), "nothing to write: {step:?}");
+    // The write that recorded it lost a race (409): the step is taken again from the old status, and the
+    // measurement counts once.
+    sim.status = before;
+    let Step::Write(again) = sim.advance() else { panic!("recorded again") };
+    assert_eq!(run_of(&again.status).successful, 1);
+}
+
+fn run_of(s: &FleetRolloutStatus) -> &crate::api::MetricRun {
+    &s.batch(0).and_then(|b| b.analysis.as_ref()).unwrap().metrics[0]
+}
+
+fn decide_with(sim: &Sim, measured: &[Measured]) -> Step {
+    let world = &sim.world;
+    decide(&Facts {
+        measured,
+        now: sim.now,
+        uid: UID,
+        generation: sim.generation,
+        spec: &sim.spec,
+        status: &sim.status,
+        plan: &sim.plan,
+        holds_daemonset: false,
+        target: &|t| world.get(&key(t)).cloned(),
+        unplanned: &|| None,
+        scope: &|_| Ok(()),
+        carrying: &|_| Vec::new(),
+    })
+}
+
+#[test]
+fn analysis_defaults_are_those_documented() {
+    let a: Analysis = serde_json::from_value(serde_json::json!({
+        "metrics": [{"name": "m", "query": "q", "thresholdRange": {"min": 1}}]
+    }))
+    .unwrap();
+    let m = &a.metrics[0];
+    assert_eq!(
+        (m.scope, m.count, m.failure_limit, m.inconclusive_limit, m.consecutive_error_limit),
+        (MetricScope::Batch, 1, 0, 0, 4)
+    );
+    assert_eq!((m.interval.as_str(), m.initial_delay.as_str(), m.dry_run), ("30s", "0s", false));
+}
