@@ -126,7 +126,9 @@ impl FleetMcp {
             }
             FleetTool::Set(control) => {
                 with_args(args, |r: RolloutRef| async move {
-                    Ok(tools::summary_result(&ops.set(&r, control.patch(), who).await?))
+                    Ok(tools::summary_result(
+                        &ops.set(&r, control.patch(k8s_openapi::jiff::Timestamp::now()), who).await?,
+                    ))
                 })
                 .await
             }
@@ -261,7 +263,10 @@ impl ServerHandler for FleetMcp {
         let terminal = fr.status.as_ref().is_some_and(|s| s.phase.is_terminal());
         if !terminal && !fr.spec.abort {
             let r = RolloutRef { namespace: id.namespace.clone(), name: id.name.clone() };
-            self.ops.set(&r, Control::Abort.patch(), &who).await.map_err(refused)?;
+            self.ops
+                .set(&r, Control::Abort.patch(k8s_openapi::jiff::Timestamp::now()), &who)
+                .await
+                .map_err(refused)?;
             info!(task = %p.task_id, user = %who.username, "cancel requested: abort");
         }
         Ok(())

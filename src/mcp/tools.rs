@@ -43,11 +43,12 @@ pub enum Control {
 }
 
 impl Control {
-    /// The merge patch of the spec that sets it.
-    pub fn patch(self) -> Value {
+    /// The merge patch of the spec that sets it. Resuming also gives `resumeToken` a new value (the time),
+    /// which releases a rollout its analysis holds.
+    pub fn patch(self, now: Timestamp) -> Value {
         match self {
             Control::Pause => json!({"paused": true}),
-            Control::Resume => json!({"paused": false}),
+            Control::Resume => json!({"paused": false, "resumeToken": now.to_string()}),
             Control::Abort => json!({"abort": true}),
             Control::Rollback => json!({"rollback": true}),
         }
@@ -133,7 +134,10 @@ impl FleetTool {
             FleetTool::Set(Control::Pause) => {
                 "Hold a rollout before its next batch (the batch in flight finishes)."
             }
-            FleetTool::Set(Control::Resume) => "Let a paused rollout go on.",
+            FleetTool::Set(Control::Resume) => {
+                "Let a paused rollout go on, including one its metric analysis holds (inconclusive, or failed \
+                 under onFailure Pause)."
+            }
             FleetTool::ApproveBatch => {
                 "Approve the batch a rollout waits for, bound to its plan hash; records who approved."
             }

@@ -58,7 +58,9 @@ async fn execute(cli: PluginCli) -> Result<ExitCode, String> {
             controls::set(client, ns, name, json!({"paused": true}), "paused", output).await
         }
         PluginCommand::Resume { name } => {
-            controls::set(client, ns, name, json!({"paused": false}), "resumed", output).await
+            let resume =
+                json!({"paused": false, "resumeToken": k8s_openapi::jiff::Timestamp::now().to_string()});
+            controls::set(client, ns, name, resume, "resumed", output).await
         }
         PluginCommand::Abort { name } => {
             controls::set(client, ns, name, json!({"abort": true}), "abort requested", output).await

@@ -15,6 +15,9 @@ local phase = field(status, "phase") or "Pending"
 local finished = phase == "Succeeded" or phase == "Failed" or phase == "Aborted" or phase == "RolledBack"
 local rolling_back = phase == "RollingBack" or phase == "RolledBack" or field(spec, "rollback") == true
 local updated = tonumber(field(field(status, "counts"), "updated")) or 0
+-- A hold of the metric analysis (AnalysisInconclusive, AnalysisFailed) waits for a resume too.
+local reason = field(status, "reason")
+local held = phase == "Paused" and (reason == "AnalysisInconclusive" or reason == "AnalysisFailed")
 
 actions["pause"] = {
   ["iconClass"] = "fa fa-fw fa-pause-circle",
@@ -22,7 +25,7 @@ actions["pause"] = {
 }
 actions["resume"] = {
   ["iconClass"] = "fa fa-fw fa-play-circle",
-  ["disabled"] = field(spec, "paused") ~= true or finished,
+  ["disabled"] = (field(spec, "paused") ~= true and not held) or finished,
 }
 actions["approve"] = {
   ["iconClass"] = "fa fa-fw fa-check-circle",
