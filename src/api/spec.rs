@@ -89,8 +89,8 @@ pub struct FleetRolloutSpec {
     #[serde(default)]
     pub rollback: bool,
 
-    /// Set it to a new value (any text; the MCP resume_rollout tool, `kubectl fleetroll resume` and the
-    /// Argo CD resume action write the current time) to let a rollout go on that its analysis holds
+    /// Set it to a new value (any text: the MCP resume_rollout tool and `kubectl fleetroll resume` write the
+    /// current time, Argo CD's resume action a value naming the hold) to let a rollout go on that its analysis holds
     /// (reason AnalysisInconclusive, or AnalysisFailed under onFailure Pause): the metrics holding it count
     /// as Accepted. A value set before the hold began releases nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
