@@ -9,10 +9,10 @@ use serde::Serialize;
 
 use crate::{
     api::{
-        ChangedByOthers, Counts, FleetRollout, FleetRolloutStatus, PendingApproval, Phase, PlannedTarget,
-        TargetFailure,
+        BatchAnalysis, ChangedByOthers, Counts, FleetRollout, FleetRolloutStatus, PendingApproval, Phase,
+        PlannedTarget, TargetFailure,
     },
-    core::reason::{ABORT_REQUESTED, IMAGE_CHANGED},
+    core::reason::{ABORT_REQUESTED, ANALYSIS_ERROR, IMAGE_CHANGED},
 };
 
 /// How often clients should poll while a rollout runs, and while it waits for a person.
@@ -47,6 +47,9 @@ pub struct Summary {
     /// Targets of a succeeded rollout whose image someone else has changed since (its message says so too).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changed_by_others: Option<ChangedByOthers>,
+    /// The metric analysis of the batch in flight (or last finished): counters and last measurements.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub analysis: Option<BatchAnalysis>,
     pub paused: bool,
 }
 
@@ -67,6 +70,7 @@ pub fn summary(fr: &FleetRollout) -> Summary {
         pending_approval: s.pending_approval.clone(),
         failures: s.failures.iter().rev().take(5).cloned().collect(),
         changed_by_others: s.changed_by_others.clone().filter(|_| s.phase == Phase::Succeeded),
+        analysis: s.current().and_then(|b| b.analysis.clone()),
         paused: fr.spec.paused,
     }
 }
@@ -83,6 +87,17 @@ pub fn describe(s: &Summary) -> String {
             p.batch + 1,
             p.plan_hash
         ));
+    }
+    if let Some(hold) = s.analysis.as_ref().and_then(|a| a.hold.as_ref()).filter(|_| s.phase == Phase::Paused)
+    {
+        line.push_str(&format!(
+            ". {}: the metric analysis holds the rollout; call resume_rollout to go on anyway, or \
+             abort_rollout or rollback_rollout",
+            hold.reason
+        ));
+    }
+    if s.phase == Phase::Paused && s.reason.as_deref() == Some(ANALYSIS_ERROR) {
+        line.push_str(". The metrics backend is not answering; the rollout goes on by itself once it does");
     }
     // A target someone else changed back is the one failure a person must act on elsewhere (a GitOps tool
     // re-applying its manifest, say): name it, not only count it.

@@ -46,7 +46,45 @@ pub(super) fn render(fr: &FleetRollout, health: Option<BatchHealth>) -> String {
             fr.name_any()
         ));
     }
+    out.push_str(&analysis_lines(&s, &fr.name_any()));
     out.push_str(&failure_lines(&s));
+    out
+}
+
+/// The metric analysis of the batch in flight (or last finished): a line per metric, and what to do
+/// when it holds the rollout.
+fn analysis_lines(s: &FleetRolloutStatus, name: &str) -> String {
+    let Some((index, a)) = s.current().and_then(|b| b.analysis.as_ref().map(|a| (b.index, a))) else {
+        return String::new();
+    };
+    let mut out = format!("  analysis of batch {}:\n", index + 1);
+    for r in &a.metrics {
+        let dry = if r.dry_run { " (dry run)" } else { "" };
+        let mut line = format!(
+            "    {}{dry}  {}  {} taken: {} successful, {} failed, {} inconclusive; {} errors",
+            r.name,
+            r.phase.as_str(),
+            crate::core::analysis::taken(r),
+            r.successful,
+            r.failed,
+            r.inconclusive,
+            r.errors
+        );
+        if let Some(last) = r.measurements.last() {
+            line.push_str(&format!("; last {}", last.phase.as_str()));
+            for part in [&last.value, &last.message].into_iter().flatten() {
+                line.push_str(&format!(" {part}"));
+            }
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    if let Some(hold) = a.hold.as_ref().filter(|_| s.phase == Phase::Paused) {
+        out.push_str(&format!(
+            "Held ({}): kubectl fleetroll resume {name} to go on anyway, or abort or rollback\n",
+            hold.reason
+        ));
+    }
     out
 }
 
@@ -294,6 +332,41 @@ mod tests {
         assert!(listed[4].starts_with("  skipped: shop/gone"), "{view}");
         assert!(!view.contains("shop/old"), "the oldest is left out:\n{view}");
         assert!(listed[1].starts_with("  failed: shop/t2"), "{view}");
+    }
+
+    #[test]
+    fn the_analysis_of_the_batch_in_flight_is_shown_with_what_to_do_when_it_holds() {
+        let mut fr = rollout();
+        let mut s = status(&fr, 5, 1, |_| {});
+        s.phase = Phase::Paused;
+        s.current_batch = Some(0);
+        s.batches = vec![checkpoint(0, 5, BatchState::Verifying)];
+        s.reason = Some("AnalysisInconclusive".into());
+        let at = Time(Timestamp::from_second(1_800_000_000).unwrap());
+        s.batches[0].analysis = Some(crate::api::BatchAnalysis {
+            started_at: at.clone(),
+            hold: Some(crate::api::AnalysisHold {
+                reason: "AnalysisInconclusive".into(),
+                since: at.clone(),
+                resume_token: None,
+            }),
+            metrics: vec![crate::api::MetricRun {
+                name: "error-rate".into(),
+                phase: crate::api::MetricPhase::Inconclusive,
+                inconclusive: 1,
+                measurements: vec![crate::api::Measurement {
+                    phase: crate::api::MeasurementPhase::Inconclusive,
+                    value: None,
+                    message: Some("no data (onNoData: Inconclusive)".into()),
+                    at,
+                }],
+                ..Default::default()
+            }],
+        });
+        fr.status = Some(s);
+        let view = render(&fr, None);
+        assert!(view.contains("  analysis of batch 1:\n    error-rate  Inconclusive  1 taken: 0 successful, 0 failed, 1 inconclusive; 0 errors; last Inconclusive no data"), "{view}");
+        assert!(view.contains("Held (AnalysisInconclusive): kubectl fleetroll resume"), "{view}");
     }
 
     #[test]
