@@ -13,7 +13,7 @@ use crate::{
         rollout,
     },
     edge::prometheus,
-    runtime::metrics::MeasurementLabel,
+    runtime::{failpoint, metrics::MeasurementLabel},
 };
 
 /// The measurements due now for the batch in flight, taken. A backend or Secret that cannot be used makes
@@ -48,6 +48,7 @@ pub(super) async fn measure(
         .querier
         .measure(&backend, credentials.as_ref(), queries.into_iter().map(|(_, q)| q).collect())
         .await;
+    failpoint::hit(failpoint::AFTER_MEASURE).await;
     gather(answers.into_iter().map(|(q, a)| (batch, q, a)))
 }
 

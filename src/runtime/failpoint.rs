@@ -17,6 +17,8 @@ pub const BETWEEN_PATCHES: &str = "between-patches";
 pub const AFTER_APPLY: &str = "after-apply";
 /// After plan shards are created, before the plan is recorded in status.
 pub const AFTER_PLAN_SHARDS: &str = "after-plan-shards";
+/// After an analysis measurement's queries were answered, before the status recording it is written.
+pub const AFTER_MEASURE: &str = "after-measure";
 /// Between restoring one target and the next during a rollback.
 pub const BETWEEN_RESTORES: &str = "between-restores";
 
