@@ -202,7 +202,8 @@ start_prometheus() {
     log "reusing the Prometheus that is up on 127.0.0.1:$(port prometheus)"
     return 0
   fi
-  python3 -c "import socket; socket.socket().bind(('127.0.0.1', $port))" 2>/dev/null ||
+  # With SO_REUSEADDR, as Prometheus binds: only a listener makes this fail, not the last run's TIME_WAITs.
+  python3 -c "import socket as s; k = s.socket(); k.setsockopt(s.SOL_SOCKET, s.SO_REUSEADDR, 1); k.bind(('127.0.0.1', $port))" 2>/dev/null ||
     die "127.0.0.1:$port is in use: stop what listens there or set FLEETROLL_PROMETHEUS_PORT"
   echo "$port" >"$W/ports/prometheus"
   cat >"$W/prometheus.yml" <<EOF
