@@ -67,10 +67,12 @@ mcp-tools: ## install the real MCP clients the tests drive (Python mcp SDK, conf
 testenv: ## build the control-plane binaries and test tools into the cache (once), linked into target/testenv/bin
 	$(TESTENV)/cluster.sh tools
 
-cluster: ## start the local control plane (NODES=10 kwok nodes) or reuse the one that is up
-	@$(TESTENV)/cluster.sh up $(NODES)
+# PROMETHEUS=1 (or FLEETROLL_PROMETHEUS=1 in the environment) also starts a Prometheus on 127.0.0.1:9090.
+PROMETHEUS ?= $(FLEETROLL_PROMETHEUS)
+cluster: ## start the local control plane (NODES=10 kwok nodes) or reuse the one that is up; PROMETHEUS=1 adds Prometheus on :9090
+	@FLEETROLL_PROMETHEUS=$(PROMETHEUS) $(TESTENV)/cluster.sh up $(NODES)
 
-cluster-down: ## stop the local control plane and remove its state
+cluster-down: ## stop the local control plane (and its Prometheus) and remove its state
 	@$(TESTENV)/cluster.sh down
 
 clean: cluster-down

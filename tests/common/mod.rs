@@ -153,4 +153,5 @@ pub mod fleet;
 pub mod mcp;
 pub mod nodes;
 pub mod operator;
+pub mod prometheus;
 pub mod tenant;

@@ -148,6 +148,28 @@ build_helm_docs() {
     "$HELM_DOCS_VERSION" 'go version -m ./helm-docs | grep -w mod'
 }
 
+# Prometheus, for the metric analysis gates' tests (tests/common/prometheus.rs starts one per test; `make
+# cluster PROMETHEUS=1` one beside the control plane). Its go.mod has no replace directives, but a wrapper
+# module (tests/testenv/prometheus, with the go.sum) pins what it is built from. `remove_all_sd` leaves out
+# the cloud service discoveries (static targets are all a test needs); the web UI's assets are not built in
+# (without the `builtinassets` tag), and the API does not need them.
+build_prometheus() {
+  local out=$CACHE/bin/prometheus-$PROMETHEUS_VERSION src=$here/prometheus
+  [ -f "$out/.complete" ] && return 0
+  grep -q "github.com/prometheus/prometheus $PROMETHEUS_VERSION" "$src/go.mod" ||
+    die "$src/go.mod does not require prometheus $PROMETHEUS_VERSION (versions.sh): edit it and run go mod tidy there"
+  # Module v0.3XX.Y is Prometheus 3.XX.Y; the release's own VERSION file says which, for the stamp.
+  local dir release
+  dir=$(cd "$src" && go mod download -json "github.com/prometheus/prometheus@$PROMETHEUS_VERSION" | mod_field Dir)
+  release=$(cat "$dir/VERSION") || die "no VERSION file in prometheus $PROMETHEUS_VERSION"
+  log "building prometheus $release ($PROMETHEUS_VERSION)"
+  mkdir -p "$out"
+  (cd "$src" && go build -tags remove_all_sd -trimpath \
+    -ldflags "-s -w -X github.com/prometheus/common/version.Version=$release" \
+    -o "$out/prometheus" github.com/prometheus/prometheus/cmd/prometheus)
+  stamp "$out" "prometheus, version $release" './prometheus --version'
+}
+
 mkdir -p "$CACHE"
 start=$(date +%s)
 build_etcd
@@ -157,4 +179,5 @@ build_helm_docs
 build_kubernetes
 build_gitops_judge
 build_krew_validator
+build_prometheus
 log "control-plane binaries and test tools ready in $CACHE/bin ($(($(date +%s) - start))s)"

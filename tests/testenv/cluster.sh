@@ -2,13 +2,15 @@
 # A real local control plane as plain processes on 127.0.0.1: etcd, kube-apiserver (TLS, RBAC,
 # ServiceAccount token signing), kube-controller-manager, kube-scheduler and kwok with fake nodes.
 #
-#   cluster.sh up [NODES]   start one (or reuse the one that is up, adding nodes up to NODES)
+#   cluster.sh up [NODES]   start one (or reuse the one that is up, adding nodes up to NODES); with
+#                           FLEETROLL_PROMETHEUS=1 also a Prometheus on 127.0.0.1:9090 (FLEETROLL_PROMETHEUS_PORT)
 #   cluster.sh down         stop every process `up` started, by PID, and remove the state
 #   cluster.sh status       exit 0 when a cluster is up and answering
 #   cluster.sh tools        build what is missing from the cache and link it into bin/ (no cluster needed)
 #
 # State lives in $FLEETROLL_TESTENV (default target/testenv): kubeconfig, bin/ (links to the cached
-# binaries), pki/, pids/, logs/, etcd/. Ports are chosen free at start, so nothing else is disturbed.
+# binaries), pki/, pids/, logs/, etcd/, prometheus/. Ports are chosen free at start, so nothing else is
+# disturbed (but the optional Prometheus', which is fixed so that it is easy to name).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -64,6 +66,7 @@ link_binaries() {
   ln -sf "$(gitops_judge_dir)/gitops-judge" "$BIN/gitops-judge"
   ln -sf "$CACHE/bin/validate-krew-manifest-$KREW_VERSION/validate-krew-manifest" "$BIN/validate-krew-manifest"
   ln -sf "$CACHE/bin/helm-docs-$HELM_DOCS_VERSION/helm-docs" "$BIN/helm-docs"
+  ln -sf "$CACHE/bin/prometheus-$PROMETHEUS_VERSION/prometheus" "$BIN/prometheus"
 }
 
 # One CA; a serving cert for the apiserver; client certs whose CN/O the bootstrap RBAC policy knows.
@@ -191,6 +194,30 @@ start_kwok() {
   sleep 0.1
 }
 
+# An optional Prometheus beside the control plane, for trying metric gates by hand: a fixed, well-known port
+# (so a FleetRollout can name it), scraping itself; data in $W/prometheus. Tests start their own instead.
+start_prometheus() {
+  local port=${FLEETROLL_PROMETHEUS_PORT:-9090}
+  if [ -f "$W/pids/prometheus.pid" ] && kill -0 "$(cat "$W/pids/prometheus.pid")" 2>/dev/null; then
+    log "reusing the Prometheus that is up on 127.0.0.1:$(port prometheus)"
+    return 0
+  fi
+  # With SO_REUSEADDR, as Prometheus binds: only a listener makes this fail, not the last run's TIME_WAITs.
+  python3 -c "import socket as s; k = s.socket(); k.setsockopt(s.SOL_SOCKET, s.SO_REUSEADDR, 1); k.bind(('127.0.0.1', $port))" 2>/dev/null ||
+    die "127.0.0.1:$port is in use: stop what listens there or set FLEETROLL_PROMETHEUS_PORT"
+  echo "$port" >"$W/ports/prometheus"
+  cat >"$W/prometheus.yml" <<EOF
+global: {scrape_interval: 5s, evaluation_interval: 5s}
+scrape_configs:
+  - job_name: prometheus
+    static_configs: [{targets: ["127.0.0.1:$port"]}]
+EOF
+  spawn prometheus "$BIN/prometheus" --config.file="$W/prometheus.yml" --storage.tsdb.path="$W/prometheus" \
+    --web.listen-address="127.0.0.1:$port"
+  wait_for "prometheus /-/ready" 60 prometheus curl -fsS "http://127.0.0.1:$port/-/ready"
+  log "prometheus up at http://127.0.0.1:$port (log: $W/logs/prometheus.log)"
+}
+
 # Creates fake nodes kwok-node-0..N-1 (idempotently) and waits until all are Ready.
 ensure_nodes() {
   local n=$1 i
@@ -258,44 +285,47 @@ up() {
     wait_for "the default ServiceAccount" 60 kube-controller-manager kubectl -n default get serviceaccount default
     log "cluster up in $((SECONDS - t0))s"
   fi
+  [ "${FLEETROLL_PROMETHEUS:-}" != 1 ] || start_prometheus
   kubectl version 2>/dev/null | sed 's/^/[testenv] /' >&2 || true
   echo "export KUBECONFIG=$KUBECONFIG_OUT PATH=$BIN:\$PATH"
 }
 
-# Stops the components in reverse start order: TERM to the process group, KILL after 10 s.
+# Stops one component by its PID file: TERM to the process group, KILL after 10 s.
+stop() {
+  local c=$1 pid
+  [ -f "$W/pids/$c.pid" ] || return 0
+  pid=$(cat "$W/pids/$c.pid")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    local deadline=$((SECONDS + 10))
+    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+  fi
+  rm -f "$W/pids/$c.pid"
+}
+
+# Stops the optional Prometheus, then the components in reverse start order.
 down() {
-  local i c pid
-  for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
-    c=${COMPONENTS[$i]}
-    [ -f "$W/pids/$c.pid" ] || continue
-    pid=$(cat "$W/pids/$c.pid")
-    if kill -0 "$pid" 2>/dev/null; then
-      kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-      local deadline=$((SECONDS + 10))
-      while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
-      kill -KILL -- "-$pid" 2>/dev/null || true
-    fi
-    rm -f "$W/pids/$c.pid"
-  done
+  local i
+  stop prometheus
+  for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do stop "${COMPONENTS[$i]}"; done
   rm -rf "$W"
   log "cluster stopped and $W removed"
 }
 
 # Stops one component by PID and starts it again with the same ports and data (for fault injection).
 restart() {
-  local c=$1 pid
+  local c=$1
   is_up || die "no cluster is up"
-  pid=$(cat "$W/pids/$c.pid" 2>/dev/null) || die "no such component: $c"
-  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-  local deadline=$((SECONDS + 10))
-  while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
-  kill -KILL -- "-$pid" 2>/dev/null || true
+  [ -f "$W/pids/$c.pid" ] || die "no such component: $c"
+  stop "$c"
   case "$c" in
     etcd) start_etcd ;;
     kube-apiserver) start_apiserver ;;
     kube-controller-manager) start_controller_manager ;;
     kube-scheduler) start_scheduler ;;
     kwok) start_kwok ;;
+    prometheus) FLEETROLL_PROMETHEUS_PORT=$(port prometheus) start_prometheus ;;
     *) die "no such component: $c" ;;
   esac
   log "$c restarted"

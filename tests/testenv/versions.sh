@@ -8,3 +8,6 @@ HELM_VERSION=v3.22.0
 KREW_VERSION=v0.4.3
 # Generates charts/fleetroll/README.md from values.yaml's `# --` comments (make generate; checked by tests).
 HELM_DOCS_VERSION=v1.14.2
+# Prometheus for the metric analysis gates' tests: Go module v0.316.0 is Prometheus 3.16.0. Also required by
+# tests/testenv/prometheus/go.mod (change both, then `go mod tidy` there).
+PROMETHEUS_VERSION=v0.316.0
