@@ -29,6 +29,23 @@ fn valid_spec() -> Value {
     })
 }
 
+/// An analysis of one metric: a valid one with `overrides`.
+fn analysis(overrides: Value) -> Value {
+    let mut metric =
+        json!({"name": "error-rate", "query": "sum(x{d=~\"{{targets}}\"})", "thresholdRange": {"max": 0.01}});
+    for (k, v) in overrides.as_object().unwrap() {
+        metric[k] = v.clone();
+    }
+    json!({"metrics": [metric]})
+}
+
+/// A valid analysis whose Prometheus provider is `prometheus`.
+fn provider(prometheus: Value) -> Value {
+    let mut a = analysis(json!({}));
+    a["provider"] = json!({ "prometheus": prometheus });
+    a
+}
+
 /// Sets `path` (dot-separated) in `v`.
 fn set(v: &mut Value, path: &str, value: Value) {
     let mut node = v;
@@ -76,6 +93,18 @@ async fn the_api_server_rejects_nonsense_with_a_clear_message() {
             ("targets.kind", json!("Node"), "targets.daemonSet is required when targets.kind is Node"),
             ("targets.daemonSet", json!("edge-agent"), "targets.daemonSet and targets.nodeSelector apply only to kind Node"),
             ("targets.nodeSelector", json!({"matchLabels": {"pool": "edge"}}), "targets.daemonSet and targets.nodeSelector apply only to kind Node"),
+            // Metric analysis: an unknown placeholder, an unparseable or empty or inverted range, a
+            // dry-run-only analysis, a backend URL with user information.
+            ("analysis", analysis(json!({"query": "up{d=\"{{name}}\"}"})), "a Batch metric's query may use only the placeholders {{targets}}, {{namespaces}} and {{interval}}"),
+            ("analysis", analysis(json!({"scope": "Target", "query": "up{d=~\"{{targets}}\"}"})), "a Target metric's query may use only the placeholders {{name}}, {{namespace}} and {{interval}}"),
+            ("analysis", analysis(json!({"thresholdRange": {"max": "1%"}})), "thresholdRange.max in body must be of type number"),
+            ("analysis", analysis(json!({"thresholdRange": {}})), "thresholdRange needs min, max or both"),
+            ("analysis", analysis(json!({"thresholdRange": {"min": 2, "max": 1}})), "thresholdRange.min must not be greater than thresholdRange.max"),
+            ("analysis", analysis(json!({"dryRun": true})), "analysis needs at least one metric without dryRun"),
+            ("analysis", analysis(json!({"interval": "0s"})), "interval must be a duration from 1s to 720h"),
+            ("analysis", analysis(json!({"name": "Error_Rate"})), "metric names must be DNS labels"),
+            ("analysis", provider(json!({"address": "http://me@prometheus:9090"})), "prometheus.address must be an http:// or https:// base URL without user information"),
+            ("analysis", provider(json!({"timeout": "1m"})), "prometheus.timeout must be a duration from 1ms to 30s"),
         ];
         for (i, (path, value, expected)) in cases.iter().enumerate() {
             let mut spec = valid_spec();

@@ -1,0 +1,102 @@
+//! What the analysis tests share: a fleet of Deployments whose traffic a test exporter reports to a real
+//! Prometheus, the operator pointed at it, and readers of a rollout's analysis.
+
+use std::{sync::Arc, time::Duration};
+
+use fleetroll::api::{FleetRollout, MetricRun};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::{
+    Api, ResourceExt,
+    runtime::{WatchStreamExt, watcher},
+};
+use serde_json::{Value, json};
+
+use crate::common::{
+    fleet::{Fleet, NEXT_IMAGE, READY_IMAGE, image_of},
+    operator::Operator,
+    prometheus::{ERRORS, Exporter, Options, Prometheus, REQUESTS},
+};
+
+pub const DEADLINE: Duration = Duration::from_secs(120);
+pub const REQUESTS_PER_SEC: f64 = 50.0;
+
+/// The error ratio per deployment of a batch: every deployment's own sample must be inside the range, and a
+/// failure names the deployment.
+pub fn error_ratio_query() -> String {
+    let m = |family: &str| {
+        format!(
+            "sum by (deployment) (rate({family}{{namespace=~\"{{{{namespaces}}}}\", deployment=~\"{{{{targets}}}}\"}}[5s]))"
+        )
+    };
+    format!("{} / {}", m(ERRORS), m(REQUESTS))
+}
+
+pub struct Lab {
+    pub exporter: Arc<Exporter>,
+    pub prometheus: Prometheus,
+    pub operator: Operator,
+}
+
+/// `n` Deployments with traffic and no errors, a Prometheus scraping it (with `options`), and the operator
+/// with that Prometheus as its default backend.
+pub async fn lab(fleet: &Fleet, n: usize, options: Options, operator_env: &[(&str, &str)]) -> Lab {
+    let names = fleet.deployments(&fleet.ns, n, READY_IMAGE).await;
+    let exporter = Arc::new(Exporter::start());
+    for name in &names {
+        exporter.set_rate(&fleet.ns, name, REQUESTS_PER_SEC, 0.0);
+    }
+    let prometheus = Prometheus::start(&exporter, options).await;
+    // rate() over [5s] holds once a whole window of samples lies after the counters' start.
+    prometheus.wait_for_series(&format!("min(count_over_time({REQUESTS}[1h])) >= 7")).await;
+    let address = format!("--analysis-prometheus-address={}", prometheus.address());
+    let operator = Operator::start(&fleet.ns, &[&address], operator_env);
+    Lab { exporter, prometheus, operator }
+}
+
+/// A rollout spec of the fleet's Deployments with `analysis`, in batches of `batch`.
+pub fn spec(batch: u32, on_failure: &str, analysis: Value) -> Value {
+    json!({
+        "image": NEXT_IMAGE,
+        "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
+        "strategy": {"batchSize": batch, "onFailure": on_failure},
+        "health": {"timeout": "2m"},
+        "analysis": analysis,
+    })
+}
+
+/// Makes the error ratio of `bad` Deployments rise to `ratio` once they run the new image, as a bad release
+/// would; until the returned task is dropped.
+pub fn errors_after_change(
+    fleet: &Fleet,
+    exporter: Arc<Exporter>,
+    bad: &[&str],
+    ratio: f64,
+) -> tokio::task::JoinHandle<()> {
+    let api: Api<Deployment> = Api::namespaced(fleet.client.clone(), &fleet.ns);
+    let (ns, bad): (String, Vec<String>) = (fleet.ns.clone(), bad.iter().map(|s| s.to_string()).collect());
+    tokio::spawn(async move {
+        let changes = watcher(api, watcher::Config::default()).default_backoff().applied_objects();
+        futures::pin_mut!(changes);
+        while let Some(change) = changes.next().await {
+            let Ok(d) = change else { continue };
+            if bad.contains(&d.name_any()) && image_of(&d) == NEXT_IMAGE {
+                exporter.set_rate(&ns, &d.name_any(), REQUESTS_PER_SEC, ratio);
+            }
+        }
+    })
+}
+
+/// The run of `metric` in batch `index` (0-based).
+pub fn run(fr: &FleetRollout, index: u32, metric: &str) -> MetricRun {
+    let status = fr.status.clone().unwrap_or_default();
+    let analysis = status.batch(index).and_then(|b| b.analysis.clone());
+    let runs = analysis.map(|a| a.metrics).unwrap_or_default();
+    runs.into_iter()
+        .find(|r| r.name == metric)
+        .unwrap_or_else(|| panic!("no run of {metric} in batch {index}: {status:?}"))
+}
+
+pub fn reason(fr: &FleetRollout) -> String {
+    fr.status.as_ref().and_then(|s| s.reason.clone()).unwrap_or_default()
+}
