@@ -12,6 +12,8 @@
 //!   multicast or the API server, unless an allowed CIDR covers it;
 //! - redirects are not followed, no proxy is used, and responses are judged by their status code only.
 //!
+//! Analysis queries (`edge::prometheus`) are held to the same address rules, under their own flag.
+//!
 //! Pure decisions; the resolver that applies them to every connection is in `edge::probe`.
 
 use std::net::IpAddr;
@@ -49,6 +51,20 @@ impl std::str::FromStr for Allowed {
             Err(format!("{s:?} is neither a CIDR, an IP address nor a host name"))
         }
     }
+}
+
+/// Whose requests a policy judges, for its refusals: health checks and analysis queries go by the same
+/// rules, but each is widened by its own flag, and a refusal should name the one that applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Purpose {
+    /// What is refused, plural ("health checks").
+    pub what: &'static str,
+    /// The operator flag that allows more.
+    pub flag: &'static str,
+}
+
+impl Purpose {
+    pub const HEALTH_CHECKS: Purpose = Purpose { what: "health checks", flag: "--http-check-allow" };
 }
 
 /// The cluster DNS domain when none is configured.
@@ -103,8 +119,8 @@ impl Policy {
         self.allowed.iter().any(|a| matches!(a, Allowed::Net(n) if n.contains(&ip)))
     }
 
-    /// Whether a check may connect to `ip`, or why not.
-    pub fn check_address(&self, ip: IpAddr) -> Result<(), String> {
+    /// Whether a request made for `purpose` may connect to `ip`, or why not (naming the flag that allows it).
+    pub fn check_address(&self, ip: IpAddr, purpose: Purpose) -> Result<(), String> {
         if self.allows_address(ip) {
             return Ok(());
         }
@@ -123,7 +139,9 @@ impl Policy {
             None
         };
         match kind {
-            Some(kind) => Err(format!("{ip} is {kind}; health checks may not reach it (--http-check-allow)")),
+            Some(kind) => {
+                Err(format!("{ip} is {kind}; {} may not reach it ({})", purpose.what, purpose.flag))
+            }
             None => Ok(()),
         }
     }
@@ -205,6 +223,8 @@ fn is_link_local(ip: IpAddr) -> bool {
 mod tests {
     use super::*;
 
+    const HEALTH: Purpose = Purpose::HEALTH_CHECKS;
+
     fn policy(allowed: &[&str]) -> Policy {
         Policy {
             allowed: allowed.iter().map(|a| a.parse().unwrap()).collect(),
@@ -284,17 +304,21 @@ mod tests {
             "10.96.0.1",
             "192.168.5.10",
         ] {
-            let refusal = p.check_address(bad.parse().unwrap());
+            let refusal = p.check_address(bad.parse().unwrap(), HEALTH);
             assert!(refusal.is_err(), "{bad} was allowed");
         }
         for ok in ["10.244.1.7", "192.168.5.11", "fd00::7", "8.8.8.8"] {
-            assert_eq!(p.check_address(ok.parse().unwrap()), Ok(()), "{ok}");
+            assert_eq!(p.check_address(ok.parse().unwrap(), HEALTH), Ok(()), "{ok}");
         }
         let allowed = policy(&["127.0.0.0/8"]);
-        assert_eq!(allowed.check_address("127.0.0.1".parse().unwrap()), Ok(()));
+        assert_eq!(allowed.check_address("127.0.0.1".parse().unwrap(), HEALTH), Ok(()));
         assert!(
-            allowed.check_address("169.254.169.254".parse().unwrap()).unwrap_err().contains("link-local")
+            allowed
+                .check_address("169.254.169.254".parse().unwrap(), HEALTH)
+                .unwrap_err()
+                .contains("link-local")
         );
+        assert!(p.check_address("::1".parse().unwrap(), HEALTH).unwrap_err().contains("--http-check-allow"));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use futures::{StreamExt, stream};
 use kube::{Api, Client};
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
-use crate::core::http_check::{Policy, ServiceName};
+use crate::core::http_check::{Policy, Purpose, ServiceName};
 
 const HTTP_CONCURRENCY: usize = 16;
 const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -30,7 +30,7 @@ impl Prober {
     /// the HTTP client cannot be built, and no check may run without these rules.
     pub fn new(policy: Policy, services: Option<Client>) -> Result<Self, String> {
         let policy = Arc::new(policy);
-        let resolver = GuardedResolver { policy: policy.clone(), services: services.map(ServiceKinds::new) };
+        let resolver = GuardedResolver::new(policy.clone(), services, Purpose::HEALTH_CHECKS);
         let http = reqwest::Client::builder()
             .timeout(HTTP_TIMEOUT)
             .danger_accept_invalid_certs(true)
@@ -60,7 +60,7 @@ impl Prober {
         let budget = tokio::time::sleep(PROBE_BUDGET);
         stream::iter(checks)
             .map(|(key, url)| async move {
-                let result = match self.refusal(&url) {
+                let result = match refusal(&self.policy, Purpose::HEALTH_CHECKS, &url) {
                     Some(why) => Err(format!("GET {url} refused: {why}")),
                     None => match self.http.get(&url).send().await {
                         Ok(r) if r.status().as_u16() == expect => Ok(()),
@@ -77,38 +77,50 @@ impl Prober {
             .collect()
             .await
     }
+}
 
-    /// Why a URL (placeholders substituted) may not be fetched: user information, or a literal address
-    /// the policy refuses (names are judged by the resolver, on every address they resolve to).
-    fn refusal(&self, url: &str) -> Option<String> {
-        let parsed = match reqwest::Url::parse(url) {
-            Ok(u) => u,
-            Err(e) => return Some(format!("not a URL: {e}")),
-        };
-        if !parsed.username().is_empty() || parsed.password().is_some() {
-            return Some("user information in the URL".into());
-        }
-        match parsed.host() {
-            Some(url::Host::Ipv4(ip)) => self.policy.check_address(ip.into()).err(),
-            Some(url::Host::Ipv6(ip)) => self.policy.check_address(ip.into()).err(),
-            Some(url::Host::Domain(_)) => None,
-            None => Some("no host".into()),
-        }
+/// Why a URL may not be fetched for `purpose`: not a URL, user information, or a literal address the
+/// policy refuses (names are judged by the resolver, on every address they resolve to).
+pub(crate) fn refusal(policy: &Policy, purpose: Purpose, url: &str) -> Option<String> {
+    let parsed = match reqwest::Url::parse(url) {
+        Ok(u) => u,
+        Err(e) => return Some(format!("not a URL: {e}")),
+    };
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Some("user information in the URL".into());
+    }
+    match parsed.host() {
+        Some(url::Host::Ipv4(ip)) => policy.check_address(ip.into(), purpose).err(),
+        Some(url::Host::Ipv6(ip)) => policy.check_address(ip.into(), purpose).err(),
+        Some(url::Host::Domain(_)) => None,
+        None => Some("no host".into()),
     }
 }
 
-/// Resolves names for the prober: a target's Service by its absolute name in the cluster domain (never
-/// an ExternalName Service, which points wherever its author likes), and drops every address the policy
-/// refuses, so that no name is ever connected to loopback, the metadata service or the API server.
-struct GuardedResolver {
+/// Resolves names for the prober and the analysis querier: a Service by its absolute name in the cluster
+/// domain (never an ExternalName Service, which points wherever its author likes), and drops every address
+/// the policy refuses, so that no name is ever connected to loopback, the metadata service or the API
+/// server. Cheap to clone: clones share what they learnt of Services.
+#[derive(Clone)]
+pub(crate) struct GuardedResolver {
     policy: Arc<Policy>,
     services: Option<ServiceKinds>,
+    purpose: Purpose,
+}
+
+impl GuardedResolver {
+    /// A resolver under `policy`; `services` reads Services (to refuse ExternalName ones), and refusals
+    /// speak of `purpose`.
+    pub(crate) fn new(policy: Arc<Policy>, services: Option<Client>, purpose: Purpose) -> Self {
+        Self { policy, services: services.map(ServiceKinds::new), purpose }
+    }
 }
 
 impl Resolve for GuardedResolver {
     fn resolve(&self, name: Name) -> Resolving {
         let policy = self.policy.clone();
         let services = self.services.clone();
+        let purpose = self.purpose;
         let host = name.as_str().to_string();
         Box::pin(async move {
             let lookup = match policy.service(&host) {
@@ -117,8 +129,8 @@ impl Resolve for GuardedResolver {
                         && services.is_external_name(&service).await?
                     {
                         return Err(format!(
-                            "Service {}/{} is an ExternalName Service: health checks do not follow it",
-                            service.namespace, service.name
+                            "Service {}/{} is an ExternalName Service: {} do not follow it",
+                            service.namespace, service.name, purpose.what
                         )
                         .into());
                     }
@@ -131,7 +143,7 @@ impl Resolve for GuardedResolver {
             let mut refusals = Vec::new();
             let allowed: Vec<std::net::SocketAddr> = resolved
                 .into_iter()
-                .filter(|a| match policy.check_address(a.ip()) {
+                .filter(|a| match policy.check_address(a.ip(), purpose) {
                     Ok(()) => true,
                     Err(why) => {
                         refusals.push(why);
@@ -141,7 +153,7 @@ impl Resolve for GuardedResolver {
                 .collect();
             if allowed.is_empty() {
                 let why = refusals.first().cloned().unwrap_or_else(|| "no address".into());
-                return Err(format!("{host} resolves to no address a health check may reach: {why}").into());
+                return Err(format!("{host} resolves to no address {} may reach: {why}", purpose.what).into());
             }
             Ok(Box::new(allowed.into_iter()) as Addrs)
         })
@@ -194,7 +206,7 @@ impl ServiceKinds {
 }
 
 /// An error with its causes, for people: reqwest's own message leaves out why a connection failed.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(cause) = source {
@@ -215,18 +227,19 @@ mod tests {
     #[tokio::test]
     async fn a_name_that_resolves_to_loopback_is_never_connected_to() {
         // The system resolver, for real: "localhost" is loopback on every machine.
-        let resolver = GuardedResolver { policy: Arc::new(Policy::default()), services: None };
+        let guarded = |p: Policy| GuardedResolver::new(Arc::new(p), None, Purpose::HEALTH_CHECKS);
+        let resolver = guarded(Policy::default());
         let refused = resolver.resolve("localhost".parse::<Name>().unwrap()).await.err().unwrap();
         assert!(refused.to_string().contains("loopback"), "{refused}");
         // Allowing a name lets URLs name it; where it leads is still checked.
         let named = Policy { allowed: vec!["localhost".parse().unwrap()], ..Default::default() };
-        let resolver = GuardedResolver { policy: Arc::new(named), services: None };
+        let resolver = guarded(named);
         assert!(resolver.resolve("localhost".parse::<Name>().unwrap()).await.is_err());
         let reachable = Policy {
             allowed: vec!["localhost".parse().unwrap(), "127.0.0.0/8".parse().unwrap()],
             ..Default::default()
         };
-        let resolver = GuardedResolver { policy: Arc::new(reachable), services: None };
+        let resolver = guarded(reachable);
         assert!(resolver.resolve("localhost".parse::<Name>().unwrap()).await.is_ok());
     }
 
