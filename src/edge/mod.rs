@@ -1,6 +1,6 @@
 //! The kube edge: the only code that talks to the API server. It gathers facts for the core (discovery,
 //! stored plans, targets, nodes and pods), and carries out what the core decides (image patches, pod
-//! deletions, status writes, spec controls).
+//! deletions, status writes, spec controls), and sends analysis queries to metrics backends.
 
 pub(crate) mod control;
 pub(crate) mod daemonset_pods;
@@ -9,6 +9,6 @@ pub(crate) mod live;
 pub(crate) mod own_writes;
 pub mod plans;
 pub(crate) mod probe;
-pub(crate) mod prometheus;
+pub mod prometheus;
 pub(crate) mod rollouts;
 pub(crate) mod targets;

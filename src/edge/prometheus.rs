@@ -1,4 +1,13 @@
-//! TEMPORARY stub until the real client lands (helper branch prom-client).
+//! Analysis queries to a Prometheus-compatible backend (Prometheus, Thanos, Mimir, VictoriaMetrics): one
+//! measurement's instant queries sent as `POST <address>/api/v1/query`, concurrently and within a time
+//! budget, each answer read into samples ([`parse_answer`]) for the core to judge. Where queries may go is
+//! judged like health checks ([`crate::core::http_check`], under `--analysis-allow`): literal addresses
+//! and every address a name resolves to, no ExternalName Service, no proxy, no redirect.
+
+mod answer;
+
+pub use self::answer::{MAX_SAMPLES, parse_answer};
+// TEMPORARY stub until the querier and credentials below land.
 use crate::core::{
     analysis::{Answer, Query, provider::Backend},
     http_check::Policy,
