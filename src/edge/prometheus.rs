@@ -5,23 +5,17 @@
 //! and every address a name resolves to, no ExternalName Service, no proxy, no redirect.
 
 mod answer;
+mod credentials;
 
-pub use self::answer::{MAX_SAMPLES, parse_answer};
-// TEMPORARY stub until the querier and credentials below land.
+pub use self::{
+    answer::{MAX_SAMPLES, parse_answer},
+    credentials::{Credentials, MAX_VALUE_BYTES, read_credentials},
+};
+// TEMPORARY stub until the querier below lands.
 use crate::core::{
     analysis::{Answer, Query, provider::Backend},
     http_check::Policy,
 };
-
-pub struct Credentials;
-
-pub async fn read_credentials(
-    _client: &kube::Client,
-    _namespace: &str,
-    _name: &str,
-) -> Result<Credentials, String> {
-    Err("stub".into())
-}
 
 #[derive(Clone)]
 pub struct Querier;
@@ -39,3 +33,6 @@ impl Querier {
         queries.into_iter().map(|q| (q, Err("stub".to_string()))).collect()
     }
 }
+
+#[cfg(test)]
+mod tests;
