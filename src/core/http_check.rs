@@ -65,6 +65,7 @@ pub struct Purpose {
 
 impl Purpose {
     pub const HEALTH_CHECKS: Purpose = Purpose { what: "health checks", flag: "--http-check-allow" };
+    pub const ANALYSIS: Purpose = Purpose { what: "analysis queries", flag: "--analysis-allow" };
 }
 
 /// The cluster DNS domain when none is configured.
@@ -318,6 +319,8 @@ mod tests {
                 .unwrap_err()
                 .contains("link-local")
         );
+        let refusal = p.check_address("127.0.0.1".parse().unwrap(), Purpose::ANALYSIS).unwrap_err();
+        assert!(refusal.contains("analysis queries may not reach it (--analysis-allow)"), "{refusal}");
         assert!(p.check_address("::1".parse().unwrap(), HEALTH).unwrap_err().contains("--http-check-allow"));
     }
 

@@ -231,6 +231,10 @@ mod tests {
         let resolver = guarded(Policy::default());
         let refused = resolver.resolve("localhost".parse::<Name>().unwrap()).await.err().unwrap();
         assert!(refused.to_string().contains("loopback"), "{refused}");
+        // Analysis queries are refused alike, naming their own flag.
+        let analysis = GuardedResolver::new(Arc::new(Policy::default()), None, Purpose::ANALYSIS);
+        let refused = analysis.resolve("localhost".parse::<Name>().unwrap()).await.err().unwrap().to_string();
+        assert!(refused.contains("analysis queries") && refused.contains("--analysis-allow"), "{refused}");
         // Allowing a name lets URLs name it; where it leads is still checked.
         let named = Policy { allowed: vec!["localhost".parse().unwrap()], ..Default::default() };
         let resolver = guarded(named);
