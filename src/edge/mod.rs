@@ -9,6 +9,6 @@ pub(crate) mod live;
 pub(crate) mod own_writes;
 pub mod plans;
 pub(crate) mod probe;
-pub mod prometheus;
+pub(crate) mod prometheus;
 pub(crate) mod rollouts;
 pub(crate) mod targets;

@@ -15,8 +15,8 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE};
 
 use self::credentials::Auth;
 pub use self::{
-    answer::{MAX_SAMPLES, parse_answer},
-    credentials::{Credentials, MAX_VALUE_BYTES, read_credentials},
+    answer::parse_answer,
+    credentials::{Credentials, read_credentials},
 };
 use crate::{
     core::{

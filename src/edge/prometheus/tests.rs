@@ -7,7 +7,7 @@ use axum::{Router, body::Bytes, http::HeaderMap, http::StatusCode, routing::post
 use k8s_openapi::{ByteString, api::core::v1::Secret};
 use kube::api::ObjectMeta;
 
-use super::*;
+use super::{credentials::MAX_VALUE_BYTES, *};
 use crate::{api::ANALYSIS_SECRET_LABEL, core::http_check::Allowed};
 
 /// A throwaway self-signed certificate and its key, made for these tests only.
