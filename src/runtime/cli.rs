@@ -251,7 +251,8 @@ fn analysis_address(text: &str) -> Result<String, String> {
 }
 
 impl OperatorArgs {
-    /// The analysis backends: the default is always allowed, whatever it resolves to.
+    /// The analysis backends: rollouts may always name the default; a literal default address may be reached
+    /// even when loopback or link-local, a host name resolves under the usual rules.
     fn analysis(&self, cluster_domain: &str) -> crate::core::analysis::provider::Backends {
         let mut allowed = self.analysis_allow.clone();
         let default_host = self.analysis_prometheus_address.as_deref().and_then(|a| url::Url::parse(a).ok());
