@@ -2,13 +2,15 @@
 //!
 //!   cargo test --release --test bench -- --full    the full run (make bench); writes bench/results/
 //!   cargo test --test bench                        a reduced smoke run, part of `make test`
-//!   ... -- --full --only transitions,mcp           some scenarios only (overhead, transitions, scale, mcp)
+//!   ... -- --full --only transitions,mcp           some scenarios only (overhead, transitions, analysis, scale, mcp)
 //!
 //! Every figure that has a goal is a ratio or a latency measured side by side in the same run, because these
 //! machines are noisy. Goals are reported, not asserted: the run fails only when an invariant breaks (a
 //! rollout that does not complete, a target changed twice).
 #![allow(clippy::unwrap_used)]
 
+#[path = "bench/analysis.rs"]
+mod analysis;
 mod bench_support;
 mod common;
 
@@ -38,6 +40,7 @@ struct Sizes {
     mcp_clients: usize,
     mcp_requests: usize,
     mcp_starts: usize,
+    analysis_targets: usize,
 }
 
 const FULL: Sizes = Sizes {
@@ -54,6 +57,7 @@ const FULL: Sizes = Sizes {
     mcp_clients: 64,
     mcp_requests: 20_000,
     mcp_starts: 200,
+    analysis_targets: 50,
 };
 
 const SMOKE: Sizes = Sizes {
@@ -70,6 +74,7 @@ const SMOKE: Sizes = Sizes {
     mcp_clients: 8,
     mcp_requests: 400,
     mcp_starts: 10,
+    analysis_targets: 10,
 };
 
 const LONG: Duration = Duration::from_secs(3600);
@@ -105,6 +110,9 @@ async fn run(sizes: Sizes, only: Option<Vec<String>>) {
     }
     if wanted("transitions") {
         transitions(&client, &sizes, &mut report, &mut namespaces).await;
+    }
+    if wanted("analysis") {
+        analysis::cost(&client, &sizes, &mut report, &mut namespaces).await;
     }
     if wanted("mcp") {
         mcp(&client, &sizes, &mut report, &mut namespaces).await;
