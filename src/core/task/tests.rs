@@ -109,3 +109,33 @@ fn the_message_names_targets_someone_else_changed_back() {
     fr.status.as_mut().unwrap().failures.clear();
     assert!(!describe(&summary(&fr)).contains(IMAGE_CHANGED));
 }
+
+#[test]
+fn a_held_analysis_is_in_the_summary_and_the_message_says_how_to_release_it() {
+    let mut fr = waiting(1);
+    let status: FleetRolloutStatus = serde_json::from_value(json!({
+        "phase": "Paused", "reason": "AnalysisInconclusive", "currentBatch": 0,
+        "batches": [{"index": 0, "size": 1, "state": "Verifying", "idempotencyKey": "u/1/0", "analysis": {
+            "startedAt": "2027-01-15T08:00:20Z",
+            "hold": {"reason": "AnalysisInconclusive", "since": "2027-01-15T08:00:21Z"},
+            "metrics": [{"name": "error-rate", "phase": "Inconclusive", "inconclusive": 1}],
+        }}],
+    }))
+    .unwrap();
+    fr.status = Some(status);
+    let s = summary(&fr);
+    assert_eq!(s.analysis.as_ref().map(|a| a.metrics[0].name.as_str()), Some("error-rate"));
+    let view = view(&fr, true, &[], now());
+    assert!(
+        view.message
+            .contains("AnalysisInconclusive: the metric analysis holds the rollout; call resume_rollout"),
+        "{}",
+        view.message
+    );
+    assert!(matches!(view.state, TaskState::Working), "a hold is work waiting, not a form");
+    // A metrics outage goes on by itself, and says so.
+    let status = fr.status.as_mut().unwrap();
+    status.reason = Some(ANALYSIS_ERROR.into());
+    status.batches[0].analysis.as_mut().unwrap().hold = None;
+    assert!(describe(&summary(&fr)).ends_with("the rollout goes on by itself once it does"));
+}
