@@ -2,6 +2,7 @@
 """Regenerates the Argo CD customization's test files from its captured testdata and scripts.
 
     FLEETROLL_CAPTURE_TESTDATA=1 cargo test --features conformance --test gitops kstatus_flux  # live objects
+    FLEETROLL_CAPTURE_TESTDATA=1 cargo test --test analysis no_data   # analysis holds (for the resume action)
     hack/argocd-testdata.py                     # health_test.yaml, actions/action_test.yaml, argocd-cm-patch.yaml
 
 It runs the scripts with tests/testenv's gitops-judge (gopher-lua, as Argo CD runs them); review the diff:
@@ -52,7 +53,8 @@ def health_tests():
 def action_tests():
     os.makedirs(os.path.join(BASE, "actions/testdata"), exist_ok=True)
     discovery = []
-    for row in ["waiting-for-approval", "paused", "progressing", "succeeded", "rolled-back"]:
+    for row in ["waiting-for-approval", "paused", "progressing", "succeeded", "rolled-back",
+                "analysis-inconclusive", "analysis-failed"]:
         obj = load(f"testdata/{row}.yaml")
         dump(f"actions/testdata/{row}.yaml", "", obj)
         offered = judge(["lua-discovery", os.path.join(BASE, "actions/discovery.lua")], obj)
@@ -61,6 +63,7 @@ def action_tests():
                                      for a in sorted(ACTIONS)]})
     runs = []
     for action, row in [("approve", "waiting-for-approval"), ("pause", "progressing"), ("resume", "paused"),
+                        ("resume", "analysis-inconclusive"), ("resume", "analysis-failed"),
                         ("abort", "progressing"), ("rollback", "succeeded")]:
         out = judge(["lua-action", os.path.join(BASE, f"actions/{action}/action.lua")], load(f"testdata/{row}.yaml"))
         expected = f"testdata/{row}-{action}.yaml"

@@ -1,6 +1,7 @@
 //! Metric analysis gates against a real Prometheus (built by tests/testenv) scraping an exporter the test
 //! controls: a rising error rate fails a batch and rolls back; a healthy fleet passes (a failing dry-run
-//! metric changes nothing); no data pauses as Inconclusive until resumed, or fails with onNoData: Fail; a
+//! metric changes nothing); no data pauses as Inconclusive until resumed, or fails with onNoData: Fail (and
+//! Argo CD's resume action lets it go on); GitOps tools read each hold as documented; a
 //! backend outage pauses as AnalysisError and measuring resumes when it returns; credentials come from a
 //! labelled Secret; a SIGKILL mid-analysis never counts a measurement twice; an analysis the operator
 //! cannot run is Degraded before anything changes.
@@ -25,7 +26,9 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
 };
 use serde_json::{Value, json};
-use support::{DEADLINE, error_ratio_query, errors_after_change, lab, reason, run, spec};
+use support::{
+    DEADLINE, argo_resume, capture, error_ratio_query, errors_after_change, judged, lab, reason, run, spec,
+};
 
 #[tokio::test]
 async fn a_batch_whose_error_rate_rises_fails_and_rolls_back() {
@@ -150,21 +153,30 @@ async fn no_data_pauses_as_inconclusive_until_resumed_and_on_no_data_fail_fails(
         // The plugin shows the hold and how to release it.
         let status = kubectl(&["fleetroll", "status", "quiet", "-n", &fleet.ns, "--no-follow"]).await.ok().stdout;
         assert!(status.contains("Held (AnalysisInconclusive)") && status.contains("absent  Inconclusive"), "{status}");
+        assert_eq!(judged(&fr).await, ("InProgress".into(), "InProgress".into(), "Suspended".into()), "a person decides: not a failure");
+        capture(&fr, "analysis-inconclusive");
         // The resume the plugin sends releases it.
         kubectl(&["fleetroll", "resume", "quiet", "-n", &fleet.ns]).await.ok();
         let fr = fleet.wait_rollout("quiet", "finished", DEADLINE, |fr| phase(fr).is_terminal()).await;
         assert_eq!(phase(&fr), Phase::Succeeded);
         assert_eq!(run(&fr, 0, "absent").phase, MetricPhase::Accepted);
 
-        // onNoData: Fail fails the batch, and onFailure applies.
+        // onNoData: Fail fails the batch, and onFailure applies: Pause holds it as a failure.
         let mut analysis = analysis;
         analysis["metrics"][0]["onNoData"] = json!("Fail");
-        let mut abort = spec(2, "Abort", analysis);
-        abort["image"] = json!(READY_IMAGE);
-        fleet.rollout("strict", abort).await;
-        let fr = fleet.wait_rollout("strict", "finished", DEADLINE, |fr| phase(fr).is_terminal()).await;
-        assert_eq!((phase(&fr), reason(&fr).as_str()), (Phase::Failed, "AnalysisFailed"));
+        let mut strict = spec(2, "Pause", analysis);
+        strict["image"] = json!(READY_IMAGE);
+        fleet.rollout("strict", strict).await;
+        let fr = fleet.wait_rollout("strict", "held", DEADLINE, |fr| phase(fr) == Phase::Paused).await;
+        assert_eq!(reason(&fr), "AnalysisFailed");
         assert_eq!(run(&fr, 0, "absent").failed, 1);
+        assert_eq!(judged(&fr).await, ("Failed".into(), "Failed".into(), "Degraded".into()), "stopped short");
+        capture(&fr, "analysis-failed");
+        // Argo CD's resume action lets it go on anyway.
+        argo_resume(&fleet, "strict").await;
+        let fr = fleet.wait_rollout("strict", "finished", DEADLINE, |fr| phase(fr).is_terminal()).await;
+        assert_eq!(phase(&fr), Phase::Succeeded, "{:?}", fr.status);
+        assert_eq!(run(&fr, 0, "absent").phase, MetricPhase::Accepted);
     })
     .await;
 }
@@ -194,6 +206,11 @@ async fn a_backend_outage_pauses_as_analysis_error_and_measuring_resumes_when_it
         assert_eq!(phase(&fr), Phase::Paused);
         let r = run(&fr, 0, "error-rate");
         assert!(r.consecutive_errors >= 2 && r.successful < 4, "{r:?}");
+        assert_eq!(
+            judged(&fr).await,
+            ("InProgress".into(), "InProgress".into(), "Suspended".into()),
+            "an outage says nothing of the image"
+        );
         lab.prometheus.start_again().await;
         let fr = fleet.wait_rollout("outage", "finished", DEADLINE, |fr| phase(fr).is_terminal()).await;
         assert_eq!(phase(&fr), Phase::Succeeded, "{:?}", fr.status);

@@ -8,11 +8,13 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::{
     Api, ResourceExt,
+    api::{Patch, PatchParams},
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::{Value, json};
 
 use crate::common::{
+    cli::{gitops_judge, repo_path},
     fleet::{Fleet, NEXT_IMAGE, READY_IMAGE, image_of},
     operator::Operator,
     prometheus::{ERRORS, Exporter, Options, Prometheus, REQUESTS},
@@ -99,4 +101,42 @@ pub fn run(fr: &FleetRollout, index: u32, metric: &str) -> MetricRun {
 
 pub fn reason(fr: &FleetRollout) -> String {
     fr.status.as_ref().and_then(|s| s.reason.clone()).unwrap_or_default()
+}
+
+const ARGO: &str = "manifests/argocd/resource_customizations/fleetroll.dev/FleetRollout";
+
+/// What GitOps tools make of the rollout, with their own libraries (tests/testenv/gitops-judge): kstatus
+/// (cli-utils, and Flux's fork) and Argo CD's health check.
+pub async fn judged(fr: &FleetRollout) -> (String, String, String) {
+    let object = serde_json::to_value(fr).unwrap();
+    let kstatus = gitops_judge(&["kstatus"], &object).await;
+    let health = gitops_judge(&["lua-health", &repo_path(&format!("{ARGO}/health.lua"))], &object).await;
+    let text = |v: &Value, p: &str| v.pointer(p).and_then(Value::as_str).unwrap_or_default().to_string();
+    (text(&kstatus, "/cliUtils/status"), text(&kstatus, "/flux/status"), text(&health, "/status"))
+}
+
+/// Argo CD's resume action, offered and run as Argo CD runs it, its merge patch sent as Argo CD sends it.
+pub async fn argo_resume(fleet: &Fleet, name: &str) {
+    let live = serde_json::to_value(fleet.rollouts().get(name).await.unwrap()).unwrap();
+    let offered =
+        gitops_judge(&["lua-discovery", &repo_path(&format!("{ARGO}/actions/discovery.lua"))], &live).await;
+    assert_eq!(offered["resume"]["disabled"], json!(false), "resume is not offered on {live}");
+    let out =
+        gitops_judge(&["lua-action", &repo_path(&format!("{ARGO}/actions/resume/action.lua"))], &live).await;
+    let patch = out["patch"].clone();
+    fleet.rollouts().patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+}
+
+/// With FLEETROLL_CAPTURE_TESTDATA=1, keeps the live object as the Argo CD customization's testdata `row`
+/// (hack/argocd-testdata.py turns it into action tests), without what differs between runs.
+pub fn capture(fr: &FleetRollout, row: &str) {
+    if std::env::var_os("FLEETROLL_CAPTURE_TESTDATA").is_none() {
+        return;
+    }
+    let mut o = serde_json::to_value(fr).unwrap();
+    let meta = o["metadata"].as_object_mut().unwrap();
+    meta.retain(|k, _| ["name", "generation"].contains(&k.as_str()));
+    meta.insert("namespace".into(), json!("fleet"));
+    std::fs::write(repo_path(&format!("{ARGO}/testdata/{row}.yaml")), serde_saphyr::to_string(&o).unwrap())
+        .unwrap();
 }

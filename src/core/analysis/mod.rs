@@ -48,8 +48,10 @@ pub struct Measured {
 /// The placeholders each scope may use.
 const BATCH_PLACEHOLDERS: [&str; 3] = ["targets", "namespaces", "interval"];
 const TARGET_PLACEHOLDERS: [&str; 3] = ["name", "namespace", "interval"];
-/// The longest message a measurement keeps.
-const MESSAGE_MAX: usize = 512;
+/// The longest message and value a measurement keeps, so that a status of 16 batches of 10 metrics of 3
+/// measurements each stays within a few hundred KiB at the very worst.
+const MESSAGE_MAX: usize = 256;
+const VALUE_MAX: usize = 96;
 /// How many offending label sets a message names.
 const OFFENDERS_SHOWN: usize = 3;
 
@@ -197,7 +199,8 @@ pub struct Verdict {
 
 impl Verdict {
     fn new(phase: MeasurementPhase, value: Option<String>, message: Option<String>) -> Self {
-        Self { phase, value, message: message.map(|m| crate::core::rollout::truncate(m, MESSAGE_MAX)) }
+        let cut = crate::core::rollout::truncate;
+        Self { phase, value: value.map(|v| cut(v, VALUE_MAX)), message: message.map(|m| cut(m, MESSAGE_MAX)) }
     }
 }
 

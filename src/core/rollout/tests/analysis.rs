@@ -256,3 +256,48 @@ fn analysis_defaults_are_those_documented() {
     );
     assert_eq!((m.interval.as_str(), m.initial_delay.as_str(), m.dry_run), ("30s", "0s", false));
 }
+
+#[test]
+fn status_stays_bounded_however_long_and_wide_the_analysis() {
+    // Ten metrics (the most the schema allows), nine of them dry runs failing every measurement with long
+    // label sets, over 20 batches: the window of 16 batches, 3 measurements per metric, and capped values and
+    // messages bound the status.
+    let mut s = with_analysis(5, 3);
+    for i in 0..9 {
+        let mut m = metrics(&mut s)[0].clone();
+        m.name = format!("dry-{i}");
+        m.dry_run = true;
+        m.scope = MetricScope::Target;
+        m.query = "x{deployment=\"{{name}}\"}".into();
+        m.failure_limit = 100;
+        metrics(&mut s).push(m);
+    }
+    let mut sim = Sim::new(s, 100);
+    sim.backend.insert("error-rate".into(), value(0.0));
+    let long = |v: f64| {
+        let labels = (0..20).map(|i| (format!("label_{i}"), "x".repeat(200))).collect();
+        Ok(vec![Sample { labels, value: v }; 50])
+    };
+    for i in 0..9 {
+        sim.backend.insert(format!("dry-{i}"), long(99.0));
+    }
+    drive(&mut sim, 2000);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    assert_eq!(sim.status.batches.len(), 16);
+    for b in &sim.status.batches {
+        let a = b.analysis.as_ref().unwrap();
+        assert_eq!(a.metrics.len(), 10);
+        for r in &a.metrics {
+            assert!(r.measurements.len() <= 3);
+            for m in &r.measurements {
+                assert!(
+                    m.message.as_ref().is_none_or(|x| x.len() <= 256)
+                        && m.value.as_ref().is_none_or(|x| x.len() <= 96)
+                );
+            }
+        }
+    }
+    let size = serde_json::to_vec(&sim.status).unwrap().len();
+    assert!(size <= 256 * 1024, "status is {size} bytes");
+    eprintln!("status of 20 batches x 10 metrics: {size} bytes");
+}
