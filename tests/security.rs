@@ -73,6 +73,8 @@ macro_rules! attack {
 const ATTACKS: &[Entry] = &[
     attack!(edit_tenant_rolls_its_own_deployments),
     attack!(create_only_caller_rolls_deployments),
+    attack!(analysis_sends_a_secret_its_creator_may_not_read),
+    attack!(edit_tenant_uses_its_own_analysis_credentials),
     attack!(edit_tenant_rolls_across_namespaces),
     attack!(fleet_admin_rolls_across_namespaces),
     attack!(tenant_of_t2_creates_a_rollout_in_t1),
@@ -127,6 +129,8 @@ pub struct Env {
     pub fleet_admin: Tenant,
     /// May create rollouts and update DaemonSets in t1, but not delete pods.
     pub no_pod_delete: Tenant,
+    /// May create rollouts and patch Deployments in t1, but not read Secrets.
+    pub deployer: Tenant,
     /// Namespaces attacks made for themselves (each with an operator of its own), deleted at the end.
     scratch: std::sync::Mutex<Vec<String>>,
 }
@@ -250,13 +254,18 @@ async fn setup(admin: Client, namespaces: &[String; 3]) -> Env {
         rule("fleetroll.dev", &["fleetrollouts"], &["create", "get"]),
         rule("apps", &["daemonsets"], &["get", "update", "patch"]),
     ])];
-    let (dev1, dev2, creator, rollouts_only, fleet_admin, no_pod_delete) = tokio::join!(
+    let deployer = [Grant::rules(vec![
+        rule("fleetroll.dev", &["fleetrollouts"], &["create", "get"]),
+        rule("apps", &["deployments"], &["get", "list", "patch"]),
+    ])];
+    let (dev1, dev2, creator, rollouts_only, fleet_admin, no_pod_delete, deployer) = tokio::join!(
         Tenant::create(&admin, &t1, "dev", &edit),
         Tenant::create(&admin, &t2, "dev", &edit),
         Tenant::create(&admin, &t1, "creator", &creator),
         Tenant::create(&admin, &t1, "rollouts-only", &rollouts_only),
         Tenant::create(&admin, &fleet, "platform", &fleet_admin),
         Tenant::create(&admin, &t1, "ds-updater", &no_pod_delete),
+        Tenant::create(&admin, &t1, "deployer", &deployer),
     );
     Env {
         admin,
@@ -269,6 +278,7 @@ async fn setup(admin: Client, namespaces: &[String; 3]) -> Env {
         rollouts_only,
         fleet_admin,
         no_pod_delete,
+        deployer,
         scratch: Default::default(),
     }
 }

@@ -27,6 +27,39 @@ pub(super) async fn create_only_caller_rolls_deployments(env: &'static Env) -> R
     )
 }
 
+fn with_credentials(secret: &str) -> Value {
+    let mut spec = deployments_spec();
+    spec["analysis"] = json!({
+        "provider": {"prometheus": {"secretRef": {"name": secret}}},
+        "metrics": [{"name": "errors", "query": "sum(x{d=~\"{{targets}}\"})", "thresholdRange": {"max": 0}}],
+    });
+    spec
+}
+
+pub(super) async fn analysis_sends_a_secret_its_creator_may_not_read(env: &'static Env) -> Row {
+    let ran = create_as(&env.deployer, &env.t1, "exfiltrate", with_credentials("registry-credentials")).await;
+    let expect = Expect::Policy(format!(
+        "{}; a FleetRollout may use only credentials its creator could read",
+        may_not(&env.deployer, "get secrets (registry-credentials)", &env.t1)
+    ));
+    row(
+        "sends a Secret it may not read to a metrics backend, as analysis credentials",
+        who(&env.deployer, "create fleetrollouts, patch deployments in t1"),
+        expect,
+        &ran,
+    )
+}
+
+pub(super) async fn edit_tenant_uses_its_own_analysis_credentials(env: &'static Env) -> Row {
+    let ran = create_as(&env.dev1, &env.t1, "with-credentials", with_credentials("prom-auth")).await;
+    row(
+        "baseline: a tenant's analysis uses credentials it may read",
+        who(&env.dev1, "edit in t1"),
+        Expect::Allowed,
+        &ran,
+    )
+}
+
 pub(super) async fn edit_tenant_rolls_across_namespaces(env: &'static Env) -> Row {
     let mut spec = deployments_spec();
     spec["targets"]["namespaceSelector"] = json!({"matchLabels": {"fleetroll.dev/rollouts": "enabled"}});
