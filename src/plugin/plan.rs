@@ -27,9 +27,21 @@ struct PlanView {
 struct BatchView {
     batch: u32,
     targets: Vec<String>,
+    /// The analysis queries one measurement of this batch sends, placeholders replaced.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    queries: Vec<QueryView>,
 }
 
-fn plan_view(plan: &Plan, preview: bool) -> PlanView {
+#[derive(Serialize)]
+struct QueryView {
+    metric: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    target: Option<String>,
+    query: String,
+}
+
+fn plan_view(fr: &FleetRollout, plan: &Plan, preview: bool) -> PlanView {
+    let metrics = fr.spec.analysis.as_ref().map_or(&[][..], |a| a.metrics.as_slice());
     PlanView {
         plan_hash: plan.hash.clone(),
         total_targets: plan.total_targets(),
@@ -40,6 +52,11 @@ fn plan_view(plan: &Plan, preview: bool) -> PlanView {
             .map(|(i, b)| BatchView {
                 batch: i as u32 + 1,
                 targets: b.iter().map(|t| crate::api::target_key(&t.namespace, &t.name)).collect(),
+                queries: metrics
+                    .iter()
+                    .flat_map(|m| crate::core::analysis::queries(m, b))
+                    .map(|q| QueryView { metric: q.metric, target: q.target, query: q.promql })
+                    .collect(),
             })
             .collect(),
         preview,
@@ -65,9 +82,9 @@ pub(super) async fn plan(
         (None, None) => return Err("name a FleetRollout, or give a manifest with -f".into()),
     };
     let view = match frozen {
-        Some(plan) => plan_view(&plan, false),
+        Some(plan) => plan_view(&fr, &plan, false),
         None => match discovery::preview(client, fleet_namespace, &fr).await.map_err(|e| e.to_string())? {
-            Ok(plan) => plan_view(&plan, true),
+            Ok(plan) => plan_view(&fr, &plan, true),
             Err(blocked) => {
                 return Err(format!(
                     "this rollout could not be planned ({}): {}",
@@ -125,6 +142,10 @@ fn plan_text(fr: &FleetRollout, view: &PlanView) -> String {
             b.targets.len(),
             b.targets.join(", ")
         ));
+        for q in &b.queries {
+            let whose = q.target.as_ref().map(|t| format!(" ({t})")).unwrap_or_default();
+            out.push_str(&format!("             {}{whose}: {}\n", q.metric, q.query));
+        }
     }
     if view.preview {
         out.push_str("Nothing was written.\n");
@@ -155,7 +176,7 @@ mod tests {
             hash: "abc".into(),
             batches: vec![vec![target("shop", "a")], vec![target("shop", "b"), target("team", "c")]],
         };
-        let preview = plan_text(&fr, &plan_view(&plan, true));
+        let preview = plan_text(&fr, &plan_view(&fr, &plan, true));
         assert_eq!(
             preview,
             "FleetRollout shop/web would roll 3 targets in 2 batches to web:v2 (plan abc):\n\
@@ -163,8 +184,26 @@ mod tests {
              \x20 batch   2  (  2)  shop/b, team/c\n\
              Nothing was written.\n"
         );
-        let frozen = plan_text(&fr, &plan_view(&plan, false));
+        let frozen = plan_text(&fr, &plan_view(&fr, &plan, false));
         assert!(frozen.starts_with("FleetRollout shop/web rolls 3 targets"), "{frozen}");
         assert!(!frozen.contains("Nothing was written"), "{frozen}");
+    }
+
+    #[test]
+    fn the_plan_shows_the_queries_each_batch_sends() {
+        let fr: FleetRollout = serde_json::from_value(json!({
+            "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout",
+            "metadata": {"name": "web", "namespace": "shop"},
+            "spec": {"image": "web:v2", "targets": {"kind": "Deployment", "selector": {}}, "analysis": {"metrics": [
+                {"name": "errors", "query": "e{d=~\"{{targets}}\"}", "thresholdRange": {"max": 0}},
+                {"name": "up", "scope": "Target", "query": "up{d=\"{{name}}\"}", "thresholdRange": {"min": 1}},
+            ]}}
+        }))
+        .unwrap();
+        let plan =
+            Plan { hash: "abc".into(), batches: vec![vec![target("shop", "a.v2"), target("shop", "b")]] };
+        let text = plan_text(&fr, &plan_view(&fr, &plan, true));
+        assert!(text.contains("             errors: e{d=~\"a\\\\.v2|b\"}\n"), "{text}");
+        assert!(text.contains("             up (shop/b): up{d=\"b\"}\n"), "{text}");
     }
 }
