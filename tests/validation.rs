@@ -105,6 +105,7 @@ async fn the_api_server_rejects_nonsense_with_a_clear_message() {
             ("analysis", analysis(json!({"name": "Error_Rate"})), "metric names must be DNS labels"),
             ("analysis", provider(json!({"address": "http://me@prometheus:9090"})), "prometheus.address must be an http:// or https:// base URL without user information"),
             ("analysis", provider(json!({"timeout": "1m"})), "prometheus.timeout must be a duration from 1ms to 30s"),
+            ("analysis", provider(json!({"secretRef": {"name": "?labelSelector=x"}})), "secretRef.name must be a Secret's name"),
         ];
         for (i, (path, value, expected)) in cases.iter().enumerate() {
             let mut spec = valid_spec();

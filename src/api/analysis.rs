@@ -40,8 +40,8 @@ pub struct AnalysisProvider {
 #[serde(rename_all = "camelCase")]
 pub struct PrometheusProvider {
     /// The backend's base URL, e.g. http://prometheus.monitoring:9090 (a path prefix such as Mimir's
-    /// /prometheus is kept). Absent: the operator's default. It must be the operator's default address, a
-    /// host the operator allows (--analysis-allow), or a Service in the rollout's own namespace.
+    /// /prometheus is kept). Absent: the operator's default. It must be the operator's default address
+    /// exactly, or name a host the operator allows (--analysis-allow).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 2048))]
     #[x_kube(validation = Rule::new("self.matches('^https?://[^\\\\s/?#@]+(/[^\\\\s?#]*)?$')").message("prometheus.address must be an http:// or https:// base URL without user information, query or fragment, such as http://prometheus.monitoring:9090"))]
@@ -67,6 +67,7 @@ pub struct PrometheusProvider {
 pub struct SecretRef {
     /// The Secret's name.
     #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("secretRef.name must be a Secret's name (lower-case letters, digits, '-' and '.')"))]
     pub name: String,
 }
 

@@ -30,7 +30,7 @@ pub(super) async fn measure(
     let namespace = fr.namespace().unwrap_or_default();
     let queries: Vec<(u32, Query)> =
         due.into_iter().flat_map(|(batch, qs)| qs.into_iter().map(move |q| (batch, q))).collect();
-    let backend = match ctx.settings.analysis.resolve(analysis, &namespace) {
+    let backend = match ctx.settings.analysis.resolve(analysis) {
         Ok(b) => b,
         Err(blocked) => {
             return gather(queries.into_iter().map(|(b, q)| (b, q, Err(blocked.message.clone()))));
@@ -64,22 +64,34 @@ fn gather(answers: impl Iterator<Item = (u32, Query, Answer)>) -> Vec<Measured> 
     out
 }
 
-/// Counts the measurements a written status added, by metric and outcome.
-pub(super) fn observe(ctx: &Context, before: &FleetRolloutStatus, after: &FleetRolloutStatus) {
+/// The measurements a status about to be written adds, by metric, outcome and dry run.
+pub(super) fn recorded(
+    before: &FleetRolloutStatus,
+    after: &FleetRolloutStatus,
+) -> Vec<(MeasurementLabel, u32)> {
+    let mut out = Vec::new();
     for b in &after.batches {
         let Some(a) = &b.analysis else { continue };
         let old = before.batch(b.index).and_then(|x| x.analysis.as_ref());
         for run in &a.metrics {
             let was = old.and_then(|o| o.metrics.iter().find(|r| r.name == run.name));
-            for (phase, n) in added(was, run) {
+            for (phase, n) in added(was, run).into_iter().filter(|(_, n)| *n > 0) {
                 let label = MeasurementLabel {
                     metric: run.name.clone(),
                     phase: phase.into(),
                     dry_run: run.dry_run.to_string(),
                 };
-                ctx.metrics.analysis_measurements.get_or_create(&label).inc_by(u64::from(n));
+                out.push((label, n));
             }
         }
+    }
+    out
+}
+
+/// Counts measurements a status write recorded.
+pub(super) fn observe(ctx: &Context, recorded: Vec<(MeasurementLabel, u32)>) {
+    for (label, n) in recorded {
+        ctx.metrics.analysis_measurements.get_or_create(&label).inc_by(u64::from(n));
     }
 }
 

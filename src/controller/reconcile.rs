@@ -162,6 +162,8 @@ async fn decide(
 ) -> Step {
     let http = probe(ctx, &fr.spec, status, &loaded.plan, seen).await;
     let measured = super::analysis::measure(ctx, fr, status, &loaded.plan, now).await;
+    // A measurement is taken when its answers arrived: the next one is due an interval after that.
+    let now = if measured.is_empty() { now } else { Timestamp::now() };
     let target = |t: &PlannedTarget| {
         seen.target(t).map(|mut s| {
             s.http = http.get(&(t.namespace.clone(), t.name.clone())).cloned();
@@ -262,8 +264,12 @@ async fn act<F: Fleet>(
                 round.batch_settled_at = Some(round.started);
             }
             ctx.observe_batches(status, &t.status);
-            super::analysis::observe(ctx, status, &t.status);
+            let measurements = super::analysis::recorded(status, &t.status);
             let written = ctx.rollouts_io.write_status(&fr, t).await;
+            // Counted once written: a write that lost a race is measured again.
+            if written.is_ok() {
+                super::analysis::observe(ctx, measurements);
+            }
             if intent && written.is_ok() {
                 failpoint::hit(failpoint::AFTER_INTENT).await;
             }
@@ -342,11 +348,7 @@ fn not_served(ctx: &Context, fr: &FleetRollout) -> Option<Blocked> {
         });
     }
     if let Some(analysis) = &spec.analysis
-        && let Err(blocked) = crate::core::analysis::provider::check(
-            &ctx.settings.analysis,
-            analysis,
-            &fr.namespace().unwrap_or_default(),
-        )
+        && let Err(blocked) = crate::core::analysis::provider::check(&ctx.settings.analysis, analysis)
     {
         return Some(blocked);
     }

@@ -97,7 +97,10 @@ pub fn describe(s: &Summary) -> String {
         ));
     }
     if s.phase == Phase::Paused && s.reason.as_deref() == Some(ANALYSIS_ERROR) {
-        line.push_str(". The metrics backend is not answering; the rollout goes on by itself once it does");
+        line.push_str(
+            ". The metric analysis cannot measure (the backend is not answering, or refuses the query: see \
+             the last measurement); the rollout goes on by itself at the first measurement taken",
+        );
     }
     // A target someone else changed back is the one failure a person must act on elsewhere (a GitOps tool
     // re-applying its manifest, say): name it, not only count it.

@@ -225,9 +225,9 @@ struct OperatorArgs {
     #[arg(long = "analysis-prometheus-address", env = "FLEETROLL_ANALYSIS_PROMETHEUS_ADDRESS", value_parser = analysis_address)]
     analysis_prometheus_address: Option<String>,
 
-    /// Hosts, addresses or CIDRs a rollout's analysis may name as its backend besides the default and
-    /// Services in its own namespace (comma-separated or repeated; none by default). A CIDR also lets
-    /// queries reach loopback or link-local addresses in it.
+    /// Hosts, addresses or CIDRs a rollout's analysis may name as its backend besides the default
+    /// (comma-separated or repeated; none by default). A CIDR also lets queries reach loopback or
+    /// link-local addresses in it.
     #[arg(long = "analysis-allow", env = "FLEETROLL_ANALYSIS_ALLOW", value_delimiter = ',')]
     analysis_allow: Vec<crate::core::http_check::Allowed>,
 
@@ -262,6 +262,7 @@ impl OperatorArgs {
         }
         crate::core::analysis::provider::Backends {
             default_address: self.analysis_prometheus_address.clone(),
+            allow: self.analysis_allow.clone(),
             policy: crate::core::http_check::Policy {
                 allowed,
                 api_server: Vec::new(),

@@ -185,7 +185,8 @@ fn format_range(range: &ThresholdRange) -> String {
 }
 
 fn format_labels(labels: &BTreeMap<String, String>) -> String {
-    let inner: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
+    // The backend names the labels too: keys are escaped like values, so no control character gets through.
+    let inner: Vec<String> = labels.iter().map(|(k, v)| format!("{}={v:?}", k.escape_debug())).collect();
     format!("{{{}}}", inner.join(", "))
 }
 

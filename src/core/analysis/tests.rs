@@ -190,23 +190,34 @@ fn analysis(address: Option<&str>) -> Analysis {
 #[test]
 fn a_rollout_queries_only_backends_the_operator_allows() {
     let mut backends = Backends::default();
-    let missing = backends.resolve(&analysis(None), "team").unwrap_err();
+    let missing = backends.resolve(&analysis(None)).unwrap_err();
     assert_eq!(missing.reason, reason::ANALYSIS_PROVIDER_MISSING);
     backends.default_address = Some("http://prometheus.monitoring:9090/".into());
-    let b = backends.resolve(&analysis(None), "team").unwrap();
+    let b = backends.resolve(&analysis(None)).unwrap();
     assert_eq!(b.address, "http://prometheus.monitoring:9090");
     assert_eq!((b.secret.as_deref(), b.timeout.as_secs()), (Some("prom"), 5));
-    assert!(backends.resolve(&analysis(Some("http://prometheus.monitoring:9090")), "team").is_ok());
-    // Its own namespace's Service, yes; another namespace's, or an address, no.
-    assert!(backends.resolve(&analysis(Some("http://prom.team.svc:9090")), "team").is_ok());
-    for refused in ["http://prom.other.svc:9090", "http://10.0.0.7:9090", "http://evil.example.com"] {
-        let e = backends.resolve(&analysis(Some(refused)), "team").unwrap_err();
+    assert!(backends.resolve(&analysis(Some("http://prometheus.monitoring:9090"))).is_ok());
+    // Not even a Service of its own namespace (its endpoints could point anywhere), not another port of
+    // the default's host, not an address.
+    for refused in [
+        "http://prom.team.svc:9090",
+        "http://prom.other.svc:9090",
+        "http://prometheus.monitoring:9091",
+        "http://10.0.0.7:9090",
+        "http://evil.example.com",
+    ] {
+        let e = backends.resolve(&analysis(Some(refused))).unwrap_err();
         assert_eq!(e.reason, reason::ANALYSIS_ADDRESS_REFUSED, "{refused}");
     }
-    backends.policy.allowed =
+    backends.allow =
         vec![Allowed::Net("10.0.0.0/8".parse().unwrap()), Allowed::Host("thanos.example.com".into())];
-    assert!(backends.resolve(&analysis(Some("http://10.0.0.7:9090")), "team").is_ok());
-    assert!(backends.resolve(&analysis(Some("https://thanos.example.com/prometheus")), "team").is_ok());
+    assert!(backends.resolve(&analysis(Some("http://10.0.0.7:9090"))).is_ok());
+    assert!(backends.resolve(&analysis(Some("https://thanos.example.com/prometheus"))).is_ok());
+    // A Secret name goes into a URL path: only object names pass.
+    let mut a = analysis(None);
+    a.provider.as_mut().unwrap().prometheus.as_mut().unwrap().secret_ref =
+        Some(SecretRef { name: "?labelSelector=x".into() });
+    assert_eq!(backends.resolve(&a).unwrap_err().reason, reason::INVALID_ANALYSIS);
 }
 
 #[test]
@@ -214,9 +225,9 @@ fn an_analysis_that_cannot_decide_is_refused() {
     let backends = Backends { default_address: Some("http://p:9090".into()), ..Default::default() };
     let mut a = analysis(None);
     a.metrics[0].dry_run = true;
-    assert_eq!(check(&backends, &a, "team").unwrap_err().reason, reason::INVALID_ANALYSIS);
+    assert_eq!(check(&backends, &a).unwrap_err().reason, reason::INVALID_ANALYSIS);
     a.metrics[0].dry_run = false;
     a.metrics[0].query = "x{{bogus}}".into();
-    let e = check(&backends, &a, "team").unwrap_err();
+    let e = check(&backends, &a).unwrap_err();
     assert!(e.message.contains("{{bogus}}"), "{}", e.message);
 }

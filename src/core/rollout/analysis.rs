@@ -45,9 +45,14 @@ pub(super) fn gate(f: &Facts<'_>, s: &mut FleetRolloutStatus, index: u32, events
             events.push(Event::normal(reason::ANALYSIS_STARTED, Some(index), message));
             BatchAnalysis { started_at: time(f.now), hold: None, metrics: Vec::new() }
         });
+        // Runs follow the spec: a metric removed is dropped, one whose dryRun changed starts again (it decides,
+        // or stops deciding, from its next measurement).
+        a.metrics.retain(|r| spec.metrics.iter().any(|m| m.name == r.name));
         for metric in &spec.metrics {
-            if !a.metrics.iter().any(|r| r.name == metric.name) {
-                a.metrics.push(analysis::start(metric));
+            match a.metrics.iter_mut().find(|r| r.name == metric.name) {
+                Some(run) if run.dry_run != metric.dry_run => *run = analysis::start(metric),
+                Some(_) => {}
+                None => a.metrics.push(analysis::start(metric)),
             }
         }
         let passed_before = all_passed(&spec.metrics, &a.metrics);
@@ -55,6 +60,12 @@ pub(super) fn gate(f: &Facts<'_>, s: &mut FleetRolloutStatus, index: u32, events
         release(f, a, index, events, &mut phase_change);
         decide(f, a, index, events, &mut phase_change, passed_before)
     };
+    // A hold is told every step, whatever else touched the phase meanwhile (a halt, say).
+    let held =
+        s.batch(index).and_then(|b| b.analysis.as_ref()).and_then(|a| a.hold.as_ref()).map(hold_reason);
+    if let (Gate::Held, Some(why), None) = (&gate, held, phase_change) {
+        phase_change = Some((Phase::Paused, why));
+    }
     if let Some((phase, why)) = phase_change {
         s.phase = phase;
         s.reason = Some(why.into());
@@ -62,6 +73,15 @@ pub(super) fn gate(f: &Facts<'_>, s: &mut FleetRolloutStatus, index: u32, events
         s.reason = Some(reason::ANALYSIS_RUNNING.into());
     }
     gate
+}
+
+/// The reason a hold gives, as the static text events and status take.
+fn hold_reason(hold: &AnalysisHold) -> &'static str {
+    if hold.reason == reason::ANALYSIS_FAILED {
+        reason::ANALYSIS_FAILED
+    } else {
+        reason::ANALYSIS_INCONCLUSIVE
+    }
 }
 
 /// Counts the measurements the edge took for this batch that the status says are due.
@@ -307,6 +327,8 @@ pub(super) fn fail(
 pub(super) fn held_failure(f: &Facts<'_>, mut s: FleetRolloutStatus, b: &BatchStatus) -> Step {
     let token = b.analysis.as_ref().and_then(|a| a.hold.as_ref()).map(|h| &h.resume_token);
     if token.is_none_or(|t| *t == f.spec.resume_token) {
+        s.phase = Phase::Paused;
+        s.reason = Some(reason::ANALYSIS_FAILED.into());
         return write_if_changed(f, s, Vec::new(), None);
     }
     let mut events = Vec::new();
@@ -332,6 +354,11 @@ pub fn due_queries(
     now: k8s_openapi::jiff::Timestamp,
 ) -> Vec<(u32, Vec<Query>)> {
     let Some(spec) = &f_spec.analysis else { return Vec::new() };
+    // Nothing to measure for a rollout that stopped, or is asked to.
+    let running = matches!(status.phase, Phase::Progressing | Phase::Paused);
+    if !running || f_spec.abort || f_spec.rollback {
+        return Vec::new();
+    }
     let Some(b) = status.current().filter(|b| b.state == crate::api::BatchState::Verifying) else {
         return Vec::new();
     };

@@ -50,7 +50,10 @@ pub(super) fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -
             let message = format!("batch {}: soak restarted, {why}", b.index + 1);
             events.push(Event::warning(reason::SOAKING, Some(b.index), message));
         }
-        s.reason = Some(reason::BATCH_APPLIED.into());
+        // A pause the analysis made (AnalysisError) is kept while the targets settle again.
+        if s.phase == crate::api::Phase::Progressing {
+            s.reason = Some(reason::BATCH_APPLIED.into());
+        }
         let wait = until(f.now, deadline).max(Duration::from_millis(100));
         return write_if_changed(f, s, events, Some(soon.map_or(wait, |soon| soon.min(wait))));
     }
@@ -136,7 +139,8 @@ fn soak(f: &Facts<'_>, s: &mut FleetRolloutStatus, index: u32, events: &mut Vec<
     if f.now >= end {
         return None;
     }
-    if s.reason.as_deref() != Some(reason::ANALYSIS_RUNNING) || s.phase != crate::api::Phase::Progressing {
+    // Only a rollout going on is Soaking: one the analysis paused says so, and AnalysisRunning says more.
+    if s.phase == crate::api::Phase::Progressing && s.reason.as_deref() != Some(reason::ANALYSIS_RUNNING) {
         s.reason = Some(reason::SOAKING.into());
     }
     Some(until(f.now, end))

@@ -137,5 +137,7 @@ fn a_held_analysis_is_in_the_summary_and_the_message_says_how_to_release_it() {
     let status = fr.status.as_mut().unwrap();
     status.reason = Some(ANALYSIS_ERROR.into());
     status.batches[0].analysis.as_mut().unwrap().hold = None;
-    assert!(describe(&summary(&fr)).ends_with("the rollout goes on by itself once it does"));
+    assert!(
+        describe(&summary(&fr)).ends_with("the rollout goes on by itself at the first measurement taken")
+    );
 }

@@ -92,6 +92,7 @@ pub fn parse_answer(status: u16, body: &[u8]) -> Answer {
     }
     let data = match serde_json::from_slice::<Success>(body) {
         Ok(s) => s.data,
+        Err(e) if e.to_string().starts_with(TOO_MANY) => return Err(too_many()),
         Err(e) => return Err(unreadable("the answer is not a Prometheus query result", &e)),
     };
     samples(data)
@@ -105,7 +106,7 @@ fn samples(data: Data) -> Answer {
         }
         ("vector", Some(Found::Series(series))) => {
             if series.len() > MAX_SAMPLES {
-                return Err(too_many(series.len()));
+                return Err(too_many());
             }
             series.into_iter().map(instant).collect()
         }
@@ -128,19 +129,37 @@ fn instant(series: Series) -> Result<Sample, String> {
     Ok(Sample { value: number(&value)?, labels: series.metric })
 }
 
-/// Every value of every series of a range vector, each a sample with its series' labels.
+/// A range vector, judged on every value of every series: each series stands for its values by its
+/// smallest and largest (every value is inside a range exactly when those two are; NaN values are no
+/// data, a series of NaN alone one NaN sample). Its labels are copied at most twice, never once per value,
+/// so a hostile answer cannot multiply its size in memory.
 fn range(series: Vec<Series>) -> Answer {
     let total = series.iter().map(|s| s.values.as_ref().map_or(0, Vec::len)).fold(0, usize::saturating_add);
     if total > MAX_SAMPLES {
-        return Err(too_many(total));
+        return Err(too_many());
     }
-    let mut samples = Vec::with_capacity(total);
+    let mut samples = Vec::with_capacity(series.len().saturating_mul(2));
     for s in series {
         if s.histograms.is_some() {
             return Err(HISTOGRAM.into());
         }
-        for (_, value) in s.values.unwrap_or_default() {
-            samples.push(Sample { labels: s.metric.clone(), value: number(&value)? });
+        let values = s.values.unwrap_or_default();
+        let mut numbers = Vec::with_capacity(values.len());
+        for (_, value) in &values {
+            numbers.push(number(value)?);
+        }
+        let known = numbers.iter().copied().filter(|v| !v.is_nan());
+        let (min, max) = known.fold((None, None), |(lo, hi): (Option<f64>, Option<f64>), v| {
+            (Some(lo.map_or(v, |l| l.min(v))), Some(hi.map_or(v, |h| h.max(v))))
+        });
+        match (min, max) {
+            (Some(lo), Some(hi)) if lo == hi => samples.push(Sample { labels: s.metric, value: lo }),
+            (Some(lo), Some(hi)) => {
+                samples.push(Sample { labels: s.metric.clone(), value: lo });
+                samples.push(Sample { labels: s.metric, value: hi });
+            }
+            _ if !numbers.is_empty() => samples.push(Sample { labels: s.metric, value: f64::NAN }),
+            _ => {}
         }
     }
     Ok(samples)
@@ -149,8 +168,11 @@ fn range(series: Vec<Series>) -> Answer {
 const HISTOGRAM: &str = "the query answered native histograms, which have no single value: reduce them to a number (e.g. \
      histogram_quantile or histogram_count)";
 
-fn too_many(count: usize) -> String {
-    format!("the query answered {count} samples, more than {MAX_SAMPLES}: aggregate it (e.g. max, sum by)")
+/// Marks the streaming reader's refusal of an answer of too many series.
+const TOO_MANY: &str = "too many series";
+
+fn too_many() -> String {
+    format!("the query answered more than {MAX_SAMPLES} samples: aggregate it (e.g. max, sum by)")
 }
 
 /// A sample's value: Prometheus writes numbers as strings, NaN and infinities as `NaN`, `+Inf`, `-Inf`.
@@ -214,6 +236,10 @@ impl<'de> Visitor<'de> for FoundVisitor {
             Some(First::Series(first)) => {
                 let mut series = vec![first];
                 while let Some(next) = seq.next_element::<Series>()? {
+                    // Refused as it streams: a body of tiny series would otherwise all be held first.
+                    if series.len() >= MAX_SAMPLES {
+                        return Err(de::Error::custom(TOO_MANY));
+                    }
                     series.push(next);
                 }
                 Ok(Found::Series(series))

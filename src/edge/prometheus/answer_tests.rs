@@ -56,6 +56,23 @@ fn every_value_of_every_series_of_a_matrix_is_a_sample() {
 }
 
 #[test]
+fn a_matrix_series_stands_for_its_values_by_its_extremes_and_its_labels_are_not_copied_per_value() {
+    let values = (0..5000).map(|i| format!("[{i},\"{}\"]", i % 7)).collect::<Vec<_>>().join(",");
+    let long = "x".repeat(100_000);
+    let body = format!(
+        r#"{{"status":"success","data":{{"resultType":"matrix","result":[
+        {{"metric":{{"pod":"{long}"}},"values":[{values}]}},
+        {{"metric":{{"pod":"nan"}},"values":[[1,"NaN"],[2,"NaN"]]}},
+        {{"metric":{{"pod":"mixed"}},"values":[[1,"NaN"],[2,"4"]]}}]}}}}"#
+    );
+    let samples = ok(&body);
+    let values: Vec<f64> = samples.iter().map(|s| s.value).collect();
+    assert_eq!(samples.len(), 4, "two for the long series, one for each other: {values:?}");
+    assert_eq!((values[0], values[1]), (0.0, 6.0));
+    assert!(values[2].is_nan() && values[3] == 4.0);
+}
+
+#[test]
 fn nan_and_infinities_are_read_as_prometheus_writes_them() {
     for (text, check) in [
         ("NaN", f64::is_nan as fn(f64) -> bool),
@@ -163,13 +180,15 @@ fn at_most_ten_thousand_samples() {
         |n| format!(r#"{{"status":"success","data":{{"resultType":"vector","result":[{}]}}}}"#, series(n));
     assert_eq!(ok(&vector(MAX_SAMPLES)).len(), MAX_SAMPLES);
     let e = err(200, &vector(MAX_SAMPLES + 1));
-    assert!(e.contains("10001 samples, more than 10000"), "{e}");
+    assert!(e.contains("more than 10000 samples"), "{e}");
+    // Refused as it streams, however many more there are.
+    assert!(err(200, &vector(3 * MAX_SAMPLES)).contains("more than 10000 samples"));
     let values = (0..MAX_SAMPLES / 2 + 1).map(|i| format!("[{i},\"1\"]")).collect::<Vec<_>>().join(",");
     let matrix = format!(
         r#"{{"status":"success","data":{{"resultType":"matrix","result":[
             {{"metric":{{"a":"1"}},"values":[{values}]}},{{"metric":{{"a":"2"}},"values":[{values}]}}]}}}}"#
     );
-    assert!(err(200, &matrix).contains("10002 samples"));
+    assert!(err(200, &matrix).contains("more than 10000 samples"));
 }
 
 proptest! {

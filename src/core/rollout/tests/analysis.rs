@@ -301,3 +301,76 @@ fn status_stays_bounded_however_long_and_wide_the_analysis() {
     assert!(size <= 256 * 1024, "status is {size} bytes");
     eprintln!("status of 20 batches x 10 metrics: {size} bytes");
 }
+
+#[test]
+fn a_soak_does_not_hide_an_analysis_pause_and_the_recovery_is_told() {
+    let mut s = with_analysis(5, 3);
+    s.health.soak = "10m".into();
+    metrics(&mut s)[0].consecutive_error_limit = 1;
+    let mut sim = Sim::new(s, 5);
+    drive(&mut sim, 50);
+    assert_eq!(
+        (sim.status.phase, sim.status.reason.as_deref()),
+        (Phase::Paused, Some(reason::ANALYSIS_ERROR))
+    );
+    // Steps while paused keep the reason: no flapping, no new AnalysisError write.
+    for _ in 0..3 {
+        let wait = sim.settle().unwrap_or(Duration::from_secs(1));
+        sim.pass(wait);
+        assert_eq!(sim.status.reason.as_deref(), Some(reason::ANALYSIS_ERROR));
+    }
+    // The loop above ended at the next retry's time: the backend answers it.
+    sim.backend.insert("error-rate".into(), value(0.0));
+    let step = sim.step();
+    let Step::Write(t) = step else { panic!("the recovery is written: {step:?}") };
+    assert!(t.events.iter().any(|e| e.reason == reason::ANALYSIS_RECOVERED), "{:?}", t.events);
+    assert_eq!(sim.status.phase, Phase::Progressing);
+    drive(&mut sim, 100);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+}
+
+#[test]
+fn a_metric_that_starts_deciding_mid_batch_starts_again_and_a_resume_releases_it() {
+    let mut s = with_analysis(5, 2);
+    let mut quiet = metrics(&mut s)[0].clone();
+    quiet.name = "quiet".into();
+    quiet.dry_run = true;
+    metrics(&mut s).push(quiet);
+    let mut sim = Sim::new(s, 5);
+    sim.backend.insert("error-rate".into(), Ok(Vec::new()));
+    sim.backend.insert("quiet".into(), Ok(Vec::new()));
+    metrics(&mut sim.spec)[0].on_no_data = crate::api::NoData::Pass;
+    // The dry run is inconclusive (reported only); error-rate still needs a second measurement.
+    sim.settle();
+    assert_eq!(run(&sim, 0, "quiet").phase, MetricPhase::Inconclusive);
+    // Now it decides: it starts again, is measured again, and its hold is one a resume releases.
+    metrics(&mut sim.spec)[1].dry_run = false;
+    drive(&mut sim, 50);
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::ANALYSIS_INCONCLUSIVE));
+    let r = run(&sim, 0, "quiet");
+    assert_eq!((r.dry_run, r.inconclusive), (false, 1), "{r:?}");
+    sim.spec.resume_token = Some("go".into());
+    drive(&mut sim, 50);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    assert_eq!(run(&sim, 0, "quiet").phase, MetricPhase::Accepted);
+}
+
+#[test]
+fn a_hold_is_told_again_after_something_else_touched_the_phase() {
+    let mut sim = Sim::new(with_analysis(5, 1), 5);
+    sim.backend.insert("error-rate".into(), Ok(Vec::new()));
+    drive(&mut sim, 50);
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::ANALYSIS_INCONCLUSIVE));
+    // A halt (say, the plan was refused for a while) leaves the rollout Pending; once it goes on, the hold
+    // is Paused again, not in progress.
+    sim.status.phase = Phase::Pending;
+    sim.status.reason = Some(reason::PLAN_TAMPERED.into());
+    sim.settle();
+    assert_eq!(
+        (sim.status.phase, sim.status.reason.as_deref()),
+        (Phase::Paused, Some(reason::ANALYSIS_INCONCLUSIVE))
+    );
+    // And nothing is measured while aborting.
+    sim.spec.abort = true;
+    assert!(due_queries(&sim.spec, &sim.status, &sim.plan, sim.now).is_empty());
+}
