@@ -258,23 +258,7 @@ async fn act<F: Fleet>(
                 None => Next::Done(Action::await_change()),
             });
         }
-        Step::Write(t) => {
-            let intent = is_intent(status, &t.status);
-            if t.events.iter().any(|e| e.reason == reason::BATCH_SUCCEEDED) {
-                round.batch_settled_at = Some(round.started);
-            }
-            ctx.observe_batches(status, &t.status);
-            let measurements = super::analysis::recorded(status, &t.status);
-            let written = ctx.rollouts_io.write_status(&fr, t).await;
-            // Counted once written: a write that lost a race is measured again.
-            if written.is_ok() {
-                super::analysis::observe(ctx, measurements);
-            }
-            if intent && written.is_ok() {
-                failpoint::hit(failpoint::AFTER_INTENT).await;
-            }
-            written
-        }
+        Step::Write(t) => write(ctx, &fr, status, t, round).await,
         Step::Apply { key, image, targets, after } => {
             let batch =
                 Batch { key: &key, image: &image, targets: &targets, revision: status.revision_number() };
@@ -298,6 +282,32 @@ async fn act<F: Fleet>(
         }
     };
     settle(ctx, &fr, written).await
+}
+
+/// Persists a status the core decided, and what it tells: a batch settled (for the transition metric),
+/// batch durations, and the measurements it records, counted once written (a write that lost a race is
+/// measured again).
+async fn write(
+    ctx: &Context,
+    fr: &Arc<FleetRollout>,
+    status: &FleetRolloutStatus,
+    t: Transition,
+    round: &mut Round,
+) -> Result<Arc<FleetRollout>> {
+    let intent = is_intent(status, &t.status);
+    if t.events.iter().any(|e| e.reason == reason::BATCH_SUCCEEDED) {
+        round.batch_settled_at = Some(round.started);
+    }
+    ctx.observe_batches(status, &t.status);
+    let measurements = super::analysis::recorded(status, &t.status);
+    let written = ctx.rollouts_io.write_status(fr, t).await;
+    if written.is_ok() {
+        super::analysis::observe(ctx, measurements);
+        if intent {
+            failpoint::hit(failpoint::AFTER_INTENT).await;
+        }
+    }
+    written
 }
 
 /// The status that ends a rollback: what was restored, and what could not be (refused by the scope rules,
