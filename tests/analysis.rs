@@ -17,7 +17,7 @@ use common::{
     cli::{kubectl, repo_path},
     fleet::{NEXT_IMAGE, READY_IMAGE, condition, image_of, phase, with_fleet},
     operator::{Operator, metric},
-    prometheus::{ERRORS, Options, PASSWORD, REQUESTS, USER},
+    prometheus::{ERRORS, Options, PASSWORD, REQUESTS, USER, error_ratio_query},
 };
 use fleetroll::api::{MetricPhase, Phase};
 use k8s_openapi::api::core::v1::Secret;
@@ -26,9 +26,7 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
 };
 use serde_json::{Value, json};
-use support::{
-    DEADLINE, argo_resume, capture, error_ratio_query, errors_after_change, judged, lab, reason, run, spec,
-};
+use support::{DEADLINE, argo_resume, capture, errors_after_change, judged, lab, reason, run, spec};
 
 #[tokio::test]
 async fn a_batch_whose_error_rate_rises_fails_and_rolls_back() {

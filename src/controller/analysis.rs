@@ -8,7 +8,7 @@ use super::Context;
 use crate::{
     api::{FleetRollout, FleetRolloutStatus, MetricRun},
     core::{
-        analysis::{Answer, Measured, Query},
+        analysis::{Measured, measured},
         plan::Plan,
         rollout,
     },
@@ -25,43 +25,25 @@ pub(super) async fn measure(
     plan: &Plan,
     now: Timestamp,
 ) -> Vec<Measured> {
-    let due = rollout::due_queries(&fr.spec, status, plan, now);
-    let Some(analysis) = fr.spec.analysis.as_ref().filter(|_| !due.is_empty()) else { return Vec::new() };
-    let namespace = fr.namespace().unwrap_or_default();
-    let queries: Vec<(u32, Query)> =
-        due.into_iter().flat_map(|(batch, qs)| qs.into_iter().map(move |q| (batch, q))).collect();
+    let Some((batch, queries)) = rollout::due_queries(&fr.spec, status, plan, now) else { return Vec::new() };
+    let Some(analysis) = fr.spec.analysis.as_ref() else { return Vec::new() };
+    let failed = |why: &str| queries.iter().map(|q| (q.clone(), Err(why.to_string()))).collect();
     let backend = match ctx.settings.analysis.resolve(analysis) {
         Ok(b) => b,
-        Err(blocked) => {
-            return gather(queries.into_iter().map(|(b, q)| (b, q, Err(blocked.message.clone()))));
-        }
+        Err(blocked) => return measured(batch, failed(&blocked.message)),
     };
     let credentials = match &backend.secret {
         None => None,
-        Some(name) => match prometheus::read_credentials(&ctx.client, &namespace, name).await {
-            Ok(c) => Some(c),
-            Err(e) => return gather(queries.into_iter().map(|(b, q)| (b, q, Err(e.clone())))),
-        },
-    };
-    let batch = queries.first().map_or(0, |(b, _)| *b);
-    let answers = ctx
-        .querier
-        .measure(&backend, credentials.as_ref(), queries.into_iter().map(|(_, q)| q).collect())
-        .await;
-    failpoint::hit(failpoint::AFTER_MEASURE).await;
-    gather(answers.into_iter().map(|(q, a)| (batch, q, a)))
-}
-
-/// Groups answers into one measurement per batch and metric, in the order the queries came.
-fn gather(answers: impl Iterator<Item = (u32, Query, Answer)>) -> Vec<Measured> {
-    let mut out: Vec<Measured> = Vec::new();
-    for (batch, query, answer) in answers {
-        match out.iter_mut().find(|m| m.batch == batch && m.metric == query.metric) {
-            Some(m) => m.answers.push((query.target, answer)),
-            None => out.push(Measured { batch, metric: query.metric, answers: vec![(query.target, answer)] }),
+        Some(name) => {
+            match prometheus::read_credentials(&ctx.client, &fr.namespace().unwrap_or_default(), name).await {
+                Ok(c) => Some(c),
+                Err(e) => return measured(batch, failed(&e)),
+            }
         }
-    }
-    out
+    };
+    let answers = ctx.querier.measure(&backend, credentials.as_ref(), queries).await;
+    failpoint::hit(failpoint::AFTER_MEASURE).await;
+    measured(batch, answers)
 }
 
 /// The measurements a status about to be written adds, by metric, outcome and dry run.

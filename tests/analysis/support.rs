@@ -17,22 +17,11 @@ use crate::common::{
     cli::{gitops_judge, repo_path},
     fleet::{Fleet, NEXT_IMAGE, READY_IMAGE, image_of},
     operator::Operator,
-    prometheus::{ERRORS, Exporter, Options, Prometheus, REQUESTS},
+    prometheus::{Exporter, Options, Prometheus, REQUESTS},
 };
 
 pub const DEADLINE: Duration = Duration::from_secs(120);
 pub const REQUESTS_PER_SEC: f64 = 50.0;
-
-/// The error ratio per deployment of a batch: every deployment's own sample must be inside the range, and a
-/// failure names the deployment.
-pub fn error_ratio_query() -> String {
-    let m = |family: &str| {
-        format!(
-            "sum by (deployment) (rate({family}{{namespace=~\"{{{{namespaces}}}}\", deployment=~\"{{{{targets}}}}\"}}[5s]))"
-        )
-    };
-    format!("{} / {}", m(ERRORS), m(REQUESTS))
-}
 
 pub struct Lab {
     pub exporter: Arc<Exporter>,

@@ -15,19 +15,14 @@ use crate::{
 };
 use common::{
     operator::{Operator, metric},
-    prometheus::{ERRORS, Exporter, Options, Prometheus, REQUESTS},
+    prometheus::{Exporter, Options, Prometheus, REQUESTS, error_ratio_query},
 };
 
 const BATCH: usize = 5;
 
 fn analysis() -> Value {
-    let ratio = |family: &str| {
-        format!(
-            "sum by (deployment) (rate({family}{{namespace=~\"{{{{namespaces}}}}\", deployment=~\"{{{{targets}}}}\"}}[5s]))"
-        )
-    };
     json!({"metrics": [
-        {"name": "error-rate", "query": format!("{} / {}", ratio(ERRORS), ratio(REQUESTS)), "thresholdRange": {"max": 0.01}},
+        {"name": "error-rate", "query": error_ratio_query(), "thresholdRange": {"max": 0.01}},
         {"name": "traffic", "scope": "Target", "thresholdRange": {"min": 1},
          "query": format!("sum(rate({REQUESTS}{{namespace=\"{{{{namespace}}}}\", deployment=\"{{{{name}}}}\"}}[5s]))")},
     ]})

@@ -377,6 +377,17 @@ fn client(ca_pem: Option<&str>) -> reqwest::Client {
     builder.build().unwrap()
 }
 
+/// The error ratio per deployment of the batch a metric measures, as an analysis query: every deployment's
+/// own sample must be inside the range, and a failure names the deployment.
+pub fn error_ratio_query() -> String {
+    let rate = |family: &str| {
+        format!(
+            "sum by (deployment) (rate({family}{{namespace=~\"{{{{namespaces}}}}\", deployment=~\"{{{{targets}}}}\"}}[5s]))"
+        )
+    };
+    format!("{} / {}", rate(ERRORS), rate(REQUESTS))
+}
+
 /// The value of one sample of an instant vector (`{"metric": {..}, "value": [time, "v"]}`).
 pub fn sample_value(sample: &Value) -> f64 {
     let value = sample["value"][1].as_str().unwrap_or_else(|| panic!("not a sample: {sample}"));

@@ -45,6 +45,18 @@ pub struct Measured {
     pub answers: Vec<(Option<String>, Answer)>,
 }
 
+/// The answers to one step's queries of batch `batch`, as one measurement per metric, in query order.
+pub fn measured(batch: u32, answers: Vec<(Query, Answer)>) -> Vec<Measured> {
+    let mut out: Vec<Measured> = Vec::new();
+    for (query, answer) in answers {
+        match out.iter_mut().find(|m| m.metric == query.metric) {
+            Some(m) => m.answers.push((query.target, answer)),
+            None => out.push(Measured { batch, metric: query.metric, answers: vec![(query.target, answer)] }),
+        }
+    }
+    out
+}
+
 /// The placeholders each scope may use.
 const BATCH_PLACEHOLDERS: [&str; 3] = ["targets", "namespaces", "interval"];
 const TARGET_PLACEHOLDERS: [&str; 3] = ["name", "namespace", "interval"];

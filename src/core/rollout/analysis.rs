@@ -8,11 +8,13 @@
 
 use std::time::Duration;
 
+use k8s_openapi::jiff::Timestamp;
+
 use super::{Event, Facts, Step, start_rollback, until, write, write_if_changed};
 use crate::{
     api::{
-        AnalysisHold, BatchAnalysis, BatchStatus, FailurePolicy, FleetRolloutStatus, MeasurementPhase,
-        Metric, MetricPhase, MetricRun, Phase, time,
+        AnalysisHold, BatchAnalysis, BatchState, BatchStatus, FailurePolicy, FleetRolloutSpec,
+        FleetRolloutStatus, MeasurementPhase, Metric, MetricPhase, MetricRun, Phase, time,
     },
     core::{
         analysis::{self, Query},
@@ -73,6 +75,11 @@ pub(super) fn gate(f: &Facts<'_>, s: &mut FleetRolloutStatus, index: u32, events
         s.reason = Some(reason::ANALYSIS_RUNNING.into());
     }
     gate
+}
+
+/// A hold beginning now, released by any `spec.resumeToken` other than the present one.
+fn hold(f: &Facts<'_>, why: &str) -> AnalysisHold {
+    AnalysisHold { reason: why.into(), since: time(f.now), resume_token: f.spec.resume_token.clone() }
 }
 
 /// The reason a hold gives, as the static text events and status take.
@@ -194,11 +201,7 @@ fn decide(
     if let Some((m, r)) =
         deciding(&spec.metrics, &a.metrics).find(|(_, r)| r.phase == MetricPhase::Inconclusive)
     {
-        a.hold = Some(AnalysisHold {
-            reason: reason::ANALYSIS_INCONCLUSIVE.into(),
-            since: time(f.now),
-            resume_token: f.spec.resume_token.clone(),
-        });
+        a.hold = Some(hold(f, reason::ANALYSIS_INCONCLUSIVE));
         let message = format!(
             "batch {}: metric {} was inconclusive {} times (inconclusiveLimit {}); paused until resumed \
              (spec.resumeToken), aborted or rolled back",
@@ -279,11 +282,7 @@ pub(super) fn fail(
     match f.spec.strategy.on_failure {
         FailurePolicy::Pause => {
             if let Some(a) = s.batch_mut(b.index).and_then(|x| x.analysis.as_mut()) {
-                a.hold = Some(AnalysisHold {
-                    reason: reason::ANALYSIS_FAILED.into(),
-                    since: time(f.now),
-                    resume_token: f.spec.resume_token.clone(),
-                });
+                a.hold = Some(hold(f, reason::ANALYSIS_FAILED));
             }
             s.phase = Phase::Paused;
             s.reason = Some(reason::ANALYSIS_FAILED.into());
@@ -348,28 +347,27 @@ pub(super) fn held_failure(f: &Facts<'_>, mut s: FleetRolloutStatus, b: &BatchSt
 /// The measurements due now for the batch in flight: the queries for the edge to send. Nothing while the
 /// batch is not verifying, its analysis has not started (its targets were not healthy yet) or is held.
 pub fn due_queries(
-    f_spec: &crate::api::FleetRolloutSpec,
+    spec: &FleetRolloutSpec,
     status: &FleetRolloutStatus,
     plan: &Plan,
-    now: k8s_openapi::jiff::Timestamp,
-) -> Vec<(u32, Vec<Query>)> {
-    let Some(spec) = &f_spec.analysis else { return Vec::new() };
+    now: Timestamp,
+) -> Option<(u32, Vec<Query>)> {
+    let metrics = &spec.analysis.as_ref()?.metrics;
     // Nothing to measure for a rollout that stopped, or is asked to.
     let running = matches!(status.phase, Phase::Progressing | Phase::Paused);
-    if !running || f_spec.abort || f_spec.rollback {
-        return Vec::new();
+    if !running || spec.abort || spec.rollback {
+        return None;
     }
-    let Some(b) = status.current().filter(|b| b.state == crate::api::BatchState::Verifying) else {
-        return Vec::new();
-    };
-    let Some(a) = b.analysis.as_ref().filter(|a| a.hold.is_none()) else { return Vec::new() };
+    let b = status.current().filter(|b| b.state == BatchState::Verifying)?;
+    let a = b.analysis.as_ref().filter(|a| a.hold.is_none())?;
     let targets = plan.batch(b.index);
-    spec.metrics
+    let queries: Vec<Query> = metrics
         .iter()
         .filter(|m| {
             let run = a.metrics.iter().find(|r| r.name == m.name);
             run.and_then(|r| analysis::due(m, r, a.started_at.0)).is_some_and(|due| due <= now)
         })
-        .map(|m| (b.index, analysis::queries(m, targets)))
-        .collect()
+        .flat_map(|m| analysis::queries(m, targets))
+        .collect();
+    (!queries.is_empty()).then_some((b.index, queries))
 }

@@ -372,5 +372,5 @@ fn a_hold_is_told_again_after_something_else_touched_the_phase() {
     );
     // And nothing is measured while aborting.
     sim.spec.abort = true;
-    assert!(due_queries(&sim.spec, &sim.status, &sim.plan, sim.now).is_empty());
+    assert!(due_queries(&sim.spec, &sim.status, &sim.plan, sim.now).is_none());
 }

@@ -132,23 +132,16 @@ impl Sim {
 
     /// The measurements the controller would take now, from the simulated backend.
     pub(super) fn measure(&self) -> Vec<crate::core::analysis::Measured> {
-        due_queries(&self.spec, &self.status, &self.plan, self.now)
-            .into_iter()
-            .flat_map(|(batch, queries)| queries.into_iter().map(move |q| (batch, q)))
-            .fold(Vec::new(), |mut out: Vec<crate::core::analysis::Measured>, (batch, q)| {
-                self.queries.set(self.queries.get() + 1);
-                let answer =
-                    self.backend.get(&q.metric).cloned().unwrap_or_else(|| Err("connection refused".into()));
-                match out.iter_mut().find(|m| m.metric == q.metric) {
-                    Some(m) => m.answers.push((q.target, answer)),
-                    None => out.push(crate::core::analysis::Measured {
-                        batch,
-                        metric: q.metric,
-                        answers: vec![(q.target, answer)],
-                    }),
-                }
-                out
-            })
+        let Some((batch, queries)) = due_queries(&self.spec, &self.status, &self.plan, self.now) else {
+            return Vec::new();
+        };
+        self.queries.set(self.queries.get() + queries.len());
+        let answered = |q: crate::core::analysis::Query| {
+            let answer =
+                self.backend.get(&q.metric).cloned().unwrap_or_else(|| Err("connection refused".into()));
+            (q, answer)
+        };
+        crate::core::analysis::measured(batch, queries.into_iter().map(answered).collect())
     }
 
     pub(super) fn advance(&self) -> Step {
