@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # A real local control plane as plain processes on 127.0.0.1: etcd, kube-apiserver (TLS, RBAC,
-# ServiceAccount token signing), kube-controller-manager, kube-scheduler and kwok with fake nodes.
+# ServiceAccount token signing), kube-controller-manager, kube-scheduler and kwok with fake nodes; and, with
+# FLEETROLL_MEMBERS=N, N member clusters beside it (tests/testenv/members.sh).
 #
-#   cluster.sh up [NODES]   start one (or reuse the one that is up, adding nodes up to NODES); with
-#                           FLEETROLL_PROMETHEUS=1 also a Prometheus on 127.0.0.1:9090 (FLEETROLL_PROMETHEUS_PORT)
-#   cluster.sh down         stop every process `up` started, by PID, and remove the state
-#   cluster.sh status       exit 0 when a cluster is up and answering
+#   cluster.sh up [NODES]   start one (or reuse the one that is up, adding nodes up to NODES, and members up
+#                           to FLEETROLL_MEMBERS); with FLEETROLL_PROMETHEUS=1 also a Prometheus on
+#                           127.0.0.1:9090 (FLEETROLL_PROMETHEUS_PORT)
+#   cluster.sh down         stop every process `up` started (members too), by PID, and remove the state
+#   cluster.sh status       exit 0 when the hub and the FLEETROLL_MEMBERS first members (default: those
+#                           `up` started) are up and answering
 #   cluster.sh tools        build what is missing from the cache and link it into bin/ (no cluster needed)
+#   cluster.sh restart [member-N/]COMPONENT    stop one component by PID and start it again
+#   cluster.sh member-secrets NAMESPACE        write the members' Secrets (Argo CD and Cluster API style)
+#                                              into NAMESPACE of the hub
 #
 # State lives in $FLEETROLL_TESTENV (default target/testenv): kubeconfig, bin/ (links to the cached
-# binaries), pki/, pids/, logs/, etcd/, prometheus/. Ports are chosen free at start, so nothing else is
-# disturbed (but the optional Prometheus', which is fixed so that it is easy to name).
+# binaries), pki/, pids/, logs/, ports/, etcd/, prometheus/, and members/member-N/ with the same layout for
+# each member. Ports are chosen free at start, so nothing else is disturbed (but the optional Prometheus',
+# which is fixed so that it is easy to name).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -21,11 +28,26 @@ root=$(cd "$here/../.." && pwd)
 
 W=${FLEETROLL_TESTENV:-$root/target/testenv}
 BIN=$W/bin
-KUBECONFIG_OUT=$W/kubeconfig
-# Reverse of this order is the stop order.
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 
-kubectl() { "$BIN/kubectl" --kubeconfig="$KUBECONFIG_OUT" "$@"; }
+# The control plane the functions below act on, set by `plane`: its name (hub or member-N), state
+# directory, loopback address, admin kubeconfig and components in start order (reverse is the stop order).
+PLANE='' D='' IP='' KCFG=''
+COMPONENTS=()
+plane() {
+  PLANE=$1
+  case "$1" in
+    hub) D=$W IP=127.0.0.1 ;;
+    member-[1-9] | member-[1-9][0-9] | member-1[0-9][0-9]) D=$W/members/$1 IP=127.0.0.$((1 + ${1#member-})) ;;
+    *) die "no such control plane: $1 (hub or member-1..199)" ;;
+  esac
+  KCFG=$D/kubeconfig
+  # Members get an etcd each rather than a prefix of the hub's: measured with 2 members, sharing saved 88 MiB
+  # of 1.7 GiB and no start time (5-6 s both), and an own etcd keeps a hub etcd fault a hub fault.
+  COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+}
+plane hub
+
+kubectl() { "$BIN/kubectl" --kubeconfig="$KCFG" "$@"; }
 
 # Polls a command until it succeeds or the deadline passes; prints the component's log tail on failure.
 wait_for() {
@@ -34,25 +56,25 @@ wait_for() {
   local deadline=$((SECONDS + seconds))
   until "$@" >/dev/null 2>&1; do
     if [ $SECONDS -ge $deadline ]; then
-      [ -f "$W/logs/$logname.log" ] && tail -n 30 "$W/logs/$logname.log" >&2
-      die "timed out after ${seconds}s waiting for $what"
+      [ -f "$D/logs/$logname.log" ] && tail -n 30 "$D/logs/$logname.log" >&2
+      die "$PLANE: timed out after ${seconds}s waiting for $what"
     fi
-    if [ -n "$logname" ] && [ -f "$W/pids/$logname.pid" ] && ! kill -0 "$(cat "$W/pids/$logname.pid")" 2>/dev/null; then
-      tail -n 30 "$W/logs/$logname.log" >&2
-      die "$logname exited while waiting for $what"
+    if [ -n "$logname" ] && [ -f "$D/pids/$logname.pid" ] && ! kill -0 "$(cat "$D/pids/$logname.pid")" 2>/dev/null; then
+      tail -n 30 "$D/logs/$logname.log" >&2
+      die "$PLANE: $logname exited while waiting for $what"
     fi
     sleep 0.2
   done
 }
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { python3 -c 'import socket, sys; s=socket.socket(); s.bind((sys.argv[1],0)); print(s.getsockname()[1])' "$IP"; }
 
 # Starts a component in its own session so `down` can stop it and all its children by process group.
 spawn() {
   local name=$1
   shift
-  setsid "$@" >"$W/logs/$name.log" 2>&1 </dev/null &
-  echo $! >"$W/pids/$name.pid"
+  setsid "$@" >"$D/logs/$name.log" 2>&1 </dev/null &
+  echo $! >"$D/pids/$name.pid"
 }
 
 link_binaries() {
@@ -69,12 +91,13 @@ link_binaries() {
   ln -sf "$CACHE/bin/prometheus-$PROMETHEUS_VERSION/prometheus" "$BIN/prometheus"
 }
 
-# One CA; a serving cert for the apiserver; client certs whose CN/O the bootstrap RBAC policy knows.
+# One CA per plane (so no credential of one works on another); a serving cert for the apiserver on the
+# plane's address; client certs whose CN/O the bootstrap RBAC policy knows; the ServiceAccount signing key.
 make_pki() {
-  local p=$W/pki
+  local p=$D/pki
   mkdir -p "$p"
   openssl req -x509 -newkey rsa:2048 -nodes -keyout "$p/ca.key" -out "$p/ca.crt" -days 3650 \
-    -subj /CN=fleetroll-testenv-ca 2>/dev/null
+    -subj "/CN=fleetroll-testenv-$PLANE-ca" 2>/dev/null
   # cert NAME SUBJECT EKU [SAN]
   cert() {
     local ext="$p/$1.ext"
@@ -90,7 +113,7 @@ make_pki() {
     rm -f "$p/$1.csr" "$ext"
   }
   cert apiserver /CN=kube-apiserver serverAuth \
-    "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:127.0.0.1,IP:10.96.0.1"
+    "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:$IP,IP:10.96.0.1"
   cert admin "/O=system:masters/CN=fleetroll-admin" clientAuth
   cert kcm /CN=system:kube-controller-manager clientAuth
   cert scheduler /CN=system:kube-scheduler clientAuth
@@ -99,27 +122,32 @@ make_pki() {
   openssl pkey -in "$p/sa.key" -pubout -out "$p/sa.pub"
 }
 
+# Names the cluster and context of a plane's kubeconfigs: the hub keeps its historical name.
+context_name() { if [ "$PLANE" = hub ]; then echo fleetroll-testenv; else echo "fleetroll-$PLANE"; fi; }
+
 # write_kubeconfig FILE USER: certificates are embedded, so the file works from any directory.
 write_kubeconfig() {
-  local f=$1 user=$2 k="$BIN/kubectl"
+  local f=$1 user=$2 k="$BIN/kubectl" c
+  c=$(context_name)
   rm -f "$f"
-  "$k" config --kubeconfig="$f" set-cluster fleetroll-testenv --server="https://127.0.0.1:$(cat "$W/ports/apiserver")" \
-    --certificate-authority="$W/pki/ca.crt" --embed-certs >/dev/null
-  "$k" config --kubeconfig="$f" set-credentials "$user" --client-certificate="$W/pki/$user.crt" \
-    --client-key="$W/pki/$user.key" --embed-certs >/dev/null
-  "$k" config --kubeconfig="$f" set-context fleetroll-testenv --cluster=fleetroll-testenv --user="$user" >/dev/null
-  "$k" config --kubeconfig="$f" use-context fleetroll-testenv >/dev/null
+  "$k" config --kubeconfig="$f" set-cluster "$c" --server="https://$IP:$(port apiserver)" \
+    --certificate-authority="$D/pki/ca.crt" --embed-certs >/dev/null
+  "$k" config --kubeconfig="$f" set-credentials "$user" --client-certificate="$D/pki/$user.crt" \
+    --client-key="$D/pki/$user.key" --embed-certs >/dev/null
+  "$k" config --kubeconfig="$f" set-context "$c" --cluster="$c" --user="$user" >/dev/null
+  "$k" config --kubeconfig="$f" use-context "$c" >/dev/null
 }
 
-port() { cat "$W/ports/$1"; }
+port() { cat "$D/ports/$1"; }
 
 start_etcd() {
-  spawn etcd "$BIN/etcd" --name=node0 --data-dir="$W/etcd" \
-    --listen-client-urls="http://127.0.0.1:$(port etcd)" --advertise-client-urls="http://127.0.0.1:$(port etcd)" \
-    --listen-peer-urls="http://127.0.0.1:$(port etcd-peer)" --initial-advertise-peer-urls="http://127.0.0.1:$(port etcd-peer)" \
-    --initial-cluster="node0=http://127.0.0.1:$(port etcd-peer)" \
+  local client peer
+  client=http://$IP:$(port etcd) peer=http://$IP:$(port etcd-peer)
+  spawn etcd "$BIN/etcd" --name=node0 --data-dir="$D/etcd" \
+    --listen-client-urls="$client" --advertise-client-urls="$client" \
+    --listen-peer-urls="$peer" --initial-advertise-peer-urls="$peer" --initial-cluster="node0=$peer" \
     --unsafe-no-fsync=true --auto-compaction-retention=1 --quota-backend-bytes=8589934592 --log-level=warn
-  wait_for "etcd health" 30 etcd curl -fsS "http://127.0.0.1:$(port etcd)/health"
+  wait_for "etcd health" 30 etcd curl -fsS "$client/health"
 }
 
 start_apiserver() {
@@ -133,65 +161,79 @@ start_apiserver() {
     adv=(--advertise-address="$ip")
   fi
   spawn kube-apiserver "$BIN/kube-apiserver" "${adv[@]}" \
-    --etcd-servers="http://127.0.0.1:$(port etcd)" \
-    --bind-address=127.0.0.1 --secure-port="$(port apiserver)" \
-    --tls-cert-file="$W/pki/apiserver.crt" --tls-private-key-file="$W/pki/apiserver.key" \
-    --client-ca-file="$W/pki/ca.crt" \
+    --etcd-servers="http://$IP:$(port etcd)" \
+    --bind-address="$IP" --secure-port="$(port apiserver)" \
+    --tls-cert-file="$D/pki/apiserver.crt" --tls-private-key-file="$D/pki/apiserver.key" \
+    --client-ca-file="$D/pki/ca.crt" \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
-    --service-account-key-file="$W/pki/sa.pub" --service-account-signing-key-file="$W/pki/sa.key" \
+    --service-account-key-file="$D/pki/sa.pub" --service-account-signing-key-file="$D/pki/sa.key" \
     --service-cluster-ip-range=10.96.0.0/16 \
     --authorization-mode=Node,RBAC --allow-privileged=true \
     --max-requests-inflight=2000 --max-mutating-requests-inflight=1000 \
     --profiling=false --v=1
   wait_for "kube-apiserver /readyz" 120 kube-apiserver \
-    curl -fsS --cacert "$W/pki/ca.crt" "https://127.0.0.1:$(port apiserver)/readyz"
+    curl -fsS --cacert "$D/pki/ca.crt" "https://$IP:$(port apiserver)/readyz"
 }
 
 start_controller_manager() {
-  write_kubeconfig "$W/kcm.kubeconfig" kcm
+  write_kubeconfig "$D/kcm.kubeconfig" kcm
   # Each controller gets its own ServiceAccount credentials, as kubeadm does; QPS is raised so that
   # thousands of Deployments (the scale benchmarks) are not throttled by the client side.
-  spawn kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig="$W/kcm.kubeconfig" \
-    --authentication-kubeconfig="$W/kcm.kubeconfig" --authorization-kubeconfig="$W/kcm.kubeconfig" \
-    --bind-address=127.0.0.1 --secure-port="$(port controller-manager)" --leader-elect=false \
+  spawn kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig="$D/kcm.kubeconfig" \
+    --authentication-kubeconfig="$D/kcm.kubeconfig" --authorization-kubeconfig="$D/kcm.kubeconfig" \
+    --bind-address="$IP" --secure-port="$(port controller-manager)" --leader-elect=false \
     --authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics \
     --use-service-account-credentials=true \
-    --service-account-private-key-file="$W/pki/sa.key" --root-ca-file="$W/pki/ca.crt" \
-    --cluster-signing-cert-file="$W/pki/ca.crt" --cluster-signing-key-file="$W/pki/ca.key" \
+    --service-account-private-key-file="$D/pki/sa.key" --root-ca-file="$D/pki/ca.crt" \
+    --cluster-signing-cert-file="$D/pki/ca.crt" --cluster-signing-key-file="$D/pki/ca.key" \
     --kube-api-qps=500 --kube-api-burst=1000 \
     --concurrent-deployment-syncs=20 --concurrent-replicaset-syncs=20 \
     --node-monitor-period=5s --node-monitor-grace-period=40s --v=1
   wait_for "kube-controller-manager /healthz" 60 kube-controller-manager \
-    curl -fsSk "https://127.0.0.1:$(port controller-manager)/healthz"
+    curl -fsSk "https://$IP:$(port controller-manager)/healthz"
 }
 
 start_scheduler() {
-  write_kubeconfig "$W/scheduler.kubeconfig" scheduler
-  cat >"$W/scheduler.yaml" <<EOF
+  write_kubeconfig "$D/scheduler.kubeconfig" scheduler
+  cat >"$D/scheduler.yaml" <<EOF
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 clientConnection:
-  kubeconfig: $W/scheduler.kubeconfig
+  kubeconfig: $D/scheduler.kubeconfig
   qps: 500
   burst: 1000
 leaderElection:
   leaderElect: false
 EOF
-  spawn kube-scheduler "$BIN/kube-scheduler" --config="$W/scheduler.yaml" \
-    --authentication-kubeconfig="$W/scheduler.kubeconfig" --authorization-kubeconfig="$W/scheduler.kubeconfig" \
-    --bind-address=127.0.0.1 --secure-port="$(port scheduler)" \
+  spawn kube-scheduler "$BIN/kube-scheduler" --config="$D/scheduler.yaml" \
+    --authentication-kubeconfig="$D/scheduler.kubeconfig" --authorization-kubeconfig="$D/scheduler.kubeconfig" \
+    --bind-address="$IP" --secure-port="$(port scheduler)" \
     --authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics --v=1
-  wait_for "kube-scheduler /healthz" 60 kube-scheduler curl -fsSk "https://127.0.0.1:$(port scheduler)/healthz"
+  wait_for "kube-scheduler /healthz" 60 kube-scheduler curl -fsSk "https://$IP:$(port scheduler)/healthz"
 }
 
 start_kwok() {
-  write_kubeconfig "$W/kwok.kubeconfig" kwok
-  spawn kwok "$BIN/kwok" --kubeconfig="$W/kwok.kubeconfig" --config="$here/kwok-stages.yaml" \
+  write_kubeconfig "$D/kwok.kubeconfig" kwok
+  spawn kwok "$BIN/kwok" --kubeconfig="$D/kwok.kubeconfig" --config="$here/kwok-stages.yaml" \
     --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
     --node-lease-duration-seconds=40 --cidr=10.244.0.0/16 --node-ip=10.244.0.1 \
-    --server-address="127.0.0.1:$(port kwok)" --node-port="$(port kwok)"
+    --server-address="$IP:$(port kwok)" --node-port="$(port kwok)"
   # kwok has no health endpoint of its own worth trusting yet; nodes turning Ready is the real check.
   sleep 0.1
+}
+
+# Starts one component of the current plane (the start half of `restart`).
+start_component() {
+  case "$1" in
+    etcd) start_etcd ;;
+    kube-apiserver) start_apiserver ;;
+    kube-controller-manager) start_controller_manager ;;
+    kube-scheduler) start_scheduler ;;
+    kwok) start_kwok ;;
+    prometheus) [ "$PLANE" = hub ] || die "$PLANE has no prometheus"
+      FLEETROLL_PROMETHEUS_PORT=$(port prometheus) start_prometheus ;;
+    *) die "no such component: $1" ;;
+  esac
 }
 
 # An optional Prometheus beside the control plane, for trying metric gates by hand: a fixed, well-known port
@@ -246,21 +288,39 @@ EOF
     done
   } | kubectl apply --server-side --field-manager=fleetroll-testenv -f - >/dev/null
   wait_for "$n kwok nodes Ready" 120 kwok \
-    sh -c "[ \"\$('$BIN/kubectl' --kubeconfig='$KUBECONFIG_OUT' get nodes -l type=kwok -o jsonpath='{range .items[*]}{.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}' | grep -c True)\" -ge $n ]"
+    sh -c "[ \"\$('$BIN/kubectl' --kubeconfig='$KCFG' get nodes -l type=kwok -o jsonpath='{range .items[*]}{.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}' | grep -c True)\" -ge $n ]"
 }
 
+# True when every component of the current plane runs and its apiserver is ready.
 is_up() {
-  [ -f "$W/ports/apiserver" ] && [ -f "$KUBECONFIG_OUT" ] || return 1
+  [ -f "$D/ports/apiserver" ] && [ -f "$KCFG" ] || return 1
   local c
   for c in "${COMPONENTS[@]}"; do
-    [ -f "$W/pids/$c.pid" ] && kill -0 "$(cat "$W/pids/$c.pid")" 2>/dev/null || return 1
+    [ -f "$D/pids/$c.pid" ] && kill -0 "$(cat "$D/pids/$c.pid")" 2>/dev/null || return 1
   done
-  curl -fsS --max-time 5 --cacert "$W/pki/ca.crt" "https://127.0.0.1:$(port apiserver)/readyz" >/dev/null 2>&1
+  curl -fsS --max-time 5 --cacert "$D/pki/ca.crt" "https://$IP:$(port apiserver)/readyz" >/dev/null 2>&1
+}
+
+# Starts the current plane from nothing (its directory must not hold a running plane) with NODES kwok nodes.
+start_plane() {
+  local nodes=$1 p
+  mkdir -p "$D"/{pids,logs,ports}
+  for p in etcd etcd-peer apiserver controller-manager scheduler kwok; do free_port >"$D/ports/$p"; done
+  make_pki
+  start_etcd
+  start_apiserver
+  write_kubeconfig "$KCFG" admin
+  start_controller_manager
+  start_scheduler
+  start_kwok
+  ensure_nodes "$nodes"
+  wait_for "the default ServiceAccount" 60 kube-controller-manager kubectl -n default get serviceaccount default
 }
 
 up() {
   local nodes=${1:-10}
   local t0=$SECONDS
+  plane hub
   if is_up; then
     log "reusing the cluster that is up at $W"
     # The test tools may be newer than the cluster (a changed gitops-judge gets a new cache directory).
@@ -270,65 +330,67 @@ up() {
     [ ! -d "$W/pids" ] || down
     "$here/build.sh"
     t0=$SECONDS
-    mkdir -p "$W"/{pids,logs,ports}
+    mkdir -p "$W"
     link_binaries
-    local p
-    for p in etcd etcd-peer apiserver controller-manager scheduler kwok; do free_port >"$W/ports/$p"; done
-    make_pki
-    start_etcd
-    start_apiserver
-    write_kubeconfig "$KUBECONFIG_OUT" admin
-    start_controller_manager
-    start_scheduler
-    start_kwok
-    ensure_nodes "$nodes"
-    wait_for "the default ServiceAccount" 60 kube-controller-manager kubectl -n default get serviceaccount default
+    start_plane "$nodes"
     log "cluster up in $((SECONDS - t0))s"
   fi
   [ "${FLEETROLL_PROMETHEUS:-}" != 1 ] || start_prometheus
+  up_members "${FLEETROLL_MEMBERS:-0}"
+  plane hub
   kubectl version 2>/dev/null | sed 's/^/[testenv] /' >&2 || true
-  echo "export KUBECONFIG=$KUBECONFIG_OUT PATH=$BIN:\$PATH"
+  echo "export KUBECONFIG=$KCFG PATH=$BIN:\$PATH"
 }
 
-# Stops one component by its PID file: TERM to the process group, KILL after 10 s.
+# Stops one component of the current plane by its PID file: TERM to the process group, KILL after 10 s.
 stop() {
   local c=$1 pid
-  [ -f "$W/pids/$c.pid" ] || return 0
-  pid=$(cat "$W/pids/$c.pid")
+  [ -f "$D/pids/$c.pid" ] || return 0
+  pid=$(cat "$D/pids/$c.pid")
   if kill -0 "$pid" 2>/dev/null; then
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
     local deadline=$((SECONDS + 10))
     while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
     kill -KILL -- "-$pid" 2>/dev/null || true
   fi
-  rm -f "$W/pids/$c.pid"
+  rm -f "$D/pids/$c.pid"
 }
 
-# Stops the optional Prometheus, then the components in reverse start order.
-down() {
+# Stops the current plane's components in reverse start order.
+stop_plane() {
   local i
-  stop prometheus
   for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do stop "${COMPONENTS[$i]}"; done
+}
+
+# Stops the members and the hub (with its optional Prometheus) side by side: a plane takes about 10 s.
+down() {
+  local m job
+  local jobs=()
+  for m in $(started_members); do
+    (
+      plane "$m"
+      stop_plane
+    ) &
+    jobs+=($!)
+  done
+  plane hub
+  stop prometheus
+  stop_plane
+  for job in "${jobs[@]}"; do wait "$job" || true; done
   rm -rf "$W"
   log "cluster stopped and $W removed"
 }
 
-# Stops one component by PID and starts it again with the same ports and data (for fault injection).
+# Stops one component by PID and starts it again with the same ports and data (for fault injection):
+# COMPONENT of the hub, or member-N/COMPONENT.
 restart() {
-  local c=$1
-  is_up || die "no cluster is up"
-  [ -f "$W/pids/$c.pid" ] || die "no such component: $c"
+  local target=$1 c=${1##*/}
+  if [ "$target" != "$c" ]; then plane "${target%%/*}"; else plane hub; fi
+  is_up || die "$PLANE is not up"
+  [ -f "$D/pids/$c.pid" ] || die "no such component of $PLANE: $c"
   stop "$c"
-  case "$c" in
-    etcd) start_etcd ;;
-    kube-apiserver) start_apiserver ;;
-    kube-controller-manager) start_controller_manager ;;
-    kube-scheduler) start_scheduler ;;
-    kwok) start_kwok ;;
-    prometheus) FLEETROLL_PROMETHEUS_PORT=$(port prometheus) start_prometheus ;;
-    *) die "no such component: $c" ;;
-  esac
-  log "$c restarted"
+  start_component "$c"
+  log "$target restarted"
 }
 
 tools() {
@@ -336,11 +398,29 @@ tools() {
   link_binaries
 }
 
+# Exit 0 when the hub and the requested members are up.
+status() {
+  plane hub
+  is_up || return 1
+  local m
+  for m in $(requested_members); do
+    plane "$m"
+    is_up || {
+      log "$m is not up"
+      return 1
+    }
+  done
+}
+
+# shellcheck source=tests/testenv/members.sh
+. "$here/members.sh"
+
 case "${1:-}" in
   up) up "${2:-10}" ;;
   tools) tools ;;
   down) down ;;
-  status) is_up ;;
+  status) status ;;
   restart) restart "${2:?component}" ;;
-  *) die "usage: $0 up [NODES] | down | status | tools | restart COMPONENT" ;;
+  member-secrets) member_secrets "${2:?namespace}" ;;
+  *) die "usage: $0 up [NODES] | down | status | tools | restart [member-N/]COMPONENT | member-secrets NAMESPACE" ;;
 esac
