@@ -1,6 +1,8 @@
 # fleetroll: `make demo` and `make test` are the two commands a newcomer needs (see README.md).
 SHELL := /bin/bash
 NODES ?= 10
+# Member clusters beside the hub (tests/testenv/members.sh), for rollouts across clusters.
+MEMBERS ?= $(or $(FLEETROLL_MEMBERS),2)
 CARGO ?= cargo
 TESTENV := tests/testenv
 
@@ -49,17 +51,17 @@ unit: ## unit tests (no cluster needed)
 integration: mcp-tools ## integration tests on a real control plane (starts one if none is up, stops it afterwards)
 	$(CARGO) build --locked --tests --features conformance
 	rm -rf target/test-logs
-	NODES=$(NODES) $(TESTENV)/with-cluster.sh $(CARGO) test --locked --features conformance --test '*'
+	NODES=$(NODES) MEMBERS=$(MEMBERS) $(TESTENV)/with-cluster.sh $(CARGO) test --locked --features conformance --test '*'
 
 test: fmt-check lint unit integration ## everything CI runs
 
 bench: mcp-tools ## benchmarks against the floor, side by side; writes bench/results/ (about 25 min)
 	$(CARGO) build --locked --release --tests
-	NODES=$(NODES) $(TESTENV)/with-cluster.sh $(CARGO) test --locked --release --test bench -- --full
+	NODES=$(NODES) MEMBERS=$(MEMBERS) $(TESTENV)/with-cluster.sh $(CARGO) test --locked --release --test bench -- --full
 
 chaos: mcp-tools ## fault injection with invariants checked; writes bench/results/chaos.md (about 30 min)
 	$(CARGO) build --locked --release --tests
-	NODES=$(NODES) $(TESTENV)/with-cluster.sh $(CARGO) test --locked --release --test chaos -- --full
+	NODES=$(NODES) MEMBERS=$(MEMBERS) $(TESTENV)/with-cluster.sh $(CARGO) test --locked --release --test chaos -- --full
 
 mcp-tools: ## install the real MCP clients the tests drive (Python mcp SDK, conformance suite on Node 22)
 	@tests/mcp/install.sh >/dev/null
@@ -69,10 +71,10 @@ testenv: ## build the control-plane binaries and test tools into the cache (once
 
 # PROMETHEUS=1 (or FLEETROLL_PROMETHEUS=1 in the environment) also starts a Prometheus on 127.0.0.1:9090.
 PROMETHEUS ?= $(FLEETROLL_PROMETHEUS)
-cluster: ## start the local control plane (NODES=10 kwok nodes) or reuse the one that is up; PROMETHEUS=1 adds Prometheus on :9090
-	@FLEETROLL_PROMETHEUS=$(PROMETHEUS) $(TESTENV)/cluster.sh up $(NODES)
+cluster: ## start the local control plane (NODES=10 kwok nodes, MEMBERS=2 member clusters) or reuse the one that is up; PROMETHEUS=1 adds Prometheus on :9090
+	@FLEETROLL_PROMETHEUS=$(PROMETHEUS) FLEETROLL_MEMBERS=$(MEMBERS) $(TESTENV)/cluster.sh up $(NODES)
 
-cluster-down: ## stop the local control plane (and its Prometheus) and remove its state
+cluster-down: ## stop the local control plane (its members and Prometheus too) and remove its state
 	@$(TESTENV)/cluster.sh down
 
 clean: cluster-down
