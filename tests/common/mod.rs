@@ -1,8 +1,8 @@
 //! The integration-test harness: a client for the real control plane, a namespace per test, and waits on
 //! conditions with deadlines (never fixed sleeps).
 //!
-//! The cluster is `target/testenv` (started by `make cluster` or `make test`), or whatever
-//! `FLEETROLL_TEST_KUBECONFIG` points at.
+//! The cluster is `target/testenv` (started by `make cluster` or `make test`; `FLEETROLL_TESTENV` moves it,
+//! as it does for tests/testenv/cluster.sh), or whatever `FLEETROLL_TEST_KUBECONFIG` points at.
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::{fmt::Debug, future::Future, path::PathBuf, time::Duration};
@@ -26,11 +26,18 @@ pub struct TestCluster {
     pub local: bool,
 }
 
+/// The local test environment's state directory: `$FLEETROLL_TESTENV`, else `target/testenv`.
+pub fn testenv_dir() -> PathBuf {
+    std::env::var_os("FLEETROLL_TESTENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/testenv"))
+}
+
 pub fn cluster() -> TestCluster {
     if let Some(path) = std::env::var_os("FLEETROLL_TEST_KUBECONFIG") {
         return TestCluster { kubeconfig: PathBuf::from(path), local: false };
     }
-    let kubeconfig = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/testenv/kubeconfig");
+    let kubeconfig = testenv_dir().join("kubeconfig");
     assert!(
         kubeconfig.exists(),
         "no cluster to test against: run `make cluster` (or `make test`, which starts one), \
@@ -151,6 +158,7 @@ pub mod chart;
 pub mod cli;
 pub mod fleet;
 pub mod mcp;
+pub mod members;
 pub mod nodes;
 pub mod operator;
 pub mod prometheus;
