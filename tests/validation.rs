@@ -46,6 +46,16 @@ fn provider(prometheus: Value) -> Value {
     a
 }
 
+/// A valid rollout across member clusters, in waves.
+fn across_clusters() -> Value {
+    json!({
+        "image": "registry.example.com/web:v2",
+        "targets": {"kind": "Deployment", "selector": {"matchLabels": {"app": "web"}},
+            "namespaceSelector": {"matchLabels": {"team": "a"}}, "clusters": {"selector": {"matchLabels": {"env": "prod"}}}},
+        "strategy": {"waves": [{"name": "canary", "clusterSelector": {"matchLabels": {"ring": "0"}}, "maxConcurrency": 1}]},
+    })
+}
+
 /// Sets `path` (dot-separated) in `v`.
 fn set(v: &mut Value, path: &str, value: Value) {
     let mut node = v;
@@ -154,6 +164,49 @@ async fn the_api_server_rejects_nonsense_with_a_clear_message() {
         assert_eq!(strategy["batchSize"], json!("25%"));
         assert_eq!(strategy["onFailure"], json!("Pause"));
         assert_eq!(created.data["spec"]["health"]["timeout"], json!("10m"));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn member_cluster_specs_are_checked_at_admission() {
+    let client = common::client().await;
+    ensure_crd(&client).await;
+    with_namespace("schema-clusters", |client: Client, ns: String| async move {
+        let ar = ApiResource::erase::<FleetRollout>(&());
+        let api: Api<DynamicObject> = Api::namespaced_with(client, &ns, &ar);
+        let node = json!({"kind": "Node", "daemonSet": "agent", "clusters": {}});
+        let no_namespaces = json!({"kind": "Deployment", "selector": {"matchLabels": {"app": "web"}}, "clusters": {}});
+        let cases: Vec<(Value, &str, Value, &str)> = vec![
+            (valid_spec(), "strategy.waves", json!([{"name": "canary"}]), "strategy.waves orders member clusters: it needs targets.clusters"),
+            (valid_spec(), "targets", node, "targets.clusters does not support kind Node"),
+            (valid_spec(), "targets", no_namespaces, "targets.clusters needs targets.namespaceSelector"),
+            (across_clusters(), "health.http", json!({"url": "http://{name}.{namespace}.svc/"}), "health.http does not apply to targets.clusters"),
+            (across_clusters(), "strategy.waves", json!([{"name": "Canary"}]), "a wave name must be a DNS label"),
+            (across_clusters(), "strategy.waves", json!([{"name": "a", "maxConcurrency": 0}]), "should be greater than or equal to 1"),
+            (across_clusters(), "strategy.waves", json!([{"name": "a"}, {"name": "a"}]), "Duplicate value"),
+        ];
+        for (i, (mut spec, path, value, expected)) in cases.into_iter().enumerate() {
+            set(&mut spec, path, value.clone());
+            let obj: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": format!("bad-{i}")}, "spec": spec,
+            }))
+            .unwrap();
+            match api.create(&PostParams::default(), &obj).await {
+                Ok(_) => panic!("{path} = {value} was accepted"),
+                Err(kube::Error::Api(s)) => {
+                    assert_eq!(s.code, 422, "{path} = {value}: {s:?}");
+                    assert!(s.message.contains(expected), "{path} = {value}: message {:?} lacks {expected:?}", s.message);
+                }
+                Err(e) => panic!("{path} = {value}: unexpected error {e}"),
+            }
+        }
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": "good"}, "spec": across_clusters(),
+        }))
+        .unwrap();
+        let created = api.create(&PostParams::default(), &obj).await.unwrap();
+        assert_eq!(created.data["spec"]["strategy"]["waves"][0]["maxConcurrency"], json!(1));
     })
     .await;
 }

@@ -2,11 +2,13 @@
 //! `fleetroll crd`.
 
 mod analysis;
+mod clusters;
 mod revision;
 mod spec;
 mod status;
 
 pub use analysis::*;
+pub use clusters::*;
 pub use revision::*;
 pub use spec::*;
 pub use status::*;

@@ -8,7 +8,10 @@ use k8s_openapi::apimachinery::pkg::{
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::spec::{FleetRolloutSpec, TargetKind};
+use super::{
+    clusters::{ClusterTargets, Wave},
+    spec::{FleetRolloutSpec, TargetKind},
+};
 
 /// The inputs that define what each target becomes and in which order. A change to any of them starts a
 /// new revision; changes to anything else (health, pacing, budget, controls) apply to the running one.
@@ -38,6 +41,13 @@ pub struct RevisionInputs {
     /// spec.targets.nodeSelector when the revision was planned (kind Node).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<LabelSelector>,
+    /// spec.targets.clusters when the revision was planned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clusters: Option<ClusterTargets>,
+    /// spec.strategy.waves when the revision was planned.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    pub waves: Vec<Wave>,
 }
 
 impl RevisionInputs {
@@ -52,6 +62,8 @@ impl RevisionInputs {
             steps: spec.strategy.steps.clone(),
             daemon_set: spec.targets.daemon_set.clone(),
             node_selector: spec.targets.node_selector.clone(),
+            clusters: spec.targets.clusters.clone(),
+            waves: spec.strategy.waves.clone(),
         }
     }
 }
@@ -117,13 +129,24 @@ pub struct PlanRef {
 }
 
 /// One target of the plan.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PlannedTarget {
+    /// The member cluster the target is in; empty for the cluster the rollout lives in.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cluster: String,
     /// The target's namespace; empty for a node.
     pub namespace: String,
     /// The target's name: the workload, or the node.
     pub name: String,
     /// The container image before this rollout first changed the target.
     pub previous_image: String,
+}
+
+impl PlannedTarget {
+    /// How people (and status lists) name the target: `namespace/name`, `cluster/namespace/name` in a member
+    /// cluster, or a node's name.
+    pub fn key(&self) -> String {
+        super::status::target_key_in(&self.cluster, &self.namespace, &self.name)
+    }
 }

@@ -11,7 +11,11 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{analysis::Analysis, status::FleetRolloutStatus};
+use super::{
+    analysis::Analysis,
+    clusters::{ClusterTargets, Wave},
+    status::FleetRolloutStatus,
+};
 
 /// Rolls one container image across a fleet of workloads in health-checked batches.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -45,6 +49,8 @@ use super::{analysis::Analysis, status::FleetRolloutStatus};
     printcolumn(name = "Message", type_ = "string", json_path = ".status.message", priority = "1")
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.strategy) || !has(self.strategy.waves) || size(self.strategy.waves) == 0 || has(self.targets.clusters)").message("strategy.waves orders member clusters: it needs targets.clusters"))]
+#[x_kube(validation = Rule::new("!has(self.targets.clusters) || !has(self.health) || !has(self.health.http)").message("health.http does not apply to targets.clusters: the operator does not reach the Services of member clusters; readiness and metric analysis judge their targets"))]
 pub struct FleetRolloutSpec {
     /// The image to roll out, by tag or digest, e.g. registry.example.com/web:v2.
     /// Changing it while the rollout runs starts a new revision.
@@ -119,6 +125,8 @@ pub struct FleetRolloutSpec {
 #[x_kube(validation = Rule::new(DAEMONSET_RULE).message("targets.daemonSet is required when targets.kind is Node: name the DaemonSet (in the rollout's namespace) whose pods are replaced node by node"))]
 #[x_kube(validation = Rule::new(NODE_ONLY_RULE).message("targets.daemonSet and targets.nodeSelector apply only to kind Node"))]
 #[x_kube(validation = Rule::new(NODE_NAMESPACES_RULE).message("targets.namespaceSelector does not apply to kind Node: the DaemonSet is in the rollout's own namespace"))]
+#[x_kube(validation = Rule::new(CLUSTERS_KIND_RULE).message("targets.clusters does not support kind Node: roll nodes cluster by cluster, with one FleetRollout in each"))]
+#[x_kube(validation = Rule::new(CLUSTERS_NAMESPACES_RULE).message("targets.clusters needs targets.namespaceSelector: it picks the namespaces in each member cluster, and each must be labelled fleetroll.dev/rollouts=enabled there"))]
 #[x_kube(validation = Rule::new(NODE_TRANSITION_RULE).message("a node rollout's targets.kind and targets.daemonSet cannot change: it holds that DaemonSet until it ends; create another FleetRollout"))]
 pub struct Targets {
     /// What a target is: Deployment, StatefulSet or DaemonSet (each matching workload is one target), or
@@ -135,6 +143,13 @@ pub struct Targets {
     /// `fleetroll.dev/rollouts: enabled` are touched.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_selector: Option<LabelSelector>,
+
+    /// The member clusters to reach (Argo CD cluster Secrets and Cluster API kubeconfig Secrets in the
+    /// operator's fleet namespace). Unset: the cluster the FleetRollout lives in. Set: only member clusters,
+    /// honoured only for rollouts in the fleet namespace, and `namespaceSelector` is required (it picks
+    /// the namespaces in each member; each must be opted in there). Changing it starts a new revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clusters: Option<ClusterTargets>,
 
     /// Kind Node (and required for it): the name of the DaemonSet, in the rollout's namespace, whose pods
     /// are replaced node by node. Cannot change while the rollout runs.
@@ -198,6 +213,15 @@ pub struct Strategy {
     #[serde(default)]
     pub approval: ApprovalMode,
 
+    /// The waves member clusters are rolled in, in order (e.g. a canary cluster, then regions): a batch
+    /// never spans two waves, and every batch of a wave finishes before the next wave starts. Each cluster
+    /// belongs to the first wave that selects it; the rest form a last wave, "(unassigned)". Needs
+    /// `targets.clusters`. At most 20. Changing it starts a new revision.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub waves: Vec<Wave>,
+
     /// What to do once more targets failed than `maxFailures` allows: Pause (default; wait for a person to
     /// raise maxFailures, abort or roll back), Rollback (restore the previous image of every changed
     /// target) or Abort (stop as Failed; targets keep what they have).
@@ -208,6 +232,8 @@ pub struct Strategy {
 const SELECTOR_RULE: &str = "self.kind == 'Node' || (has(self.selector) && ((has(self.selector.matchLabels) && size(self.selector.matchLabels) > 0) || (has(self.selector.matchExpressions) && size(self.selector.matchExpressions) > 0)))";
 const DAEMONSET_RULE: &str = "self.kind != 'Node' || has(self.daemonSet)";
 const NODE_ONLY_RULE: &str = "self.kind == 'Node' || (!has(self.daemonSet) && !has(self.nodeSelector))";
+const CLUSTERS_KIND_RULE: &str = "self.kind != 'Node' || !has(self.clusters)";
+const CLUSTERS_NAMESPACES_RULE: &str = "!has(self.clusters) || has(self.namespaceSelector)";
 const NODE_NAMESPACES_RULE: &str = "self.kind != 'Node' || !has(self.namespaceSelector)";
 // A transition rule (it reads oldSelf): checked on updates only.
 const NODE_TRANSITION_RULE: &str = "oldSelf.kind != 'Node' || (self.kind == 'Node' && has(self.daemonSet) && has(oldSelf.daemonSet) && self.daemonSet == oldSelf.daemonSet)";
@@ -241,6 +267,7 @@ impl Default for Strategy {
             max_failures: default_max_failures(),
             pause_between_batches: zero_duration(),
             approval: ApprovalMode::default(),
+            waves: Vec::new(),
             on_failure: FailurePolicy::default(),
         }
     }

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     analysis::BatchAnalysis,
+    clusters::ClustersStatus,
     revision::{PlanRef, Revision, SupersededRevision},
 };
 
@@ -103,6 +104,11 @@ pub struct FleetRolloutStatus {
     /// Progress of a rollback, once one began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollback: Option<RollbackStatus>,
+
+    /// A rollout across member clusters (targets.clusters): counts per wave and per cluster, and the
+    /// clusters in trouble.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clusters: Option<ClustersStatus>,
 
     /// For people: Progressing, Paused, Degraded (the rollout cannot go on without help, or targets were
     /// changed by others since it succeeded) and Complete. For GitOps tools (kstatus): Ready (True once
@@ -283,6 +289,11 @@ pub struct BatchStatus {
     /// the health timeout instead.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub denied: Vec<String>,
+    /// Member clusters the batch's change could not reach yet (unreachable, or credentials refused): their
+    /// targets are changed, with the same key, once the cluster answers, or fail as ClusterUnreachable at
+    /// the health timeout.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreached: Vec<String>,
 }
 
 /// How many denied targets a batch checkpoint lists.
@@ -292,6 +303,9 @@ pub const DENIED_LISTED: usize = 100;
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TargetFailure {
+    /// The member cluster the target is in; empty for the cluster the rollout lives in.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cluster: String,
     /// The target's namespace; empty for a node.
     pub namespace: String,
     /// The target's name: the workload, or the node.
@@ -395,4 +409,17 @@ pub fn time(t: Timestamp) -> Time {
 /// How people read a target: `namespace/name`, or just the name of a (cluster-scoped) node.
 pub fn target_key(namespace: &str, name: &str) -> String {
     if namespace.is_empty() { name.to_string() } else { format!("{namespace}/{name}") }
+}
+
+/// How people read a target that may be in a member cluster: `cluster/namespace/name` there.
+pub fn target_key_in(cluster: &str, namespace: &str, name: &str) -> String {
+    let key = target_key(namespace, name);
+    if cluster.is_empty() { key } else { format!("{cluster}/{key}") }
+}
+
+impl TargetFailure {
+    /// How people read the target: see [`target_key_in`].
+    pub fn key(&self) -> String {
+        target_key_in(&self.cluster, &self.namespace, &self.name)
+    }
 }

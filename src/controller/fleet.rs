@@ -4,7 +4,7 @@
 //! DaemonSet's pods replaced. A new kind of target (member clusters) is a third implementation.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     future::Future,
     sync::{Arc, OnceLock},
     time::Duration,
@@ -17,7 +17,7 @@ use crate::{
     api::{FleetRollout, FleetRolloutStatus, Phase, PlannedTarget, TargetKind, Unplanned},
     core::{
         Blocked, nodes,
-        plan::Candidate,
+        plan::{Discovered, Plan},
         rollout::{Carrier, TargetState},
         scope,
     },
@@ -42,13 +42,15 @@ pub(super) trait Fleet {
     fn discover(
         ctx: &Context,
         fr: &FleetRollout,
-    ) -> impl Future<Output = Result<Result<Vec<Candidate>, Blocked>>> + Send;
+    ) -> impl Future<Output = Result<Result<Discovered, Blocked>>> + Send;
 
-    /// What the state machine sees of the targets now.
+    /// What the state machine sees of the targets now (`plan`: the frozen plan, empty for a finished
+    /// rollout).
     fn observe(
         ctx: &Context,
         fr: &Arc<FleetRollout>,
         status: &FleetRolloutStatus,
+        plan: &Plan,
     ) -> impl Future<Output = Result<Self::Seen>> + Send;
 
     /// Changes `targets` to `image`, stamping `key`; a target that carries it already is left alone.
@@ -81,6 +83,14 @@ pub(super) trait Seen {
     fn recheck(&self) -> Option<Duration>;
     /// The targets carrying a key that starts with `prefix`, with their images now.
     fn carrying(&self, prefix: &str) -> Vec<Carrier>;
+    /// Member clusters that did not answer this step, with why (none in the rollout's own cluster).
+    fn unreachable(&self) -> BTreeMap<String, String> {
+        BTreeMap::new()
+    }
+    /// The labels of a member target's namespace in its cluster; None when not known.
+    fn member_namespace(&self, _: &PlannedTarget) -> Option<BTreeMap<String, String>> {
+        None
+    }
 }
 
 /// A batch to change.
@@ -93,11 +103,11 @@ pub(super) struct Batch<'a> {
 }
 
 /// The container the rollout's revision changes (None: the targets' only one).
-fn container(fr: &FleetRollout) -> Option<&str> {
+pub(super) fn container(fr: &FleetRollout) -> Option<&str> {
     fr.status.as_ref()?.revision.as_ref()?.inputs.container.as_deref()
 }
 
-fn rollout_key(fr: &FleetRollout) -> String {
+pub(super) fn rollout_key(fr: &FleetRollout) -> String {
     format!("{}/{}", fr.namespace().unwrap_or_default(), fr.name_any())
 }
 
@@ -118,11 +128,16 @@ pub(super) struct WorkloadsSeen {
 impl Fleet for Workloads {
     type Seen = WorkloadsSeen;
 
-    async fn discover(ctx: &Context, fr: &FleetRollout) -> Result<Result<Vec<Candidate>, Blocked>> {
+    async fn discover(ctx: &Context, fr: &FleetRollout) -> Result<Result<Discovered, Blocked>> {
         discovery::discover(&ctx.client, &ctx.settings.fleet_namespace, fr).await
     }
 
-    async fn observe(ctx: &Context, fr: &Arc<FleetRollout>, _: &FleetRolloutStatus) -> Result<WorkloadsSeen> {
+    async fn observe(
+        ctx: &Context,
+        fr: &Arc<FleetRollout>,
+        _: &FleetRolloutStatus,
+        _: &Plan,
+    ) -> Result<WorkloadsSeen> {
         Ok(WorkloadsSeen {
             kind: fr.spec.targets.kind,
             container: container(fr).map(String::from),
@@ -143,7 +158,7 @@ impl Fleet for Workloads {
             rollout: &rollout,
             between: failpoint::BETWEEN_PATCHES,
         };
-        targets::patch_all(&ctx.client, &ctx.stores, &ctx.metrics, &change, batch.targets, |_| {
+        targets::patch_all(&ctx.client, Some(&ctx.stores), &ctx.metrics, &change, batch.targets, |_| {
             batch.image.to_string()
         })
         .await
@@ -163,7 +178,7 @@ impl Fleet for Workloads {
             rollout: &rollout,
             between: failpoint::BETWEEN_RESTORES,
         };
-        targets::patch_all(&ctx.client, &ctx.stores, &ctx.metrics, &change, targets, |t| {
+        targets::patch_all(&ctx.client, Some(&ctx.stores), &ctx.metrics, &change, targets, |t| {
             t.previous_image.clone()
         })
         .await
@@ -200,7 +215,7 @@ impl Seen for WorkloadsSeen {
 }
 
 /// The other rollouts still running, by uid (`namespace/name`): a target one of them changed last is held.
-fn running_rollouts(
+pub(super) fn running_rollouts(
     rollouts: &kube::runtime::reflector::Store<FleetRollout>,
     own_uid: &str,
 ) -> HashMap<String, String> {
@@ -231,14 +246,15 @@ pub(super) struct NodesSeen {
 impl Fleet for Nodes {
     type Seen = NodesSeen;
 
-    async fn discover(ctx: &Context, fr: &FleetRollout) -> Result<Result<Vec<Candidate>, Blocked>> {
-        daemonset_pods::discover(&ctx.client, fr).await
+    async fn discover(ctx: &Context, fr: &FleetRollout) -> Result<Result<Discovered, Blocked>> {
+        Ok(daemonset_pods::discover(&ctx.client, fr).await?.map(Discovered::local))
     }
 
     async fn observe(
         ctx: &Context,
         fr: &Arc<FleetRollout>,
         status: &FleetRolloutStatus,
+        _: &Plan,
     ) -> Result<NodesSeen> {
         let waiting = matches!(status.phase, Phase::Paused | Phase::WaitingForApproval);
         if status.phase.is_terminal() || waiting {

@@ -4,7 +4,9 @@
 
 mod analysis;
 mod fleet;
+mod members;
 mod reconcile;
+mod revision;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
@@ -77,6 +79,8 @@ pub struct Context {
     prober: Prober,
     /// Sends analysis queries, under `settings.analysis.policy`.
     querier: crate::edge::prometheus::Querier,
+    /// Member clusters from the Secrets of the fleet namespace, and a client for each.
+    members: crate::edge::members::Members,
     metrics: Arc<Metrics>,
     /// Status writes, events, the finalizer and deletion of the rollouts themselves.
     rollouts_io: Rollouts,
@@ -250,6 +254,7 @@ pub async fn run(
     let ctx = Arc::new(Context {
         rollouts_io: Rollouts::new(client.clone(), &settings.identity, metrics.clone()),
         rollouts: controller.store(),
+        members: crate::edge::members::Members::new(client.clone(), settings.fleet_namespace.clone()),
         client,
         plans: PlanStore::new(settings.plan_limits),
         prober,

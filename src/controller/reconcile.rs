@@ -19,6 +19,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use super::{
     Context,
     fleet::{Batch, Fleet, Nodes, Seen, Workloads},
+    members::Members,
 };
 use crate::{
     api::{
@@ -27,9 +28,9 @@ use crate::{
     },
     core::{
         Blocked,
-        plan::{self, Plan},
+        plan::Plan,
         reason,
-        rollout::{self, Facts, NewRevision, Step, Transition},
+        rollout::{self, Facts, Step, Transition},
         scope,
     },
     edge::{daemonset_pods, plans::LoadedPlan, rollouts::holds_daemonset, targets::Outcome},
@@ -101,6 +102,7 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
     for _ in 0..MAX_STEPS {
         let next = match fr.spec.targets.kind {
             TargetKind::Node => step::<Nodes>(ctx, fr, &mut round).await?,
+            _ if fr.spec.targets.clusters.is_some() => step::<Members>(ctx, fr, &mut round).await?,
             _ => step::<Workloads>(ctx, fr, &mut round).await?,
         };
         match next {
@@ -120,7 +122,7 @@ async fn step<F: Fleet>(ctx: &Context, fr: Arc<FleetRollout>, round: &mut Round)
         return halt(ctx, &fr, &status, &why, now).await;
     }
     if rollout::needs_new_revision(&fr.spec, &status) {
-        return match plan_revision::<F>(ctx, &fr, &status, now).await? {
+        return match super::revision::plan_revision::<F>(ctx, &fr, &status, now).await? {
             Some(t) => settle(ctx, &fr, ctx.rollouts_io.write_status(&fr, t).await).await,
             None => Ok(Next::Done(Action::requeue(BLOCKED_RETRY))),
         };
@@ -146,7 +148,7 @@ async fn step<F: Fleet>(ctx: &Context, fr: Arc<FleetRollout>, round: &mut Round)
     if let Some(first) = rollout::before_observing(&fr.spec, &status, holds_daemonset(&fr)) {
         return act::<F>(ctx, fr, &status, first, None, now, round).await;
     }
-    let seen = F::observe(ctx, &fr, &status).await?;
+    let seen = F::observe(ctx, &fr, &status, &loaded.plan).await?;
     let decided = decide(ctx, &fr, &status, &loaded, &seen, now).await;
     act::<F>(ctx, fr, &status, decided, seen.recheck(), now, round).await
 }
@@ -178,14 +180,15 @@ async fn decide(
         cross_namespace: status.revision.as_ref().is_some_and(|r| r.inputs.namespace_selector.is_some()),
     };
     let in_scope = |t: &PlannedTarget| {
-        let namespace = (t.namespace != own_namespace)
-            .then(|| ctx.stores.namespaces.get(&ObjectRef::new(&t.namespace)))
-            .flatten();
-        let held_by = seen.held_by(t);
-        let seen = scope::Seen {
-            namespace_labels: namespace.as_ref().map(|n| n.labels()),
-            held_by: held_by.as_deref(),
+        let labels = match t.cluster.is_empty() {
+            true => (t.namespace != own_namespace)
+                .then(|| ctx.stores.namespaces.get(&ObjectRef::new(&t.namespace)))
+                .flatten()
+                .map(|n| n.labels().clone()),
+            false => seen.member_namespace(t),
         };
+        let held_by = seen.held_by(t);
+        let seen = scope::Seen { namespace_labels: labels.as_ref(), held_by: held_by.as_deref() };
         ctx.rules.check(scope_of, t, seen)
     };
     let uid = fr.uid().unwrap_or_default();
@@ -202,6 +205,7 @@ async fn decide(
         scope: &in_scope,
         carrying: &|prefix| seen.carrying(prefix),
         measured: &measured,
+        unreachable: &seen.unreachable(),
     })
 }
 
@@ -269,6 +273,7 @@ async fn act<F: Fleet>(
             info!(key = %key, changed = out.changed, unchanged = out.unchanged, skipped = out.skipped, denied = out.denied.len(), "batch applied");
             failpoint::hit(failpoint::AFTER_APPLY).await;
             let batch = after.status.current_batch.unwrap_or_default();
+            let after = rollout::unreached(after, batch, &targets, &out.unreached);
             ctx.rollouts_io.write_status(&fr, rollout::denied(after, batch, out.denied)).await
         }
         Step::Restore { key, targets, refused } => {
@@ -278,7 +283,7 @@ async fn act<F: Fleet>(
                 F::restore(ctx, &fr, &key, &targets).await?
             };
             info!(key = %key, changed = out.changed, unchanged = out.unchanged, skipped = out.skipped, "rollback applied");
-            ctx.rollouts_io.write_status(&fr, restored(&fr, status, out, refused, now)).await
+            ctx.rollouts_io.write_status(&fr, restored(&fr, status, &targets, out, refused, now)).await
         }
     };
     settle(ctx, &fr, written).await
@@ -311,10 +316,11 @@ async fn write(
 }
 
 /// The status that ends a rollback: what was restored, and what could not be (refused by the scope rules,
-/// or by the API server).
+/// or by the API server, or in a member cluster that did not answer).
 fn restored(
     fr: &FleetRollout,
     status: &FleetRolloutStatus,
+    targets: &[PlannedTarget],
     out: Outcome,
     refused: Vec<TargetFailure>,
     now: Timestamp,
@@ -322,11 +328,21 @@ fn restored(
     let batch = status.current_batch.unwrap_or_default();
     let mut not_restored = refused;
     not_restored.extend(out.denied.iter().map(|(t, message)| TargetFailure {
+        cluster: t.cluster.clone(),
         namespace: t.namespace.clone(),
         name: t.name.clone(),
         batch,
         reason: reason::CHANGE_DENIED.into(),
         message: message.clone(),
+    }));
+    let unreached = targets.iter().filter_map(|t| Some((t, out.unreached.get(&t.cluster)?)));
+    not_restored.extend(unreached.map(|(t, why)| TargetFailure {
+        cluster: t.cluster.clone(),
+        namespace: t.namespace.clone(),
+        name: t.name.clone(),
+        batch,
+        reason: reason::CLUSTER_UNREACHABLE.into(),
+        message: format!("cluster {} did not answer; not restored: {why}", t.cluster),
     }));
     let generation = fr.metadata.generation.unwrap_or(0);
     rollout::restored(now, generation, status, out.changed + out.unchanged, out.skipped, not_restored)
@@ -387,62 +403,4 @@ fn is_intent(before: &FleetRolloutStatus, after: &FleetRolloutStatus) -> bool {
     after.current_batch.is_some()
         && after.current_batch != before.current_batch
         && after.batches.last().is_some_and(|b| b.state == BatchState::Applying)
-}
-
-/// Discovers the fleet and freezes the plan of a new revision; None when the spec cannot be acted on and
-/// the status already says so.
-async fn plan_revision<F: Fleet>(
-    ctx: &Context,
-    fr: &FleetRollout,
-    status: &FleetRolloutStatus,
-    now: Timestamp,
-) -> Result<Option<Transition>> {
-    let generation = fr.metadata.generation.unwrap_or(0);
-    let blocked = |why: Blocked| Ok(rollout::blocked(now, generation, status, &why));
-    let candidates = match F::discover(ctx, fr).await? {
-        Ok(c) => c,
-        Err(why) => return blocked(why),
-    };
-    let namespace = fr.namespace().unwrap_or_default();
-    let rollout = scope::Rollout {
-        namespace: &namespace,
-        kind: fr.spec.targets.kind,
-        cross_namespace: fr.spec.targets.namespace_selector.is_some(),
-    };
-    if let Some(r) = ctx.rules.refuse_plan(rollout, fr.spec.targets.daemon_set.as_deref(), &candidates) {
-        return blocked(Blocked { reason: r.reason, message: r.message });
-    }
-    let previous = previous_images(ctx, fr, status).await?;
-    let planned = match plan::plan_revision(&fr.spec, candidates, &previous) {
-        Ok(p) => p,
-        Err(why) => return blocked(why),
-    };
-    let plan_ref = match ctx.plans.store(&ctx.client, fr, &planned.plan).await? {
-        Ok(r) => r,
-        Err(why) => return blocked(why),
-    };
-    let new =
-        NewRevision { inputs: planned.inputs, spec_hash: planned.spec_hash, plan: &planned.plan, plan_ref };
-    Ok(Some(rollout::start_revision(now, generation, &fr.spec, status, new)))
-}
-
-/// A superseded revision's targets keep the image they had before this rollout first changed them. A
-/// superseded plan that is not the one frozen is not believed: previous images then come from the targets
-/// as they are now (re-planning is how a rollout recovers from a tampered plan).
-async fn previous_images(
-    ctx: &Context,
-    fr: &FleetRollout,
-    status: &FleetRolloutStatus,
-) -> Result<HashMap<(String, String), String>> {
-    let mut previous = HashMap::new();
-    let Some(old_ref) = &status.plan else { return Ok(previous) };
-    match ctx.plans.load(&ctx.client, fr, old_ref).await? {
-        Ok(old) => {
-            for t in old.plan.batches.iter().flatten() {
-                previous.insert((t.namespace.clone(), t.name.clone()), t.previous_image.clone());
-            }
-        }
-        Err(why) => warn!(message = %why.message, "previous images of the superseded revision are not known"),
-    }
-    Ok(previous)
 }

@@ -2,6 +2,7 @@
 //! kube `Client` or performs IO; the edge gathers the facts and carries out the answers.
 
 pub(crate) mod analysis;
+pub(crate) mod clusters;
 pub(crate) mod conditions;
 pub(crate) mod duration;
 pub(crate) mod http_check;

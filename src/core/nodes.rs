@@ -107,6 +107,7 @@ pub(crate) fn candidates(
         .filter_map(|n| {
             let pod = pods.get(&n.name_any())?;
             Some(Candidate {
+                cluster: String::new(),
                 namespace: String::new(),
                 name: n.name_any(),
                 current_image: pod_image(pod, container).unwrap_or_default().to_string(),

@@ -11,16 +11,38 @@ use sha2::{Digest, Sha256};
 
 use crate::{
     api::{FleetRolloutSpec, PlannedTarget, RevisionInputs, Unplanned},
-    core::{Blocked, count, reason},
+    core::{
+        Blocked,
+        clusters::{Order, PlannedWave},
+        count, reason,
+    },
 };
 
 /// A workload found by discovery, as planning needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Candidate {
+    /// The member cluster it is in; empty for the rollout's own cluster.
+    pub cluster: String,
     pub namespace: String,
     pub name: String,
     /// The image of the rolled container right now.
     pub current_image: String,
+}
+
+/// What discovery found for a new revision: the candidates, and for a rollout across member clusters the
+/// waves they are in and the member Secrets it could not use (reported when the plan is frozen).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Discovered {
+    pub candidates: Vec<Candidate>,
+    pub waves: Vec<PlannedWave>,
+    pub refused: Vec<String>,
+}
+
+impl Discovered {
+    /// Candidates in the rollout's own cluster.
+    pub fn local(candidates: Vec<Candidate>) -> Self {
+        Self { candidates, ..Default::default() }
+    }
 }
 
 /// The frozen plan of one revision.
@@ -97,37 +119,73 @@ pub(crate) fn batch_sizes(
     steps: &[IntOrString],
     batch_size: &IntOrString,
 ) -> Result<Vec<u32>, PlanError> {
-    let steps: Vec<u32> = steps.iter().map(|s| size_of(s, total)).collect::<Result<_, _>>()?;
-    let regular = size_of(batch_size, total)?;
+    let mut next = size_sequence(total, steps, batch_size)?;
     let mut sizes = Vec::new();
     let mut remaining = total;
-    let mut next = steps.into_iter();
     while remaining > 0 {
-        let size = next.next().unwrap_or(regular).min(remaining);
+        let size = next().min(remaining);
         sizes.push(size);
         remaining -= size;
     }
     Ok(sizes)
 }
 
-/// Builds the plan of a revision. `previous` carries each target's pre-rollout image from the revision this
-/// one supersedes, so a rollback always restores what the target had before this rollout touched it.
+/// The size of each successive batch: each of `steps`, then `batch_size` for ever.
+fn size_sequence(
+    total: u32,
+    steps: &[IntOrString],
+    batch_size: &IntOrString,
+) -> Result<impl FnMut() -> u32, PlanError> {
+    let steps: Vec<u32> = steps.iter().map(|s| size_of(s, total)).collect::<Result<_, _>>()?;
+    let regular = size_of(batch_size, total)?;
+    let mut steps = steps.into_iter();
+    Ok(move || steps.next().unwrap_or(regular))
+}
+
+/// Builds the plan of a revision. `previous` carries each target's pre-rollout image (by
+/// [`PlannedTarget::key`]) from the revision this one supersedes, so a rollback always restores what the
+/// target had before this rollout touched it. `order` puts member clusters in waves: a batch never spans
+/// two waves or more clusters than its wave's `maxConcurrency` (it ends early; the next takes the next
+/// size).
 pub(crate) fn build(
     mut candidates: Vec<Candidate>,
     inputs: &RevisionInputs,
     spec_hash: &str,
-    previous: &HashMap<(String, String), String>,
+    previous: &HashMap<String, String>,
+    order: &Order,
 ) -> Result<Plan, PlanError> {
-    candidates.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-    candidates.dedup_by(|a, b| a.namespace == b.namespace && a.name == b.name);
-    let sizes = batch_sizes(count(candidates.len()), &inputs.steps, &inputs.batch_size)?;
-    let mut targets = candidates.into_iter().map(|c| {
-        let previous_image =
-            previous.get(&(c.namespace.clone(), c.name.clone())).cloned().unwrap_or(c.current_image);
-        PlannedTarget { namespace: c.namespace, name: c.name, previous_image }
+    candidates.sort_by(|a, b| {
+        (order.wave(&a.cluster), &a.cluster, &a.namespace, &a.name).cmp(&(
+            order.wave(&b.cluster),
+            &b.cluster,
+            &b.namespace,
+            &b.name,
+        ))
     });
-    let batches: Vec<Vec<PlannedTarget>> =
-        sizes.iter().map(|&n| targets.by_ref().take(n as usize).collect()).collect();
+    candidates.dedup_by(|a, b| a.cluster == b.cluster && a.namespace == b.namespace && a.name == b.name);
+    let mut next_size = size_sequence(count(candidates.len()), &inputs.steps, &inputs.batch_size)?;
+    let mut batches: Vec<Vec<PlannedTarget>> = Vec::new();
+    let mut batch: Vec<PlannedTarget> = Vec::new();
+    let mut size = next_size();
+    for c in candidates {
+        let mut t = PlannedTarget {
+            cluster: c.cluster,
+            namespace: c.namespace,
+            name: c.name,
+            previous_image: c.current_image,
+        };
+        if let Some(before) = previous.get(&t.key()) {
+            t.previous_image = before.clone();
+        }
+        if count(batch.len()) >= size || order.must_cut(&batch, &t) {
+            batches.push(std::mem::take(&mut batch));
+            size = next_size();
+        }
+        batch.push(t);
+    }
+    if !batch.is_empty() {
+        batches.push(batch);
+    }
     let hash = plan_hash(spec_hash, &batches);
     Ok(Plan { hash, batches })
 }
@@ -161,11 +219,12 @@ pub(crate) struct Planned {
 pub(crate) fn plan_revision(
     spec: &FleetRolloutSpec,
     candidates: Vec<Candidate>,
-    previous: &HashMap<(String, String), String>,
+    previous: &HashMap<String, String>,
+    waves: &[PlannedWave],
 ) -> Result<Planned, Blocked> {
     let inputs = RevisionInputs::of(spec);
     let spec_hash = sha256_hex(&inputs);
-    let plan = build(candidates, &inputs, &spec_hash, previous)
+    let plan = build(candidates, &inputs, &spec_hash, previous, &Order::new(waves))
         .map_err(|e| Blocked { reason: reason::INVALID_SPEC, message: e.to_string() })?;
     Ok(Planned { inputs, spec_hash, plan })
 }
@@ -206,12 +265,15 @@ mod tests {
             steps,
             daemon_set: None,
             node_selector: None,
+            clusters: None,
+            waves: Vec::new(),
         }
     }
 
     fn fleet(n: usize) -> Vec<Candidate> {
         (0..n)
             .map(|i| Candidate {
+                cluster: String::new(),
                 namespace: format!("tenant-{}", i % 4),
                 name: format!("web-{i:03}"),
                 current_image: "web:v1".into(),
@@ -254,7 +316,7 @@ mod tests {
 
     #[test]
     fn plan_is_ordered_by_namespace_then_name() {
-        let plan = build(fleet(8), &inputs(int(3), vec![]), "h", &HashMap::new()).unwrap();
+        let plan = build(fleet(8), &inputs(int(3), vec![]), "h", &HashMap::new(), &Order::default()).unwrap();
         let order: Vec<String> =
             plan.batches.iter().flatten().map(|t| format!("{}/{}", t.namespace, t.name)).collect();
         let mut sorted = order.clone();
@@ -267,15 +329,14 @@ mod tests {
     fn previous_images_carry_over_from_a_superseded_revision() {
         let mut first = fleet(2);
         first[0].current_image = "web:v2".into(); // changed by the superseded revision
-        let previous =
-            HashMap::from([(("tenant-0".to_string(), "web-000".to_string()), "web:v1".to_string())]);
-        let plan = build(first, &inputs(int(10), vec![]), "h", &previous).unwrap();
+        let previous = HashMap::from([("tenant-0/web-000".to_string(), "web:v1".to_string())]);
+        let plan = build(first, &inputs(int(10), vec![]), "h", &previous, &Order::default()).unwrap();
         assert!(plan.batches[0].iter().all(|t| t.previous_image == "web:v1"));
     }
 
     #[test]
     fn a_plan_edited_after_it_was_frozen_is_not_authentic() {
-        let plan = build(fleet(6), &inputs(int(2), vec![]), "h", &HashMap::new()).unwrap();
+        let plan = build(fleet(6), &inputs(int(2), vec![]), "h", &HashMap::new(), &Order::default()).unwrap();
         assert!(plan.is_authentic("h"));
         assert!(!plan.is_authentic("another revision"));
         let mut retargeted = plan.clone();
@@ -295,10 +356,11 @@ mod tests {
 
     #[test]
     fn the_hash_identifies_the_plan() {
-        let a = build(fleet(5), &inputs(int(2), vec![]), "h", &HashMap::new()).unwrap();
-        let b = build(fleet(5), &inputs(int(2), vec![]), "h", &HashMap::new()).unwrap();
-        let c = build(fleet(5), &inputs(int(3), vec![]), "h", &HashMap::new()).unwrap();
-        let d = build(fleet(5), &inputs(int(2), vec![]), "other-spec", &HashMap::new()).unwrap();
+        let a = build(fleet(5), &inputs(int(2), vec![]), "h", &HashMap::new(), &Order::default()).unwrap();
+        let b = build(fleet(5), &inputs(int(2), vec![]), "h", &HashMap::new(), &Order::default()).unwrap();
+        let c = build(fleet(5), &inputs(int(3), vec![]), "h", &HashMap::new(), &Order::default()).unwrap();
+        let d = build(fleet(5), &inputs(int(2), vec![]), "other-spec", &HashMap::new(), &Order::default())
+            .unwrap();
         assert_eq!(a.hash, b.hash);
         assert_ne!(a.hash, c.hash);
         assert_ne!(a.hash, d.hash);
@@ -323,8 +385,8 @@ mod tests {
                     shuffled.swap(i, j);
                 }
             }
-            let a = build(fleet(n), &inputs, "h", &HashMap::new()).unwrap();
-            let b = build(shuffled, &inputs, "h", &HashMap::new()).unwrap();
+            let a = build(fleet(n), &inputs, "h", &HashMap::new(), &Order::default()).unwrap();
+            let b = build(shuffled, &inputs, "h", &HashMap::new(), &Order::default()).unwrap();
             prop_assert_eq!(&a, &b);
 
             let mut seen: Vec<(String, String)> =

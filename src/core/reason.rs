@@ -52,6 +52,14 @@ pub const ANALYSIS_PROVIDER_MISSING: &str = "AnalysisProviderMissing";
 pub const ANALYSIS_ADDRESS_REFUSED: &str = "AnalysisAddressRefused";
 /// An analysis the schema let through but the operator cannot run (an unknown placeholder, say).
 pub const INVALID_ANALYSIS: &str = "InvalidAnalysis";
+/// targets.clusters: no member cluster matches the selector (or none is registered).
+pub const NO_CLUSTERS: &str = "NoClustersMatch";
+/// A member cluster's Secret cannot be used (malformed, duplicated, or naming a non-https server).
+pub const CLUSTER_REFUSED: &str = "ClusterRefused";
+/// A member cluster did not answer (or refused the operator's credentials) for the health timeout.
+pub const CLUSTER_UNREACHABLE: &str = "ClusterUnreachable";
+/// A member cluster answered again; its targets are changed and checked.
+pub const CLUSTER_REACHABLE: &str = "ClusterReachable";
 
 // Metric analysis of a batch.
 /// Measuring began: the batch's targets are healthy.

@@ -86,6 +86,10 @@ impl Rules {
         if self.self_workloads.iter().any(|w| w.kind == kind && w.namespace == namespace && w.name == name) {
             return Some(format!("{} is the operator's own workload", target_key(namespace, name)));
         }
+        self.protects_namespace(namespace)
+    }
+
+    fn protects_namespace(&self, namespace: &str) -> Option<String> {
         self.protected_namespaces
             .iter()
             .any(|p| p == namespace)
@@ -127,7 +131,7 @@ impl Rules {
     /// Whether `rollout` may change `target` now. Node targets are machines, not workloads: their scope is
     /// the DaemonSet's, checked when the DaemonSet is taken over.
     pub fn check(&self, rollout: Rollout<'_>, target: &PlannedTarget, seen: Seen<'_>) -> Result<(), Refusal> {
-        let key = target_key(&target.namespace, &target.name);
+        let key = target.key();
         let refuse = |reason, message: String| {
             Err(Refusal { reason, message: format!("{key}: {message}; not changed") })
         };
@@ -139,19 +143,30 @@ impl Rules {
                 None => Ok(()),
             };
         }
-        if let Some(why) = self.protects(rollout.kind, &target.namespace, &target.name) {
+        // The operator's own workloads are in its own cluster; protected namespaces are protected everywhere.
+        let protected = match target.cluster.is_empty() {
+            true => self.protects(rollout.kind, &target.namespace, &target.name),
+            false => self.protects_namespace(&target.namespace),
+        };
+        if let Some(why) = protected {
             return refuse(reason::TARGET_PROTECTED, why);
         }
-        if target.namespace != rollout.namespace {
+        // In a member cluster every namespace is another's: it must be opted in there.
+        if !target.cluster.is_empty() || target.namespace != rollout.namespace {
             let may_span = rollout.cross_namespace && rollout.namespace == self.fleet_namespace;
             if !may_span {
-                return refuse(
-                    reason::OUT_OF_SCOPE,
-                    format!(
+                let why = match target.cluster.is_empty() {
+                    true => format!(
                         "namespace {} is outside this rollout's namespace {}",
                         target.namespace, rollout.namespace
                     ),
-                );
+                    false => format!(
+                        "member cluster {} is reached only by rollouts in the fleet namespace, with \
+                         targets.namespaceSelector",
+                        target.cluster
+                    ),
+                };
+                return refuse(reason::OUT_OF_SCOPE, why);
             }
             let opted_in = seen
                 .namespace_labels
@@ -194,7 +209,44 @@ mod tests {
     }
 
     fn target(ns: &str, name: &str) -> PlannedTarget {
-        PlannedTarget { namespace: ns.into(), name: name.into(), previous_image: "web:v1".into() }
+        PlannedTarget {
+            namespace: ns.into(),
+            name: name.into(),
+            previous_image: "web:v1".into(),
+            ..Default::default()
+        }
+    }
+
+    fn member(cluster: &str, ns: &str, name: &str) -> PlannedTarget {
+        PlannedTarget { cluster: cluster.into(), ..target(ns, name) }
+    }
+
+    #[test]
+    fn a_member_namespace_must_be_opted_in_there_and_only_fleet_rollouts_reach_members() {
+        let opted = BTreeMap::from([(OPT_IN_LABEL.to_string(), OPT_IN_VALUE.to_string())]);
+        let plain = BTreeMap::new();
+        let fleet = rollout("fleet", true);
+        let seen = |labels| Seen { namespace_labels: labels, held_by: None };
+        // The same name as the rollout's own namespace gives no right in a member cluster.
+        let same_name = member("member-1", "fleet", "web");
+        assert_eq!(
+            rules().check(fleet, &same_name, seen(Some(&plain))).unwrap_err().reason,
+            reason::NAMESPACE_NOT_OPTED_IN
+        );
+        assert_eq!(
+            rules().check(fleet, &same_name, seen(None)).unwrap_err().reason,
+            reason::NAMESPACE_NOT_OPTED_IN
+        );
+        assert!(rules().check(fleet, &member("member-1", "tenant-a", "web"), seen(Some(&opted))).is_ok());
+        let tenant = rollout("tenant-a", true);
+        let refused =
+            rules().check(tenant, &member("member-1", "tenant-a", "web"), seen(Some(&opted))).unwrap_err();
+        assert_eq!(refused.reason, reason::OUT_OF_SCOPE);
+        assert!(refused.message.contains("member-1/tenant-a/web"), "{}", refused.message);
+        // Protected namespaces are protected in members too; the operator's own workload is only at home.
+        let system = rules().check(fleet, &member("member-1", "kube-system", "dns"), seen(Some(&opted)));
+        assert_eq!(system.unwrap_err().reason, reason::TARGET_PROTECTED);
+        assert!(rules().check(fleet, &member("member-1", "fleet", "fleetroll"), seen(Some(&opted))).is_ok());
     }
 
     fn rollout(ns: &str, cross: bool) -> Rollout<'_> {
@@ -285,6 +337,7 @@ mod tests {
     fn a_plan_of_nothing_but_protected_targets_is_refused_whole() {
         let r = rules();
         let candidate = |ns: &str, name: &str| crate::core::plan::Candidate {
+            cluster: String::new(),
             namespace: ns.into(),
             name: name.into(),
             current_image: "x".into(),

@@ -50,6 +50,9 @@ pub struct Summary {
     /// The metric analysis of the batch in flight (or last finished): counters and last measurements.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub analysis: Option<BatchAnalysis>,
+    /// Across member clusters: counts per wave and per cluster, and the clusters in trouble.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clusters: Option<crate::api::ClustersStatus>,
     pub paused: bool,
 }
 
@@ -71,6 +74,7 @@ pub fn summary(fr: &FleetRollout) -> Summary {
         failures: s.failures.iter().rev().take(5).cloned().collect(),
         changed_by_others: s.changed_by_others.clone().filter(|_| s.phase == Phase::Succeeded),
         analysis: s.current().and_then(|b| b.analysis.clone()),
+        clusters: s.clusters.clone(),
         paused: fr.spec.paused,
     }
 }
@@ -80,6 +84,9 @@ pub fn describe(s: &Summary) -> String {
     let mut line = format!("FleetRollout {}/{} ({}): {}", s.namespace, s.name, s.image, s.phase);
     if let Some(m) = &s.message {
         line.push_str(&format!(" — {m}"));
+    }
+    if let Some(c) = &s.clusters {
+        line.push_str(&format!(". {}", crate::core::clusters::progress(c)));
     }
     if let Some(p) = &s.pending_approval {
         line.push_str(&format!(
@@ -104,12 +111,8 @@ pub fn describe(s: &Summary) -> String {
     }
     // A target someone else changed back is the one failure a person must act on elsewhere (a GitOps tool
     // re-applying its manifest, say): name it, not only count it.
-    let changed: Vec<String> = s
-        .failures
-        .iter()
-        .filter(|f| f.reason == IMAGE_CHANGED)
-        .map(|f| format!("{}/{}", f.namespace, f.name))
-        .collect();
+    let changed: Vec<String> =
+        s.failures.iter().filter(|f| f.reason == IMAGE_CHANGED).map(|f| f.key()).collect();
     if !changed.is_empty() {
         line.push_str(&format!(
             ". {IMAGE_CHANGED}: someone else changed the image of {} after fleetroll set it",

@@ -12,10 +12,10 @@ use kube::{
 use serde::de::DeserializeOwned;
 
 use crate::{
-    api::{FleetRollout, OPT_IN_LABEL, OPT_IN_VALUE, TargetKind, Unplanned},
+    api::{ClustersStatus, FleetRollout, OPT_IN_LABEL, OPT_IN_VALUE, TargetKind, Unplanned},
     core::{
         Blocked,
-        plan::{self, Candidate},
+        plan::{self, Candidate, Discovered},
         reason,
         workload::{self, ContainerError, WorkloadFacts},
     },
@@ -92,15 +92,16 @@ pub(crate) fn allowed_namespaces(
 /// Turns the matching workloads into plan candidates, or says why they cannot be planned. Pure.
 pub(crate) fn candidates(
     fr: &FleetRollout,
-    found: Vec<WorkloadFacts>,
+    found: Vec<(String, WorkloadFacts)>,
     namespaces: &[String],
 ) -> Result<Vec<Candidate>, Blocked> {
     let container = fr.spec.container.as_deref();
     let mut out = Vec::with_capacity(found.len());
     let mut errors: Vec<ContainerError> = Vec::new();
-    for f in &found {
+    for (cluster, f) in &found {
         match f.container_image(container) {
             Ok((_, image)) => out.push(Candidate {
+                cluster: cluster.clone(),
                 namespace: f.namespace.clone(),
                 name: f.name.clone(),
                 current_image: image.to_string(),
@@ -138,10 +139,26 @@ pub(crate) async fn discover(
     client: &Client,
     fleet_namespace: &str,
     fr: &FleetRollout,
-) -> Result<Result<Vec<Candidate>, Blocked>> {
+) -> Result<Result<Discovered, Blocked>> {
     if fr.spec.targets.kind == TargetKind::Node {
-        return super::daemonset_pods::discover(client, fr).await;
+        return Ok(super::daemonset_pods::discover(client, fr).await?.map(Discovered::local));
     }
+    Ok(match list_fleet(client, fleet_namespace, fr).await? {
+        Ok((found, namespaces)) => {
+            let found = found.into_iter().map(|f| (String::new(), f)).collect();
+            candidates(fr, found, &namespaces).map(Discovered::local)
+        }
+        Err(b) => Err(b),
+    })
+}
+
+/// The workloads of a rollout in one cluster (its own, or a member's through that member's client), and
+/// the namespaces they were looked for in.
+pub(crate) async fn list_fleet(
+    client: &Client,
+    fleet_namespace: &str,
+    fr: &FleetRollout,
+) -> Result<Result<(Vec<WorkloadFacts>, Vec<String>), Blocked>> {
     let selector = match Selector::try_from(fr.spec.targets.selector.clone()) {
         Ok(s) => s,
         Err(e) => {
@@ -159,21 +176,32 @@ pub(crate) async fn discover(
     let selector = selector.to_string();
     let mut found = Vec::new();
     for ns in &namespaces {
-        let c = client.clone();
-        match fr.spec.targets.kind {
-            TargetKind::Deployment => {
-                list_facts(Api::namespaced(c, ns), &selector, workload::deployment_facts, &mut found).await?
-            }
-            TargetKind::StatefulSet => {
-                list_facts(Api::namespaced(c, ns), &selector, workload::statefulset_facts, &mut found).await?
-            }
-            TargetKind::DaemonSet => {
-                list_facts(Api::namespaced(c, ns), &selector, workload::daemonset_facts, &mut found).await?
-            }
-            TargetKind::Node => {}
-        }
+        list_workloads(client, fr.spec.targets.kind, ns, &selector, &mut found).await?;
     }
-    Ok(candidates(fr, found, &namespaces))
+    Ok(Ok((found, namespaces)))
+}
+
+/// The workloads of `kind` in `namespace` matching `selector` (a label selector string), as facts.
+pub(crate) async fn list_workloads(
+    client: &Client,
+    kind: TargetKind,
+    namespace: &str,
+    selector: &str,
+    found: &mut Vec<WorkloadFacts>,
+) -> Result<()> {
+    let (c, ns) = (client.clone(), namespace);
+    match kind {
+        TargetKind::Deployment => {
+            list_facts(Api::namespaced(c, ns), selector, workload::deployment_facts, found).await
+        }
+        TargetKind::StatefulSet => {
+            list_facts(Api::namespaced(c, ns), selector, workload::statefulset_facts, found).await
+        }
+        TargetKind::DaemonSet => {
+            list_facts(Api::namespaced(c, ns), selector, workload::daemonset_facts, found).await
+        }
+        TargetKind::Node => Ok(()),
+    }
 }
 
 /// Lists page by page, keeping only the facts of each workload: a fleet of 10,000 never sits in memory as
@@ -198,17 +226,36 @@ where
     }
 }
 
+/// A rollout as it would be planned now.
+pub struct Preview {
+    pub plan: plan::Plan,
+    /// Across member clusters: the waves with their batches, and the targets per cluster.
+    pub clusters: Option<ClustersStatus>,
+    /// Member Secrets or clusters left out, and why.
+    pub notes: Vec<String>,
+}
+
 /// The plan a rollout would get if it were planned now: discovery, then planning, exactly as the
-/// operator does it. The outer error is an API failure; the inner one says why it could not be planned.
+/// operator does it. Across member clusters, the member Secrets are read with `client`'s rights. The outer
+/// error is an API failure; the inner one says why it could not be planned.
 pub async fn preview(
     client: &Client,
     fleet_namespace: &str,
     fr: &FleetRollout,
-) -> Result<Result<plan::Plan, Blocked>> {
-    Ok(discover(client, fleet_namespace, fr)
-        .await?
-        .and_then(|candidates| plan::plan_revision(&fr.spec, candidates, &Default::default()))
-        .map(|planned| planned.plan))
+) -> Result<Result<Preview, Blocked>> {
+    let discovered = match fr.spec.targets.clusters {
+        Some(_) => {
+            let members = super::members::Members::new(client.clone(), fleet_namespace.to_string());
+            super::member_fleet::discover(&members, fleet_namespace, fr).await?
+        }
+        None => discover(client, fleet_namespace, fr).await?,
+    };
+    Ok(discovered.and_then(|d| {
+        let planned = plan::plan_revision(&fr.spec, d.candidates, &Default::default(), &d.waves)?;
+        let clusters = (!d.waves.is_empty())
+            .then(|| crate::core::clusters::planned_status(&d.waves, &planned.plan.batches));
+        Ok(Preview { plan: planned.plan, clusters, notes: d.refused })
+    }))
 }
 
 /// Matching workloads in the cache that the plan does not contain (reported, never added).
@@ -328,10 +375,10 @@ mod tests {
         };
         let mut fr = rollout("ns", None);
         fr.spec.container = Some("api".into());
-        let err = candidates(&fr, vec![f.clone()], &["ns".into()]).unwrap_err();
+        let err = candidates(&fr, vec![(String::new(), f.clone())], &["ns".into()]).unwrap_err();
         assert_eq!(err.reason, reason::CONTAINER_NOT_FOUND);
         fr.spec.container = None;
-        assert_eq!(candidates(&fr, vec![f], &["ns".into()]).unwrap().len(), 1);
+        assert_eq!(candidates(&fr, vec![(String::new(), f)], &["ns".into()]).unwrap().len(), 1);
         assert_eq!(candidates(&fr, vec![], &["ns".into()]).unwrap_err().reason, reason::NO_TARGETS);
     }
 }

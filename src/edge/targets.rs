@@ -121,13 +121,17 @@ impl Stores {
 
     /// What the state machine needs of a target.
     pub fn state(&self, kind: TargetKind, container: Option<&str>, t: &PlannedTarget) -> Option<TargetState> {
-        let facts = self.facts(kind, &t.namespace, &t.name)?;
-        Some(TargetState {
-            image: rolled_image(&facts, container),
-            applied: facts.applied.clone(),
-            readiness: facts.readiness(),
-            http: None,
-        })
+        Some(state_of(&self.facts(kind, &t.namespace, &t.name)?, container))
+    }
+}
+
+/// What the state machine needs of a workload.
+pub fn state_of(facts: &WorkloadFacts, container: Option<&str>) -> TargetState {
+    TargetState {
+        image: rolled_image(facts, container),
+        applied: facts.applied.clone(),
+        readiness: facts.readiness(),
+        http: None,
     }
 }
 
@@ -146,6 +150,8 @@ pub struct Outcome {
     pub skipped: u32,
     /// Refused by the API server, with its message.
     pub denied: Vec<(PlannedTarget, String)>,
+    /// Member clusters that could not be reached (their targets were not all changed), with why.
+    pub unreached: std::collections::BTreeMap<String, String>,
 }
 
 impl Outcome {
@@ -166,9 +172,11 @@ pub struct Change<'a> {
 
 /// Applies `image_of(target)` to each target that does not carry `change.key` yet, with server-side apply.
 /// Safe to repeat: a target that already has the key is skipped, and re-sending the same apply is a no-op.
+/// `stores`: the watch caches of the cluster `client` talks to; None reads each target live (a member
+/// cluster's).
 pub async fn patch_all(
     client: &Client,
-    stores: &Stores,
+    stores: Option<&Stores>,
     metrics: &Metrics,
     change: &Change<'_>,
     targets: &[PlannedTarget],
@@ -209,19 +217,19 @@ enum PatchResult {
 
 async fn patch_one(
     client: &Client,
-    stores: &Stores,
+    stores: Option<&Stores>,
     metrics: &Metrics,
     change: &Change<'_>,
     t: &PlannedTarget,
     image: &str,
 ) -> Result<PatchResult> {
-    let facts = match stores.facts(change.kind, &t.namespace, &t.name) {
+    let facts = match stores.and_then(|s| s.facts(change.kind, &t.namespace, &t.name)) {
         Some(f) => Some(f),
         // Not in the cache (yet): ask the API server, so a fresh target is not mistaken for a gone one.
         None => live_facts(client, change.kind, t).await?,
     };
     let Some(facts) = facts else {
-        info!(target = %format!("{}/{}", t.namespace, t.name), "target is gone; skipped");
+        info!(target = %t.key(), "target is gone; skipped");
         return Ok(PatchResult::Skipped);
     };
     let container = match facts.container_image(change.container) {
@@ -251,13 +259,13 @@ async fn patch_one(
     metrics.target_patches.inc();
     match result {
         Ok(()) => {
-            debug!(target = %format!("{}/{}", t.namespace, t.name), %image, key = change.key, "patched");
+            debug!(target = %t.key(), %image, key = change.key, "patched");
             Ok(PatchResult::Changed)
         }
         Err(e) if is_not_found(&e) => Ok(PatchResult::Skipped),
         Err(e) => match denial(&e) {
             Some(message) => {
-                info!(target = %format!("{}/{}", t.namespace, t.name), %message, "change denied");
+                info!(target = %t.key(), %message, "change denied");
                 Ok(PatchResult::Denied(message))
             }
             None => Err(Error::Kube(e)),

@@ -30,8 +30,11 @@ pub struct RolloutFleetArgs {
     pub container: Option<String>,
     /// Which targets: kind (Deployment, StatefulSet, DaemonSet) with selector and optional namespaceSelector;
     /// or kind Node with daemonSet and optional nodeSelector (the DaemonSet's pod replaced node by node).
+    /// With clusters.selector (rollouts in the fleet namespace, with a namespaceSelector): the workloads of
+    /// the member clusters it picks instead.
     pub targets: Targets,
-    /// Batch sizes (batchSize, steps), failure budget (maxFailures), pacing, approvals, onFailure.
+    /// Batch sizes (batchSize, steps), failure budget (maxFailures), pacing, approvals, onFailure; across
+    /// member clusters, waves [{name, clusterSelector, maxConcurrency}] in order (canary cluster first).
     #[serde(default)]
     pub strategy: Option<Strategy>,
     /// Health timeout, soak time, optional HTTP check.
@@ -56,9 +59,9 @@ pub struct PreviewArgs {
     /// The container whose image changes; required when targets have several containers.
     #[serde(default)]
     pub container: Option<String>,
-    /// Which workloads.
+    /// Which workloads (and, with clusters.selector, in which member clusters).
     pub targets: Targets,
-    /// Batch sizes and the rest.
+    /// Batch sizes and the rest (waves, across member clusters).
     #[serde(default)]
     pub strategy: Option<Strategy>,
 }

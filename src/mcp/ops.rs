@@ -25,10 +25,7 @@ use super::{
 };
 use crate::{
     api::{FleetRollout, PlannedTarget},
-    core::{
-        plan::Plan,
-        task::{Summary, describe, summary},
-    },
+    core::task::{Summary, describe, summary},
     edge::{
         control::{self, explain},
         discovery,
@@ -181,7 +178,7 @@ impl Ops {
         fr.metadata.namespace = Some(args.namespace.clone());
         let client = self.writer.client_for(who)?;
         match discovery::preview(&client, &self.fleet_namespace, &fr).await {
-            Ok(Ok(plan)) => Ok(preview_result(&plan, &args.image)),
+            Ok(Ok(preview)) => Ok(preview_result(&preview, &args.image)),
             Ok(Err(blocked)) => {
                 Ok(error(format!("this rollout could not start ({}): {}", blocked.reason, blocked.message)))
             }
@@ -277,8 +274,10 @@ impl Ops {
     }
 }
 
-/// What preview_rollout answers: the plan, batch by batch.
-fn preview_result(plan: &Plan, image: &str) -> CallToolResult {
+/// What preview_rollout answers: the plan, batch by batch (and across member clusters, the waves and the
+/// clusters).
+fn preview_result(preview: &discovery::Preview, image: &str) -> CallToolResult {
+    let plan = &preview.plan;
     let batches: Vec<Value> = plan
         .batches
         .iter()
@@ -286,20 +285,36 @@ fn preview_result(plan: &Plan, image: &str) -> CallToolResult {
         .map(|(i, b)| {
             let targets: Vec<Value> = b
                 .iter()
-                .map(|t| json!({"namespace": t.namespace, "name": t.name, "currentImage": t.previous_image}))
+                .map(|t| {
+                    let mut v =
+                        json!({"namespace": t.namespace, "name": t.name, "currentImage": t.previous_image});
+                    if !t.cluster.is_empty() {
+                        v["cluster"] = json!(t.cluster);
+                    }
+                    v
+                })
                 .collect();
             json!({"index": i, "size": b.len(), "targets": targets})
         })
         .collect();
-    let text = format!(
-        "{} targets in {} batches (sizes {}), plan {}. Nothing was written.",
+    let mut text = format!(
+        "{} targets in {} batches (sizes {}), plan {}.",
         plan.total_targets(),
         plan.total_batches(),
         plan.batches.iter().map(|b| b.len().to_string()).collect::<Vec<_>>().join(", "),
         plan.hash
     );
-    ok(
-        text,
-        json!({"planHash": plan.hash, "image": image, "totalTargets": plan.total_targets(), "batches": batches}),
-    )
+    if let Some(clusters) = &preview.clusters {
+        text.push_str(&format!(" {}.", crate::core::clusters::describe(clusters)));
+    }
+    for note in &preview.notes {
+        text.push_str(&format!(" Left out: {note}."));
+    }
+    text.push_str(" Nothing was written.");
+    let mut structured = json!({"planHash": plan.hash, "image": image, "totalTargets": plan.total_targets(), "batches": batches});
+    if let Some(clusters) = &preview.clusters {
+        structured["waves"] = json!(clusters.waves);
+        structured["clusters"] = json!(clusters.members);
+    }
+    ok(text, structured)
 }

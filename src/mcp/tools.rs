@@ -120,15 +120,16 @@ impl FleetTool {
         match self {
             FleetTool::RolloutFleet => {
                 "Start a batched, health-checked rollout of a container image across a fleet of workloads (a \
-                 FleetRollout). With the MCP Tasks extension it returns a task to poll with tasks/get; otherwise \
+                 FleetRollout), in this cluster or across member clusters in waves. With the MCP Tasks extension it returns a task to poll with tasks/get; otherwise \
                  it returns the rollout's name, to poll with get_rollout."
             }
             FleetTool::PreviewRollout => {
-                "Show the exact plan a rollout would follow (its batches and their members, and the plan hash \
-                 that approvals cite) without writing anything."
+                "Show the exact plan a rollout would follow (its batches and their members, across member \
+                 clusters its waves and clusters, and the plan hash that approvals cite) without writing anything."
             }
             FleetTool::GetRollout => {
-                "Where a rollout stands: phase, progress, batch, failures, pending approval."
+                "Where a rollout stands: phase, progress, batch, failures, pending approval; across member \
+                 clusters, progress per wave and cluster and the clusters in trouble."
             }
             FleetTool::ListRollouts => "List FleetRollouts with their phase and progress.",
             FleetTool::Set(Control::Pause) => {

@@ -51,7 +51,7 @@ fn plan_view(fr: &FleetRollout, plan: &Plan, preview: bool) -> PlanView {
             .enumerate()
             .map(|(i, b)| BatchView {
                 batch: i as u32 + 1,
-                targets: b.iter().map(|t| crate::api::target_key(&t.namespace, &t.name)).collect(),
+                targets: b.iter().map(|t| t.key()).collect(),
                 queries: metrics
                     .iter()
                     .flat_map(|m| crate::core::analysis::queries(m, b))
@@ -84,7 +84,7 @@ pub(super) async fn plan(
     let view = match frozen {
         Some(plan) => plan_view(&fr, &plan, false),
         None => match discovery::preview(client, fleet_namespace, &fr).await.map_err(|e| e.to_string())? {
-            Ok(plan) => plan_view(&fr, &plan, true),
+            Ok(preview) => plan_view(&fr, &preview.plan, true),
             Err(blocked) => {
                 return Err(format!(
                     "this rollout could not be planned ({}): {}",
@@ -161,7 +161,12 @@ mod tests {
     use crate::api::PlannedTarget;
 
     fn target(namespace: &str, name: &str) -> PlannedTarget {
-        PlannedTarget { namespace: namespace.into(), name: name.into(), previous_image: "web:v1".into() }
+        PlannedTarget {
+            namespace: namespace.into(),
+            name: name.into(),
+            previous_image: "web:v1".into(),
+            ..Default::default()
+        }
     }
 
     #[test]

@@ -38,6 +38,7 @@ pub(super) fn render(fr: &FleetRollout, health: Option<BatchHealth>) -> String {
         s.message.clone().unwrap_or_default()
     );
     out.push_str(&batch_lines(&s, health));
+    out.push_str(&cluster_lines(&s));
     if let Some(p) = &s.pending_approval {
         out.push_str(&format!(
             "Waiting for approval of batch {} (plan {}): kubectl fleetroll approve {}\n",
@@ -155,6 +156,37 @@ fn batch_line(
     )
 }
 
+/// Across member clusters: a bar per wave, its clusters' counts, and the clusters in trouble.
+fn cluster_lines(s: &FleetRolloutStatus) -> String {
+    let Some(c) = &s.clusters else { return String::new() };
+    let mut out = String::new();
+    for w in &c.waves {
+        let members: Vec<String> = c
+            .members
+            .iter()
+            .filter(|m| m.wave == w.name)
+            .map(|m| {
+                let failed = if m.failed > 0 { format!(" {} failed", m.failed) } else { String::new() };
+                format!("{} {}/{}{failed}", m.name, m.updated, m.total)
+            })
+            .collect();
+        out.push_str(&format!(
+            "  wave {:<12} {} {}/{} (batches {}-{}): {}\n",
+            w.name,
+            bar(w.updated, w.total),
+            w.updated,
+            w.total,
+            w.first_batch + 1,
+            w.last_batch + 1,
+            members.join(", ")
+        ));
+    }
+    for t in &c.trouble {
+        out.push_str(&format!("  cluster {}: {} since {}: {}\n", t.name, t.reason, t.since.0, t.message));
+    }
+    out
+}
+
 /// The latest failures, newest first. Refused and vanished targets are reported with failures but are not
 /// failures.
 fn failure_lines(s: &FleetRolloutStatus) -> String {
@@ -167,7 +199,7 @@ fn failure_lines(s: &FleetRolloutStatus) -> String {
         };
         out.push_str(&format!(
             "  {what}: {} (batch {}): {}: {}\n",
-            crate::api::target_key(&f.namespace, &f.name),
+            f.key(),
             f.batch + 1,
             f.reason,
             f.message
@@ -313,6 +345,7 @@ mod tests {
     #[test]
     fn the_latest_failures_are_listed_newest_first_refusals_and_vanished_targets_named_as_such() {
         let failure = |name: &str, reason: &str| TargetFailure {
+            cluster: String::new(),
             namespace: "shop".into(),
             name: name.into(),
             batch: 0,

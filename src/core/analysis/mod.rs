@@ -13,7 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use crate::{
     api::{
         MEASUREMENTS_KEPT, Measurement, MeasurementPhase, Metric, MetricPhase, MetricRun, MetricScope,
-        NoData, PlannedTarget, ThresholdRange, target_key, time,
+        NoData, PlannedTarget, ThresholdRange, time,
     },
     core::duration,
 };
@@ -167,7 +167,7 @@ pub fn queries(metric: &Metric, targets: &[PlannedTarget]) -> Vec<Query> {
                     [("name", name.as_str()), ("namespace", namespace.as_str()), ("interval", interval)];
                 Query {
                     metric: metric.name.clone(),
-                    target: Some(target_key(&t.namespace, &t.name)),
+                    target: Some(t.key()),
                     promql: substitute(&metric.query, &values),
                 }
             })

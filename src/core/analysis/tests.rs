@@ -19,7 +19,12 @@ fn metric(query: &str) -> Metric {
 }
 
 fn target(ns: &str, name: &str) -> PlannedTarget {
-    PlannedTarget { namespace: ns.into(), name: name.into(), previous_image: "old".into() }
+    PlannedTarget {
+        namespace: ns.into(),
+        name: name.into(),
+        previous_image: "old".into(),
+        ..Default::default()
+    }
 }
 
 fn sample(deployment: &str, value: f64) -> Sample {

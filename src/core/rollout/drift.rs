@@ -30,8 +30,7 @@ pub(super) fn recount(f: &Facts<'_>, s: &mut FleetRolloutStatus) -> Vec<Event> {
     let image = revision.inputs.image.clone();
     let prefix = format!("{}/{}/", f.uid, revision.number);
     let in_scope = |namespace: &str, name: &str| {
-        let t =
-            PlannedTarget { namespace: namespace.into(), name: name.into(), previous_image: String::new() };
+        let t = PlannedTarget { namespace: namespace.into(), name: name.into(), ..Default::default() };
         (f.scope)(&t).is_ok()
     };
     let mut changed: Vec<String> = (f.carrying)(&prefix)

@@ -1,15 +1,20 @@
 //! The failure budget and what happens when a batch exceeds it (pause, stop, or roll back), changes the
 //! API server refused, and the rollback: which targets it restores and how it ends.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::jiff::Timestamp;
 
 use super::{Event, Facts, Step, Transition, finish, trim_front, truncate, write};
 use crate::{
     api::{
         BatchStatus, DENIED_LISTED, FAILURE_DETAILS, FailurePolicy, FleetRolloutStatus, Phase, PlannedTarget,
-        RollbackState, RollbackStatus, TargetFailure, target_key, time,
+        RollbackState, RollbackStatus, TargetFailure, time,
     },
-    core::{count, plan, reason},
+    core::{
+        clusters::{self, Count},
+        count, plan, reason,
+    },
 };
 
 pub(super) fn over_budget(f: &Facts<'_>, s: &FleetRolloutStatus) -> bool {
@@ -105,7 +110,7 @@ pub(super) fn restorable(
         .into_iter()
         .filter(|t| {
             let Some(state) = (f.target)(t) else { return true };
-            let name = target_key(&t.namespace, &t.name);
+            let name = t.key();
             let why = match (state.applied.as_deref(), &state.image) {
                 (Some(k), Ok(image)) if k.starts_with(&ours) && *image != revision.inputs.image => Some((
                     reason::IMAGE_CHANGED,
@@ -151,7 +156,7 @@ pub(super) fn in_scope(
 pub fn denied(mut after: Transition, batch: u32, denied: Vec<(PlannedTarget, String)>) -> Transition {
     let s = &mut after.status;
     for (t, message) in denied {
-        let key = target_key(&t.namespace, &t.name);
+        let key = t.key();
         let Some(entry) = s.batch_mut(batch) else { return after };
         if entry.denied.len() >= DENIED_LISTED || entry.denied.contains(&key) {
             continue;
@@ -160,10 +165,49 @@ pub fn denied(mut after: Transition, batch: u32, denied: Vec<(PlannedTarget, Str
         entry.failed += 1;
         s.counts.failed += 1;
         s.counts.updated = s.counts.updated.saturating_sub(1);
+        if let Some(c) = s.clusters.as_mut() {
+            clusters::tally(c, [t.cluster.as_str()], Count::Updated, -1);
+            clusters::tally(c, [t.cluster.as_str()], Count::Failed, 1);
+        }
         after.events.push(Event::warning(reason::CHANGE_DENIED, Some(batch), message.clone()));
         s.failures.push(super::failure(&t, batch, reason::CHANGE_DENIED, message));
     }
     trim_front(&mut s.failures, FAILURE_DETAILS);
+    after
+}
+
+/// Records, in the status written after a batch was applied, the member clusters the change could not
+/// reach (`targets` of theirs were not changed): the batch changes them once the cluster answers, or they
+/// fail as ClusterUnreachable at the health timeout (see `verify`).
+pub fn unreached(
+    mut after: Transition,
+    batch: u32,
+    targets: &[PlannedTarget],
+    why: &BTreeMap<String, String>,
+) -> Transition {
+    let s = &mut after.status;
+    let Some(entry) = s.batch_mut(batch) else { return after };
+    let mut newly = Vec::new();
+    for (cluster, message) in why {
+        if !entry.unreached.contains(cluster) {
+            entry.unreached.push(cluster.clone());
+            newly.push((cluster, message));
+        }
+    }
+    entry.unreached.sort();
+    let missed: Vec<&str> =
+        targets.iter().filter(|t| why.contains_key(&t.cluster)).map(|t| t.cluster.as_str()).collect();
+    s.counts.updated = s.counts.updated.saturating_sub(count(missed.len()));
+    if let Some(c) = s.clusters.as_mut() {
+        clusters::tally(c, missed, Count::Updated, -1);
+    }
+    for (cluster, message) in newly {
+        let message = format!(
+            "batch {}: cluster {cluster} could not be reached ({message}); its targets change once it answers",
+            batch + 1
+        );
+        after.events.push(Event::warning(reason::CLUSTER_UNREACHABLE, Some(batch), message));
+    }
     after
 }
 

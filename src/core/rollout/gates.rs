@@ -15,7 +15,13 @@ use crate::{
         FleetRolloutStatus, HISTORY, PendingApproval, Phase, PlanRef, Revision, RevisionInputs,
         SupersededRevision, time,
     },
-    core::{Blocked, count, duration, plan::Plan, reason},
+    core::{
+        Blocked,
+        clusters::{self, PlannedWave},
+        count, duration,
+        plan::Plan,
+        reason,
+    },
 };
 
 /// The status for a spec that cannot be acted on. The stored revision (if any) is kept as it is.
@@ -44,6 +50,10 @@ pub struct NewRevision<'a> {
     pub spec_hash: String,
     pub plan: &'a Plan,
     pub plan_ref: PlanRef,
+    /// The waves of a rollout across member clusters (empty otherwise).
+    pub waves: &'a [PlannedWave],
+    /// Member Secrets that could not be used, for people (each a Warning event).
+    pub refused: &'a [String],
 }
 
 /// Starts a new revision with a frozen plan: the old revision (if any) is recorded as superseded, and
@@ -55,7 +65,7 @@ pub fn start_revision(
     status: &FleetRolloutStatus,
     new: NewRevision<'_>,
 ) -> Transition {
-    let NewRevision { inputs, spec_hash, plan, plan_ref } = new;
+    let NewRevision { inputs, spec_hash, plan, plan_ref, waves, refused } = new;
     let mut s = FleetRolloutStatus { superseded: status.superseded.clone(), ..Default::default() };
     let mut events = Vec::new();
     let number = match &status.revision {
@@ -89,6 +99,12 @@ pub fn start_revision(
         plan.hash
     );
     events.push(Event::normal(reason::PLANNED, None, message));
+    if !waves.is_empty() {
+        let clusters = clusters::planned_status(waves, &plan.batches);
+        events.push(Event::normal(reason::PLANNED, None, clusters::describe(&clusters)));
+        s.clusters = Some(clusters);
+    }
+    events.extend(refused.iter().map(|m| Event::warning(reason::CLUSTER_REFUSED, None, m.clone())));
     finish(&mut s, generation, now);
     Transition { status: s, events }
 }

@@ -23,13 +23,13 @@ mod housekeeping;
 mod summary;
 mod verify;
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 pub use self::{
     analysis::due_queries,
-    failure::{denied, restored},
+    failure::{denied, restored, unreached},
     gates::{NewRevision, blocked, start_revision},
     housekeeping::{before_observing, probes},
 };
@@ -44,7 +44,7 @@ use crate::{
         BatchState, BatchStatus, FleetRolloutSpec, FleetRolloutStatus, Phase, PlannedTarget, RevisionInputs,
         TargetFailure, TargetKind, Unplanned, time,
     },
-    core::{count, plan::Plan, reason, scope::Refusal, workload::Readiness},
+    core::{clusters, count, plan::Plan, reason, scope::Refusal, workload::Readiness},
 };
 
 /// A target of the batch in flight, as observed now.
@@ -81,6 +81,9 @@ pub struct Facts<'a> {
     pub carrying: &'a dyn Fn(&str) -> Vec<Carrier>,
     /// The measurements the edge took this step ([`due_queries`] says which are due).
     pub measured: &'a [crate::core::analysis::Measured],
+    /// Member clusters the edge could not reach this step (no answer, or credentials refused), with why.
+    /// Only clusters of the batch in flight are looked at.
+    pub unreachable: &'a BTreeMap<String, String>,
 }
 
 /// A workload carrying one of this rollout's keys, as observed now.
@@ -239,6 +242,9 @@ fn apply(f: &Facts<'_>, s: FleetRolloutStatus, b: BatchStatus) -> Step {
     }
     after.counts.updated =
         f.status.counts.updated.saturating_add(b.size.saturating_sub(count(refused.len())));
+    if let Some(c) = after.clusters.as_mut() {
+        clusters::tally(c, targets.iter().map(|t| t.cluster.as_str()), clusters::Count::Updated, 1);
+    }
     after.reason = Some(reason::BATCH_APPLIED.into());
     finish(&mut after, f.generation, f.now);
     let message =
@@ -285,6 +291,7 @@ fn write_if_changed(
 
 fn failure(t: &PlannedTarget, batch: u32, reason: &str, message: String) -> TargetFailure {
     TargetFailure {
+        cluster: t.cluster.clone(),
         namespace: t.namespace.clone(),
         name: t.name.clone(),
         batch,

@@ -22,6 +22,12 @@ pub(super) fn finish(s: &mut FleetRolloutStatus, generation: i64, now: Timestamp
         None => format!("0/{total_batches}"),
     });
     s.message = Some(message(s, total_batches));
+    // Across member clusters, the wave of the batch in flight, so `kubectl get` shows where it is.
+    let wave =
+        s.clusters.as_ref().zip(s.current_batch).and_then(|(c, i)| crate::core::clusters::wave_of(c, i));
+    if let (Some(w), Some(m)) = (wave, s.message.as_mut()) {
+        m.push_str(&format!("; wave {} {}/{} updated", w.name, w.updated, w.total));
+    }
     set_conditions(s, generation, now, None);
 }
 

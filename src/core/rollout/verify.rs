@@ -12,11 +12,8 @@ use super::{
     later, total_batches, trim_front, until, write_if_changed,
 };
 use crate::{
-    api::{
-        BatchState, BatchStatus, FAILURE_DETAILS, FleetRolloutStatus, PlannedTarget, TargetFailure,
-        target_key, time,
-    },
-    core::{count, duration, reason, workload::Readiness},
+    api::{BatchState, BatchStatus, FAILURE_DETAILS, FleetRolloutStatus, PlannedTarget, TargetFailure, time},
+    core::{clusters, count, duration, reason, workload::Readiness},
 };
 
 use super::TargetState;
@@ -39,6 +36,12 @@ pub(super) fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -
     let timeout = duration::parse(&f.spec.health.timeout).unwrap_or(Duration::from_secs(600));
     let applied_at = b.applied_at.as_ref().map_or(f.now, |t| t.0);
     let deadline = later(applied_at, timeout);
+    if let Some(c) = s.clusters.as_mut() {
+        c.trouble = clusters::trouble(&c.trouble, f.unreachable, f.now);
+    }
+    if let Some(again) = reach_again(f, &s, &b) {
+        return again;
+    }
     let tally = tally(f, &b, f.now >= deadline);
 
     if let Some(why) = tally.waiting {
@@ -79,6 +82,43 @@ pub(super) fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -
     }
 }
 
+/// Changes, with the batch's own key, the targets of member clusters the batch could not reach before and
+/// that answer now. None when there are none.
+fn reach_again(f: &Facts<'_>, s: &FleetRolloutStatus, b: &BatchStatus) -> Option<Step> {
+    let back: Vec<&String> = b.unreached.iter().filter(|c| !f.unreachable.contains_key(*c)).collect();
+    if back.is_empty() {
+        return None;
+    }
+    let targets: Vec<PlannedTarget> =
+        f.plan.batch(b.index).iter().filter(|t| back.contains(&&t.cluster)).cloned().collect();
+    let (targets, _refused) = failure::in_scope(f, targets, b.index);
+    let mut after = s.clone();
+    if let Some(entry) = after.batch_mut(b.index) {
+        entry.unreached.retain(|c| !back.contains(&c));
+    }
+    after.counts.updated = after.counts.updated.saturating_add(count(targets.len()));
+    if let Some(c) = after.clusters.as_mut() {
+        clusters::tally(c, targets.iter().map(|t| t.cluster.as_str()), clusters::Count::Updated, 1);
+    }
+    super::finish(&mut after, f.generation, f.now);
+    let names: Vec<&str> = back.iter().map(|c| c.as_str()).collect();
+    let message = format!(
+        "batch {}: cluster(s) {} answer again; changing their {} target(s)",
+        b.index + 1,
+        names.join(", "),
+        targets.len()
+    );
+    Some(Step::Apply {
+        key: b.idempotency_key.clone(),
+        image: super::image(f),
+        targets,
+        after: super::Transition {
+            status: after,
+            events: vec![Event::normal(reason::CLUSTER_REACHABLE, Some(b.index), message)],
+        },
+    })
+}
+
 /// Judges every target of the batch.
 fn tally(f: &Facts<'_>, b: &BatchStatus, timed_out: bool) -> Tally {
     let want_image = super::image(f);
@@ -89,7 +129,7 @@ fn tally(f: &Facts<'_>, b: &BatchStatus, timed_out: bool) -> Tally {
         // A target the batch did not change because the scope rules refused it (its namespace opted out,
         // it is protected, another rollout holds it) is reported as refused, not awaited.
         let ours = state.as_ref().is_some_and(|s| s.applied.as_deref() == Some(b.idempotency_key.as_str()));
-        if !ours && b.denied.contains(&target_key(&target.namespace, &target.name)) {
+        if !ours && b.denied.contains(&target.key()) {
             // Failed when its change was refused; counted then.
             continue;
         }
@@ -97,7 +137,11 @@ fn tally(f: &Facts<'_>, b: &BatchStatus, timed_out: bool) -> Tally {
             t.refused.push(super::failure(target, b.index, r.reason, r.message));
             continue;
         }
-        match verdict(target, state, &b.idempotency_key, &want_image, http_required, timed_out) {
+        let verdict = match f.unreachable.get(&target.cluster).filter(|_| !target.cluster.is_empty()) {
+            Some(why) => unreachable(target, why, timed_out),
+            None => verdict(target, state, &b.idempotency_key, &want_image, http_required, timed_out),
+        };
+        match verdict {
             Verdict::Healthy => t.healthy += 1,
             Verdict::Missing => {
                 t.skipped += 1;
@@ -108,8 +152,7 @@ fn tally(f: &Facts<'_>, b: &BatchStatus, timed_out: bool) -> Tally {
                 t.failures.push(super::failure(target, b.index, reason, message))
             }
             Verdict::Waiting(why) => {
-                t.waiting
-                    .get_or_insert_with(|| format!("{}: {why}", target_key(&target.namespace, &target.name)));
+                t.waiting.get_or_insert_with(|| format!("{}: {why}", target.key()));
             }
         }
     }
@@ -161,6 +204,10 @@ fn settle(
     s.counts.failed += failed;
     s.counts.skipped += t.skipped;
     s.counts.refused += count(t.refused.len());
+    if let Some(c) = s.clusters.as_mut() {
+        let failed = t.failures.iter().filter(|x| x.reason != reason::TARGET_MISSING);
+        clusters::tally(c, failed.map(|x| x.cluster.as_str()), clusters::Count::Failed, 1);
+    }
     s.failures.extend(t.failures);
     s.failures.extend(t.refused.iter().cloned());
     trim_front(&mut s.failures, FAILURE_DETAILS);
@@ -225,6 +272,16 @@ enum Verdict {
     Waiting(String),
 }
 
+/// A target of a member cluster that does not answer: waited for until the health timeout, then failed.
+fn unreachable(t: &PlannedTarget, why: &str, timed_out: bool) -> Verdict {
+    if timed_out {
+        let message = format!("cluster {} did not answer within the health timeout: {why}", t.cluster);
+        Verdict::Failed(reason::CLUSTER_UNREACHABLE, message)
+    } else {
+        Verdict::Waiting(format!("cluster {} does not answer: {why}", t.cluster))
+    }
+}
+
 fn verdict(
     t: &PlannedTarget,
     state: Option<TargetState>,
@@ -244,10 +301,7 @@ fn verdict(
         if state.applied.as_deref() == Some(key) {
             return Verdict::Failed(
                 reason::IMAGE_CHANGED,
-                format!(
-                    "{} was changed to {current} by someone else after fleetroll set {image}",
-                    target_key(&t.namespace, &t.name)
-                ),
+                format!("{} was changed to {current} by someone else after fleetroll set {image}", t.key()),
             );
         }
         // Our change is not in the cache yet.

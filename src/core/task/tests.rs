@@ -30,6 +30,7 @@ fn targets(names: &[&str]) -> Vec<PlannedTarget> {
     names
         .iter()
         .map(|n| PlannedTarget {
+            cluster: String::new(),
             namespace: "shard".into(),
             name: n.to_string(),
             previous_image: "web:v1".into(),
@@ -91,6 +92,7 @@ fn without_a_form_a_waiting_rollout_is_working_and_its_message_says_what_to_do()
 fn the_message_names_targets_someone_else_changed_back() {
     let mut fr = waiting(1);
     let failure = |name: &str, reason: &str| TargetFailure {
+        cluster: String::new(),
         namespace: "team".into(),
         name: name.into(),
         batch: 0,

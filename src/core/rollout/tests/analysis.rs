@@ -228,6 +228,7 @@ fn run_of(s: &FleetRolloutStatus) -> &crate::api::MetricRun {
 fn decide_with(sim: &Sim, measured: &[Measured]) -> Step {
     let world = &sim.world;
     decide(&Facts {
+        unreachable: &Default::default(),
         measured,
         now: sim.now,
         uid: UID,

@@ -7,6 +7,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 mod analysis;
 mod batches;
+mod clusters;
 mod failures;
 mod gates;
 mod gitops;
@@ -60,39 +61,46 @@ pub(super) struct Sim {
     pub(super) backend: HashMap<String, crate::core::analysis::Answer>,
     /// Queries sent to it.
     pub(super) queries: std::cell::Cell<usize>,
+    /// Member clusters that do not answer now, and why.
+    pub(super) unreachable: std::collections::BTreeMap<String, String>,
 }
 
 pub(super) fn key(t: &PlannedTarget) -> String {
-    format!("{}/{}", t.namespace, t.name)
+    t.key()
 }
 
 impl Sim {
     pub(super) fn new(spec: FleetRolloutSpec, n: usize) -> Self {
-        let candidates: Vec<plan::Candidate> = (0..n)
-            .map(|i| plan::Candidate {
-                namespace: format!("tenant-{}", i % 4),
-                name: format!("web-{i:02}"),
-                current_image: "web:v1".into(),
+        Self::across(spec, &[("", n)], &[])
+    }
+
+    /// A fleet of `n` targets in each of `clusters` ("" is the rollout's own cluster), in `waves`.
+    pub(super) fn across(
+        spec: FleetRolloutSpec,
+        clusters: &[(&str, usize)],
+        waves: &[crate::core::clusters::PlannedWave],
+    ) -> Self {
+        let candidates: Vec<plan::Candidate> = clusters
+            .iter()
+            .flat_map(|&(cluster, n)| {
+                (0..n).map(move |i| plan::Candidate {
+                    cluster: cluster.into(),
+                    namespace: format!("tenant-{}", i % 4),
+                    name: format!("web-{i:02}"),
+                    current_image: "web:v1".into(),
+                })
             })
             .collect();
         let inputs = RevisionInputs::of(&spec);
-        let plan = plan::build(candidates, &inputs, "spechash", &HashMap::new()).unwrap();
-        let world = plan
-            .batches
-            .iter()
-            .flatten()
-            .map(|t| {
-                (
-                    key(t),
-                    TargetState {
-                        image: Ok("web:v1".into()),
-                        applied: None,
-                        readiness: Readiness::Ready,
-                        http: None,
-                    },
-                )
-            })
-            .collect();
+        let order = crate::core::clusters::Order::new(waves);
+        let plan = plan::build(candidates, &inputs, "spechash", &HashMap::new(), &order).unwrap();
+        let untouched = || TargetState {
+            image: Ok("web:v1".into()),
+            applied: None,
+            readiness: Readiness::Ready,
+            http: None,
+        };
+        let world = plan.batches.iter().flatten().map(|t| (key(t), untouched())).collect();
         let now = Timestamp::from_second(1_800_000_000).unwrap();
         let plan_ref = PlanRef {
             hash: plan.hash.clone(),
@@ -107,7 +115,7 @@ impl Sim {
             1,
             &spec,
             &FleetRolloutStatus::default(),
-            NewRevision { inputs, spec_hash: "spechash".into(), plan: &plan, plan_ref },
+            NewRevision { inputs, spec_hash: "spechash".into(), plan: &plan, plan_ref, waves, refused: &[] },
         );
         Sim {
             spec,
@@ -127,6 +135,7 @@ impl Sim {
             holds_daemonset: false,
             backend: HashMap::new(),
             queries: Default::default(),
+            unreachable: Default::default(),
         }
     }
 
@@ -146,7 +155,10 @@ impl Sim {
 
     pub(super) fn advance(&self) -> Step {
         let world = &self.world;
-        let lookup = |t: &PlannedTarget| world.get(&key(t)).cloned();
+        let unreachable = &self.unreachable;
+        // A cluster that does not answer shows nothing of its targets.
+        let lookup =
+            |t: &PlannedTarget| world.get(&key(t)).filter(|_| !unreachable.contains_key(&t.cluster)).cloned();
         let refused = &self.refused;
         let scope = |t: &PlannedTarget| match refused.get(&key(t)) {
             Some(reason) => Err(Refusal { reason, message: format!("{}: refused", key(t)) }),
@@ -176,6 +188,7 @@ impl Sim {
                     })
                     .collect()
             },
+            unreachable,
         })
     }
 
@@ -189,15 +202,19 @@ impl Sim {
             }
             Step::Apply { key: k, image, targets, after } => {
                 let mut refused = Vec::new();
+                let mut missed = std::collections::BTreeMap::new();
                 for t in targets {
-                    if self.denied.contains(&key(t)) {
+                    if let Some(why) = self.unreachable.get(&t.cluster) {
+                        missed.insert(t.cluster.clone(), why.clone());
+                    } else if self.denied.contains(&key(t)) {
                         refused.push((t.clone(), format!("admission webhook denied {}", key(t))));
                     } else {
                         self.change(t, image, k);
                     }
                 }
                 let batch = after.status.current_batch.unwrap_or_default();
-                self.status = denied(after.clone(), batch, refused).status;
+                let after = unreached(after.clone(), batch, targets, &missed);
+                self.status = denied(after, batch, refused).status;
                 self.writes += 1;
             }
             Step::Restore { key: k, targets, refused } => {

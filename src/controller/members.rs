@@ -1,0 +1,146 @@
+//! Workloads in member clusters (`targets.clusters`), as the controller drives them: found in every member
+//! the selector picks, read live per step for the batch in flight (members are not watched), and changed
+//! through each member's own client (see `edge::member_fleet`). A member that does not answer is reported,
+//! never mistaken for healthy: the core waits for it until the health timeout.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::Arc,
+    time::Duration,
+};
+
+use kube::ResourceExt;
+
+use super::{
+    Context,
+    fleet::{Batch, Fleet, Seen, container, rollout_key, running_rollouts},
+};
+use crate::{
+    api::{FleetRollout, FleetRolloutStatus, Phase, PlannedTarget, Unplanned},
+    core::{
+        Blocked,
+        plan::{Discovered, Plan},
+        rollout::{Carrier, TargetState},
+        scope,
+    },
+    edge::{
+        member_fleet::{self, Read},
+        targets::{self, Change, Outcome},
+    },
+    error::Result,
+    runtime::failpoint,
+};
+
+/// How soon a rollout with a batch in flight looks at its member clusters again (they are not watched).
+const MEMBER_RECHECK: Duration = Duration::from_secs(1);
+
+pub(super) struct Members;
+
+pub(super) struct MembersSeen {
+    container: Option<String>,
+    read: Read,
+    /// The other rollouts still running, by uid.
+    running: HashMap<String, String>,
+    looked: bool,
+}
+
+impl Fleet for Members {
+    type Seen = MembersSeen;
+
+    async fn discover(ctx: &Context, fr: &FleetRollout) -> Result<Result<Discovered, Blocked>> {
+        member_fleet::discover(&ctx.members, &ctx.settings.fleet_namespace, fr).await
+    }
+
+    async fn observe(
+        ctx: &Context,
+        fr: &Arc<FleetRollout>,
+        status: &FleetRolloutStatus,
+        plan: &Plan,
+    ) -> Result<MembersSeen> {
+        let own_uid = fr.uid().unwrap_or_default();
+        let mut seen = MembersSeen {
+            container: container(fr).map(String::from),
+            read: Read::default(),
+            running: running_rollouts(&ctx.rollouts, &own_uid),
+            looked: false,
+        };
+        let Some(current) = status.current_batch else { return Ok(seen) };
+        // A rollback looks at every target it may restore; otherwise only the batch in flight matters.
+        let targets: Vec<&PlannedTarget> = match status.phase {
+            Phase::RollingBack => plan.through(current).collect(),
+            p if p.is_terminal() || p == Phase::WaitingForApproval => return Ok(seen),
+            _ => plan.batch(current).iter().collect(),
+        };
+        seen.read = member_fleet::read(&ctx.members, status, fr.spec.targets.kind, &targets).await;
+        seen.looked = true;
+        Ok(seen)
+    }
+
+    async fn apply(ctx: &Context, fr: &FleetRollout, batch: Batch<'_>) -> Result<Outcome> {
+        let rollout = rollout_key(fr);
+        let change = Change {
+            kind: fr.spec.targets.kind,
+            container: container(fr),
+            key: batch.key,
+            rollout: &rollout,
+            between: failpoint::BETWEEN_PATCHES,
+        };
+        member_fleet::change(&ctx.members, &ctx.metrics, &change, batch.targets, |_| batch.image.to_string())
+            .await
+    }
+
+    async fn restore(
+        ctx: &Context,
+        fr: &FleetRollout,
+        key: &str,
+        targets: &[PlannedTarget],
+    ) -> Result<Outcome> {
+        let rollout = rollout_key(fr);
+        let change = Change {
+            kind: fr.spec.targets.kind,
+            container: container(fr),
+            key,
+            rollout: &rollout,
+            between: failpoint::BETWEEN_RESTORES,
+        };
+        member_fleet::change(&ctx.members, &ctx.metrics, &change, targets, |t| t.previous_image.clone()).await
+    }
+}
+
+impl Seen for MembersSeen {
+    fn target(&self, t: &PlannedTarget) -> Option<TargetState> {
+        let facts = self.read.facts.get(&t.key())?;
+        Some(targets::state_of(facts, self.container.as_deref()))
+    }
+
+    fn probe_url(&self, template: &str, t: &PlannedTarget) -> Option<String> {
+        Some(template.replace("{name}", &t.name).replace("{namespace}", &t.namespace))
+    }
+
+    // Matching workloads outside the plan would need every member listed at every batch: not reported.
+    fn unplanned(&self, _: &HashSet<(String, String)>) -> Option<Unplanned> {
+        None
+    }
+
+    fn held_by(&self, t: &PlannedTarget) -> Option<String> {
+        let applied = self.read.facts.get(&t.key())?.applied.as_deref()?;
+        self.running.get(scope::key_owner(applied)).cloned()
+    }
+
+    fn recheck(&self) -> Option<Duration> {
+        self.looked.then_some(MEMBER_RECHECK)
+    }
+
+    // Drift after success is watched in the rollout's own cluster only.
+    fn carrying(&self, _: &str) -> Vec<Carrier> {
+        Vec::new()
+    }
+
+    fn unreachable(&self) -> BTreeMap<String, String> {
+        self.read.unreachable.clone()
+    }
+
+    fn member_namespace(&self, t: &PlannedTarget) -> Option<BTreeMap<String, String>> {
+        self.read.namespaces.get(&(t.cluster.clone(), t.namespace.clone())).cloned()
+    }
+}

@@ -1,0 +1,258 @@
+//! Member clusters as pure decisions: which clusters a rollout reaches, the waves they are rolled in, where
+//! a batch must end so that it stays in one wave and within a wave's `maxConcurrency`, and the counts
+//! status keeps per wave and per cluster.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::core::{Selector, SelectorExt};
+
+use crate::{
+    api::{
+        CLUSTERS_LISTED, ClusterCount, ClusterTrouble, ClustersStatus, PlannedTarget, TROUBLE_LISTED,
+        UNASSIGNED_WAVE, Wave, WaveStatus,
+    },
+    core::{Blocked, count, reason},
+};
+
+/// A member cluster as discovery found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cluster {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// One wave of a plan: its clusters, in order, and how many of them a batch may reach.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedWave {
+    pub name: String,
+    pub clusters: Vec<String>,
+    pub max_concurrency: Option<u32>,
+}
+
+fn selector(what: &str, s: &LabelSelector) -> Result<Selector, Blocked> {
+    Selector::try_from(s.clone())
+        .map_err(|e| Blocked { reason: reason::INVALID_SELECTOR, message: format!("{what}: {e}") })
+}
+
+/// The clusters `targets.clusters.selector` picks, sorted by name; an error when it picks none.
+pub fn select<'a>(clusters: &'a [Cluster], pick: &LabelSelector) -> Result<Vec<&'a Cluster>, Blocked> {
+    let pick = selector("targets.clusters.selector", pick)?;
+    let mut chosen: Vec<&Cluster> = clusters.iter().filter(|c| pick.matches(&c.labels)).collect();
+    chosen.sort_by(|a, b| a.name.cmp(&b.name));
+    if chosen.is_empty() {
+        return Err(Blocked {
+            reason: reason::NO_CLUSTERS,
+            message: format!(
+                "no member cluster matches targets.clusters.selector ({pick}); {} member cluster(s) known",
+                clusters.len()
+            ),
+        });
+    }
+    Ok(chosen)
+}
+
+/// Puts each cluster in the first wave that selects it, and those no wave selects in a last wave,
+/// "(unassigned)". Waves that select no cluster are left out.
+pub fn assign(waves: &[Wave], clusters: &[&Cluster]) -> Result<Vec<PlannedWave>, Blocked> {
+    let selectors: Vec<Selector> = waves
+        .iter()
+        .map(|w| selector(&format!("strategy.waves[{}].clusterSelector", w.name), &w.cluster_selector))
+        .collect::<Result<_, _>>()?;
+    let mut planned: Vec<PlannedWave> = waves
+        .iter()
+        .map(|w| PlannedWave {
+            name: w.name.clone(),
+            clusters: Vec::new(),
+            max_concurrency: w.max_concurrency,
+        })
+        .collect();
+    let mut rest = PlannedWave { name: UNASSIGNED_WAVE.into(), clusters: Vec::new(), max_concurrency: None };
+    for c in clusters {
+        match selectors.iter().position(|s| s.matches(&c.labels)) {
+            Some(i) => planned[i].clusters.push(c.name.clone()),
+            None => rest.clusters.push(c.name.clone()),
+        }
+    }
+    planned.push(rest);
+    planned.retain(|w| !w.clusters.is_empty());
+    Ok(planned)
+}
+
+/// Where each cluster stands in the plan: its wave's index and `maxConcurrency`.
+#[derive(Clone, Debug, Default)]
+pub struct Order {
+    of: HashMap<String, (usize, Option<u32>)>,
+}
+
+impl Order {
+    pub fn new(waves: &[PlannedWave]) -> Self {
+        let of = waves
+            .iter()
+            .enumerate()
+            .flat_map(|(i, w)| w.clusters.iter().map(move |c| (c.clone(), (i, w.max_concurrency))))
+            .collect();
+        Self { of }
+    }
+
+    /// The wave (index) a target's cluster is in; 0 for the rollout's own cluster.
+    pub fn wave(&self, cluster: &str) -> usize {
+        self.of.get(cluster).map_or(0, |(i, _)| *i)
+    }
+
+    /// Whether `next` must start a new batch after `batch`: it is in another wave, or it would make the
+    /// batch reach more clusters than its wave's `maxConcurrency`.
+    pub fn must_cut(&self, batch: &[PlannedTarget], next: &PlannedTarget) -> bool {
+        let Some(last) = batch.last() else { return false };
+        if self.wave(&last.cluster) != self.wave(&next.cluster) {
+            return true;
+        }
+        let limit = self.of.get(&next.cluster).and_then(|(_, m)| *m);
+        let Some(limit) = limit else { return false };
+        let mut reached: Vec<&str> = batch.iter().map(|t| t.cluster.as_str()).collect();
+        reached.dedup();
+        !reached.contains(&next.cluster.as_str()) && count(reached.len()) >= limit
+    }
+}
+
+/// The clusters part of a new plan's status: every wave with its batches, and the counts per cluster.
+pub fn planned_status(waves: &[PlannedWave], batches: &[Vec<PlannedTarget>]) -> ClustersStatus {
+    let order = Order::new(waves);
+    let mut status = ClustersStatus {
+        waves: waves
+            .iter()
+            .map(|w| WaveStatus {
+                name: w.name.clone(),
+                clusters: count(w.clusters.len()),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let mut per_cluster: BTreeMap<(usize, &str), u32> = BTreeMap::new();
+    let mut seen = vec![false; waves.len()];
+    for (index, batch) in batches.iter().enumerate() {
+        for t in batch {
+            let wave = order.wave(&t.cluster);
+            *per_cluster.entry((wave, &t.cluster)).or_default() += 1;
+            let Some(w) = status.waves.get_mut(wave) else { continue };
+            w.total += 1;
+            if !seen[wave] {
+                seen[wave] = true;
+                w.first_batch = count(index);
+            }
+            w.last_batch = count(index);
+        }
+    }
+    status.members = per_cluster
+        .into_iter()
+        .take(CLUSTERS_LISTED)
+        .map(|((wave, name), total)| ClusterCount {
+            name: name.to_string(),
+            wave: waves.get(wave).map(|w| w.name.clone()).unwrap_or_default(),
+            total,
+            ..Default::default()
+        })
+        .collect();
+    status
+}
+
+/// The waves of a plan in one line, for the event that announces it: `canary: member-1 (batches 1-2); ...`.
+pub fn describe(status: &ClustersStatus) -> String {
+    let waves: Vec<String> = status
+        .waves
+        .iter()
+        .map(|w| {
+            let names: Vec<&str> =
+                status.members.iter().filter(|m| m.wave == w.name).map(|m| m.name.as_str()).take(5).collect();
+            let more = w.clusters.saturating_sub(count(names.len()));
+            let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+            format!(
+                "{}: {}{more} ({} targets, batches {}-{})",
+                w.name,
+                names.join(", "),
+                w.total,
+                w.first_batch + 1,
+                w.last_batch + 1
+            )
+        })
+        .collect();
+    format!("waves: {}", waves.join("; "))
+}
+
+/// Which count of a cluster and its wave changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Count {
+    Updated,
+    Failed,
+}
+
+/// Where a rollout across member clusters stands, in one line for people and models: each wave's
+/// progress, then the clusters in trouble.
+pub fn progress(status: &ClustersStatus) -> String {
+    let waves: Vec<String> = status
+        .waves
+        .iter()
+        .map(|w| {
+            let failed = if w.failed > 0 { format!(", {} failed", w.failed) } else { String::new() };
+            format!("{} {}/{} updated{failed}", w.name, w.updated, w.total)
+        })
+        .collect();
+    let mut line = format!("waves: {}", waves.join("; "));
+    if !status.trouble.is_empty() {
+        let trouble: Vec<String> =
+            status.trouble.iter().map(|t| format!("{} ({}: {})", t.name, t.reason, t.message)).collect();
+        line.push_str(&format!("; clusters in trouble: {}", trouble.join(", ")));
+    }
+    line
+}
+
+/// The wave batch `index` is in.
+pub fn wave_of(status: &ClustersStatus, index: u32) -> Option<&WaveStatus> {
+    status.waves.iter().find(|w| (w.first_batch..=w.last_batch).contains(&index))
+}
+
+/// Adds `delta` (one per target) to a count of each target's cluster and its wave.
+pub fn tally<'a>(
+    status: &mut ClustersStatus,
+    targets: impl IntoIterator<Item = &'a str>,
+    which: Count,
+    delta: i32,
+) {
+    let add = |n: &mut u32| *n = n.saturating_add_signed(delta);
+    for cluster in targets {
+        let Some(member) = status.members.iter_mut().find(|m| m.name == cluster) else { continue };
+        add(if which == Count::Failed { &mut member.failed } else { &mut member.updated });
+        if let Some(w) = status.waves.iter_mut().find(|w| w.name == member.wave) {
+            add(if which == Count::Failed { &mut w.failed } else { &mut w.updated });
+        }
+    }
+}
+
+/// The clusters in trouble now, from what this step saw (`unreachable`: cluster → why), keeping the time
+/// each trouble began. Capped, in name order.
+pub fn trouble(
+    previous: &[ClusterTrouble],
+    unreachable: &BTreeMap<String, String>,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Vec<ClusterTrouble> {
+    unreachable
+        .iter()
+        .take(TROUBLE_LISTED)
+        .map(|(name, why)| {
+            let since = previous
+                .iter()
+                .find(|p| &p.name == name && p.reason == reason::CLUSTER_UNREACHABLE)
+                .map_or_else(|| crate::api::time(now), |p| p.since.clone());
+            ClusterTrouble {
+                name: name.clone(),
+                reason: reason::CLUSTER_UNREACHABLE.into(),
+                message: crate::core::rollout::truncate(why.clone(), 256),
+                since,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,155 @@
+use super::*;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+fn cluster(name: &str, labels: &[(&str, &str)]) -> Cluster {
+    Cluster {
+        name: name.into(),
+        labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+    }
+}
+
+fn matching(labels: &[(&str, &str)]) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+        ..Default::default()
+    }
+}
+
+fn wave(name: &str, labels: &[(&str, &str)], max: Option<u32>) -> Wave {
+    Wave { name: name.into(), cluster_selector: matching(labels), max_concurrency: max }
+}
+
+fn fleet() -> Vec<Cluster> {
+    vec![
+        cluster("us-2", &[("env", "prod"), ("region", "us")]),
+        cluster("canary", &[("env", "canary"), ("region", "eu")]),
+        cluster("eu-1", &[("env", "prod"), ("region", "eu")]),
+        cluster("us-1", &[("env", "prod"), ("region", "us")]),
+        cluster("lab", &[("env", "dev")]),
+    ]
+}
+
+fn target(cluster: &str, name: &str) -> PlannedTarget {
+    PlannedTarget { cluster: cluster.into(), namespace: "t".into(), name: name.into(), ..Default::default() }
+}
+
+#[test]
+fn the_selector_picks_clusters_by_their_labels_in_name_order() {
+    let all = fleet();
+    let prod: Vec<&str> =
+        select(&all, &matching(&[("env", "prod")])).unwrap().iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(prod, ["eu-1", "us-1", "us-2"]);
+    assert_eq!(select(&all, &LabelSelector::default()).unwrap().len(), 5, "empty selects every member");
+    let none = select(&all, &matching(&[("env", "staging")])).unwrap_err();
+    assert_eq!(none.reason, reason::NO_CLUSTERS);
+    assert!(none.message.contains("5 member cluster(s) known"), "{}", none.message);
+    let bad = LabelSelector {
+        match_expressions: Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
+                key: "env".into(),
+                operator: "Sometimes".into(),
+                values: None,
+            },
+        ]),
+        ..Default::default()
+    };
+    assert_eq!(select(&all, &bad).unwrap_err().reason, reason::INVALID_SELECTOR);
+}
+
+#[test]
+fn each_cluster_goes_to_the_first_wave_that_selects_it_and_the_rest_come_last() {
+    let all = fleet();
+    let chosen: Vec<&Cluster> = all.iter().collect();
+    let waves = [
+        wave("canary", &[("env", "canary")], None),
+        wave("eu", &[("region", "eu")], Some(1)),
+        wave("empty", &[("region", "mars")], None),
+        wave("prod", &[("env", "prod")], Some(2)),
+    ];
+    let planned = assign(&waves, &chosen).unwrap();
+    let shape: Vec<(&str, Vec<&str>)> =
+        planned.iter().map(|w| (w.name.as_str(), w.clusters.iter().map(String::as_str).collect())).collect();
+    assert_eq!(
+        shape,
+        [
+            ("canary", vec!["canary"]),
+            ("eu", vec!["eu-1"]),
+            ("prod", vec!["us-2", "us-1"]),
+            (UNASSIGNED_WAVE, vec!["lab"]),
+        ]
+    );
+    assert_eq!(planned[2].max_concurrency, Some(2));
+}
+
+#[test]
+fn a_batch_ends_at_a_wave_boundary_and_at_max_concurrency() {
+    let waves = vec![
+        PlannedWave { name: "canary".into(), clusters: vec!["a".into()], max_concurrency: None },
+        PlannedWave {
+            name: "rest".into(),
+            clusters: vec!["b".into(), "c".into(), "d".into()],
+            max_concurrency: Some(2),
+        },
+    ];
+    let order = Order::new(&waves);
+    assert_eq!(order.wave("a"), 0);
+    assert_eq!(order.wave("d"), 1);
+    assert!(!order.must_cut(&[], &target("a", "x")));
+    assert!(!order.must_cut(&[target("a", "x")], &target("a", "y")));
+    assert!(order.must_cut(&[target("a", "x")], &target("b", "x")), "another wave");
+    assert!(!order.must_cut(&[target("b", "x")], &target("c", "x")), "two clusters of at most 2");
+    assert!(order.must_cut(&[target("b", "x"), target("c", "x")], &target("d", "x")), "a third cluster");
+    assert!(!order.must_cut(&[target("b", "x"), target("c", "x")], &target("c", "y")), "same cluster");
+}
+
+#[test]
+fn planned_status_counts_targets_per_wave_and_cluster_and_tally_keeps_them() {
+    let waves = vec![
+        PlannedWave { name: "canary".into(), clusters: vec!["a".into()], max_concurrency: None },
+        PlannedWave { name: "rest".into(), clusters: vec!["b".into(), "c".into()], max_concurrency: None },
+    ];
+    let batches = vec![
+        vec![target("a", "1")],
+        vec![target("a", "2")],
+        vec![target("b", "1"), target("b", "2"), target("c", "1")],
+    ];
+    let mut status = planned_status(&waves, &batches);
+    let w: Vec<(&str, u32, u32, u32, u32)> = status
+        .waves
+        .iter()
+        .map(|w| (w.name.as_str(), w.first_batch, w.last_batch, w.clusters, w.total))
+        .collect();
+    assert_eq!(w, [("canary", 0, 1, 1, 2), ("rest", 2, 2, 2, 3)]);
+    let m: Vec<(&str, &str, u32)> =
+        status.members.iter().map(|m| (m.name.as_str(), m.wave.as_str(), m.total)).collect();
+    assert_eq!(m, [("a", "canary", 2), ("b", "rest", 2), ("c", "rest", 1)]);
+    assert_eq!(
+        describe(&status),
+        "waves: canary: a (2 targets, batches 1-2); rest: b, c (3 targets, batches 3-3)"
+    );
+
+    tally(&mut status, ["b", "b", "c", "unknown"], Count::Updated, 1);
+    tally(&mut status, ["c"], Count::Failed, 1);
+    tally(&mut status, ["b"], Count::Updated, -1);
+    assert_eq!((status.members[1].updated, status.members[2].updated, status.members[2].failed), (1, 1, 1));
+    assert_eq!((status.waves[1].updated, status.waves[1].failed, status.waves[0].updated), (2, 1, 0));
+    tally(&mut status, ["a"], Count::Failed, -5);
+    assert_eq!(status.members[0].failed, 0, "counts saturate, never wrap");
+}
+
+#[test]
+fn trouble_keeps_when_it_began_and_is_capped() {
+    let t0 = k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap();
+    let t1 = k8s_openapi::jiff::Timestamp::from_second(1_800_000_060).unwrap();
+    let down = BTreeMap::from([("b".to_string(), "connection refused".to_string())]);
+    let first = trouble(&[], &down, t0);
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].reason, reason::CLUSTER_UNREACHABLE);
+    let later = trouble(&first, &down, t1);
+    assert_eq!(later[0].since, crate::api::time(t0), "the trouble began at t0");
+    assert!(trouble(&later, &BTreeMap::new(), t1).is_empty(), "an answering cluster is out of trouble");
+    let many: BTreeMap<String, String> = (0..50).map(|i| (format!("c{i:02}"), "x".repeat(1000))).collect();
+    let capped = trouble(&[], &many, t0);
+    assert_eq!(capped.len(), TROUBLE_LISTED);
+    assert!(capped.iter().all(|t| t.message.len() <= 256));
+}

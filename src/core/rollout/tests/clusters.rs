@@ -1,0 +1,142 @@
+//! Rollouts across member clusters: waves, per-cluster counts, clusters that do not answer when their
+//! batch comes or drop while it runs, and the failure budget across clusters.
+
+use super::*;
+use crate::core::clusters::PlannedWave;
+
+fn waves() -> Vec<PlannedWave> {
+    vec![
+        PlannedWave { name: "canary".into(), clusters: vec!["a".into()], max_concurrency: None },
+        PlannedWave { name: "prod".into(), clusters: vec!["b".into(), "c".into()], max_concurrency: Some(1) },
+    ]
+}
+
+/// 4 targets in each of a (canary), b and c (prod, one cluster per batch), 3 per batch.
+fn sim(timeout: &str) -> Sim {
+    let mut s = spec(3);
+    s.health.timeout = timeout.into();
+    Sim::across(s, &[("a", 4), ("b", 4), ("c", 4)], &waves())
+}
+
+fn clusters_of(batch: &[PlannedTarget]) -> Vec<&str> {
+    let mut c: Vec<&str> = batch.iter().map(|t| t.cluster.as_str()).collect();
+    c.dedup();
+    c
+}
+
+#[test]
+fn waves_order_the_plan_and_every_target_changes_once() {
+    let mut sim = sim("10m");
+    let shape: Vec<Vec<&str>> = sim.plan.batches.iter().map(|b| clusters_of(b)).collect();
+    assert_eq!(shape, [vec!["a"], vec!["a"], vec!["b"], vec!["b"], vec!["c"], vec!["c"]]);
+    assert_eq!(sim.plan.batches.iter().map(Vec::len).collect::<Vec<_>>(), [3, 1, 3, 1, 3, 1]);
+    let clusters = sim.status.clusters.clone().expect("a rollout across clusters reports them");
+    assert_eq!(
+        clusters.waves.iter().map(|w| (w.first_batch, w.last_batch)).collect::<Vec<_>>(),
+        [(0, 1), (2, 5)]
+    );
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    for t in sim.plan.batches.iter().flatten() {
+        assert_eq!(sim.changes_of(&key(t)), 1, "{}", key(t));
+        assert!(key(t).starts_with(&format!("{}/", t.cluster)), "the key names the cluster: {}", key(t));
+    }
+    let done = sim.status.clusters.clone().unwrap();
+    assert!(done.members.iter().all(|m| m.updated == 4 && m.failed == 0), "{:?}", done.members);
+    assert_eq!(done.waves.iter().map(|w| w.updated).collect::<Vec<_>>(), [4, 8]);
+}
+
+#[test]
+fn a_cluster_down_when_its_batch_comes_is_changed_once_it_answers() {
+    let mut sim = sim("10m");
+    sim.unreachable.insert("b".into(), "connection refused".into());
+    let wait = sim.settle().expect("waits for cluster b");
+    assert!(wait <= Duration::from_secs(600));
+    let current = sim.status.current().cloned().unwrap();
+    assert_eq!((current.index, current.unreached.clone()), (2, vec!["b".to_string()]));
+    assert_eq!(sim.changes.len(), 4, "only cluster a changed");
+    assert_eq!(sim.status.phase, Phase::Progressing);
+    let trouble = &sim.status.clusters.as_ref().unwrap().trouble;
+    assert_eq!((trouble[0].name.as_str(), trouble[0].reason.as_str()), ("b", reason::CLUSTER_UNREACHABLE));
+
+    sim.pass(Duration::from_secs(60));
+    sim.unreachable.clear();
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    assert_eq!(sim.changes.len(), 12, "every target changed exactly once");
+    let done = sim.status.clusters.clone().unwrap();
+    assert!(done.trouble.is_empty());
+    assert!(done.members.iter().all(|m| m.updated == 4), "{:?}", done.members);
+    assert_eq!(sim.status.counts.updated, 12);
+}
+
+#[test]
+fn a_cluster_down_for_the_health_timeout_fails_its_targets_against_the_budget() {
+    let mut sim = sim("2m");
+    sim.spec.strategy.max_failures = IntOrString::Int(2);
+    sim.unreachable.insert("b".into(), "i/o timeout".into());
+    sim.settle();
+    sim.pass(Duration::from_secs(121));
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::Paused);
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::FAILURE_BUDGET_EXCEEDED));
+    assert_eq!(sim.status.counts.failed, 3);
+    assert!(sim.status.failures.iter().all(|f| f.reason == reason::CLUSTER_UNREACHABLE && f.cluster == "b"));
+    assert!(sim.status.failures[0].message.contains("i/o timeout"), "{}", sim.status.failures[0].message);
+    let clusters = sim.status.clusters.clone().unwrap();
+    let b = clusters.members.iter().find(|m| m.name == "b").unwrap();
+    assert_eq!((b.updated, b.failed), (0, 3));
+    assert_eq!(clusters.waves[1].failed, 3);
+    assert_eq!(sim.changes.len(), 4, "nothing of b changed, c never started");
+}
+
+#[test]
+fn a_cluster_that_drops_mid_batch_is_not_taken_for_healthy() {
+    let mut sim = sim("10m");
+    sim.auto_ready = false;
+    // Batch 1 (cluster a) is applied; a drops before its targets are ready.
+    sim.settle();
+    sim.unreachable.insert("a".into(), "connection reset".into());
+    for t in sim.plan.batch(0).to_vec() {
+        sim.world.get_mut(&key(&t)).unwrap().readiness = Readiness::Ready;
+    }
+    sim.pass(Duration::from_secs(30));
+    assert!(sim.settle().is_some());
+    assert_eq!(sim.status.current_batch, Some(0), "still waiting for cluster a");
+    assert_eq!(sim.status.current().unwrap().state, BatchState::Verifying);
+    sim.unreachable.clear();
+    sim.auto_ready = true;
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    assert_eq!(sim.changes.len(), 12);
+}
+
+#[test]
+fn replaying_every_step_of_a_rollout_across_clusters_changes_nothing_twice() {
+    let mut sim = sim("10m");
+    sim.unreachable.insert("c".into(), "refused".into());
+    for _ in 0..200 {
+        // A replay: the same step decided again from the same status, as after a crash before its write.
+        let again = sim.advance();
+        if let Step::Apply { key: k, image, targets, .. } = &again {
+            let reached: Vec<PlannedTarget> =
+                targets.iter().filter(|t| !sim.unreachable.contains_key(&t.cluster)).cloned().collect();
+            for t in &reached {
+                sim.change(t, image, k);
+            }
+        }
+        if let Step::Wait { .. } = sim.step() {
+            sim.pass(Duration::from_secs(10));
+            if sim.status.current_batch == Some(4) {
+                sim.unreachable.clear();
+            }
+        }
+        if sim.status.phase == Phase::Succeeded {
+            break;
+        }
+    }
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    for t in sim.plan.batches.iter().flatten() {
+        assert_eq!(sim.changes_of(&key(t)), 1, "{}", key(t));
+    }
+}

