@@ -18,6 +18,9 @@ use kube::ResourceExt;
 use serde_json::json;
 use support::{DEADLINE, OPERATOR_ACCOUNT, Site, register, site, spec, tidy, unique};
 
+#[path = "members/faults.rs"]
+mod faults;
+
 /// The batch (0-based) of each Deployment's `fleetroll.dev/applied` key.
 async fn batches_of(s: &Site) -> Vec<u32> {
     let list = s.deployments().list(&Default::default()).await.unwrap();
@@ -32,10 +35,10 @@ async fn batches_of(s: &Site) -> Vec<u32> {
 
 #[tokio::test]
 async fn a_rollout_across_two_members_goes_canary_cluster_first_and_changes_each_target_once() {
-    if common::members::members().len() < 2 {
-        eprintln!("not run: the test environment has no member clusters (make cluster MEMBERS=2)");
+    if !support::members_up() {
         return;
     }
+    let _shared = support::FREEZE.read().await;
     with_fleet("waves", 0, |fleet| async move {
         let team = unique("waves");
         let one = site("member-1", &team, &team, 3, READY_IMAGE, true).await;
@@ -97,10 +100,10 @@ async fn a_rollout_across_two_members_goes_canary_cluster_first_and_changes_each
 
 #[tokio::test]
 async fn a_member_namespace_not_opted_in_there_blocks_the_plan_and_nothing_changes() {
-    if common::members::members().len() < 2 {
-        eprintln!("not run: the test environment has no member clusters (make cluster MEMBERS=2)");
+    if !support::members_up() {
         return;
     }
+    let _shared = support::FREEZE.read().await;
     with_fleet("optin", 0, |fleet| async move {
         let team = unique("optin");
         let one = site("member-1", &team, &team, 1, READY_IMAGE, true).await;

@@ -123,3 +123,26 @@ pub fn unique(prefix: &str) -> String {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     format!("{prefix}-{:x}", nanos ^ std::process::id())
 }
+
+/// Tests of this file share the members: one that freezes a member holds this alone (`write`), the
+/// others together (`read`), so that no other test runs into a frozen member.
+pub static FREEZE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// Whether the test environment has the two members these tests need (it has none on a user's cluster).
+pub fn members_up() -> bool {
+    let up = crate::common::members::members().len() >= 2;
+    if !up {
+        eprintln!("not run: the test environment has no member clusters (make cluster MEMBERS=2)");
+    }
+    up
+}
+
+/// Whether `token` is refused (401) by `member` now.
+pub async fn refused(member: &Member, token: &str) -> bool {
+    let kubeconfig = crate::common::members::token_kubeconfig(member, token);
+    let config = kube::config::Kubeconfig::from_yaml(&kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(config, &Default::default()).await.unwrap();
+    let client = Client::try_from(config).unwrap();
+    let namespaces: Api<Namespace> = Api::all(client);
+    matches!(namespaces.list(&ListParams::default().limit(1)).await, Err(kube::Error::Api(s)) if s.code == 401)
+}

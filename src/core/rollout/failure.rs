@@ -130,6 +130,22 @@ pub(super) fn restorable(
     (restorable, left)
 }
 
+/// Splits targets into those whose cluster answers and those of member clusters that did not answer this
+/// step (the scope rules cannot judge those: their namespaces were not seen).
+pub(super) fn answering(
+    f: &Facts<'_>,
+    targets: Vec<PlannedTarget>,
+) -> (Vec<PlannedTarget>, Vec<PlannedTarget>) {
+    targets.into_iter().partition(|t| t.cluster.is_empty() || !f.unreachable.contains_key(&t.cluster))
+}
+
+/// A target a rollback could not restore: its member cluster did not answer.
+pub(super) fn not_answering(f: &Facts<'_>, t: &PlannedTarget, batch: u32) -> TargetFailure {
+    let why = f.unreachable.get(&t.cluster).map_or("", String::as_str);
+    let message = format!("cluster {} did not answer; not restored: {why}", t.cluster);
+    super::failure(t, batch, reason::CLUSTER_UNREACHABLE, message)
+}
+
 /// Splits targets into those the scope rules let this rollout change now and the refused ones, as failure
 /// records of batch `batch`.
 pub(super) fn in_scope(
@@ -187,16 +203,16 @@ pub fn unreached(
 ) -> Transition {
     let s = &mut after.status;
     let Some(entry) = s.batch_mut(batch) else { return after };
+    let missed: Vec<&str> =
+        targets.iter().filter(|t| why.contains_key(&t.cluster)).map(|t| t.cluster.as_str()).collect();
     let mut newly = Vec::new();
-    for (cluster, message) in why {
+    for (cluster, message) in why.iter().filter(|(c, _)| missed.contains(&c.as_str())) {
         if !entry.unreached.contains(cluster) {
             entry.unreached.push(cluster.clone());
             newly.push((cluster, message));
         }
     }
     entry.unreached.sort();
-    let missed: Vec<&str> =
-        targets.iter().filter(|t| why.contains_key(&t.cluster)).map(|t| t.cluster.as_str()).collect();
     s.counts.updated = s.counts.updated.saturating_sub(count(missed.len()));
     if let Some(c) = s.clusters.as_mut() {
         clusters::tally(c, missed, Count::Updated, -1);

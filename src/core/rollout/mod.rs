@@ -181,7 +181,9 @@ fn advance(f: &Facts<'_>) -> Step {
         return match &s.rollback {
             Some(rb) if rb.state == crate::api::RollbackState::Restoring => {
                 let last = f.status.current_batch.unwrap_or_default();
-                let (targets, mut refused) = in_scope(f, failure::changed_targets(f), last);
+                let (reachable, waiting) = failure::answering(f, failure::changed_targets(f));
+                let (targets, mut refused) = in_scope(f, reachable, last);
+                refused.extend(waiting.iter().map(|t| failure::not_answering(f, t, last)));
                 let (targets, left) = failure::restorable(f, targets, last);
                 refused.extend(left);
                 Step::Restore { key: rb.idempotency_key.clone(), targets, refused }
@@ -233,8 +235,10 @@ fn abort(f: &Facts<'_>, mut s: FleetRolloutStatus) -> Step {
 /// Changes the batch whose intent is recorded; the status to write afterwards has it Verifying.
 fn apply(f: &Facts<'_>, s: FleetRolloutStatus, b: BatchStatus) -> Step {
     let index = b.index;
-    // Refused targets are left alone here and reported when the batch settles (see `verify`).
-    let (targets, refused) = in_scope(f, f.plan.batch(index).to_vec(), index);
+    // Targets of member clusters that do not answer wait for them (nothing can be judged of them now);
+    // refused targets are left alone here and reported when the batch settles (see `verify`).
+    let (reachable, waiting) = failure::answering(f, f.plan.batch(index).to_vec());
+    let (targets, refused) = in_scope(f, reachable, index);
     let mut after = s;
     if let Some(entry) = after.batch_mut(index) {
         entry.state = BatchState::Verifying;
@@ -243,21 +247,20 @@ fn apply(f: &Facts<'_>, s: FleetRolloutStatus, b: BatchStatus) -> Step {
     after.counts.updated =
         f.status.counts.updated.saturating_add(b.size.saturating_sub(count(refused.len())));
     if let Some(c) = after.clusters.as_mut() {
-        clusters::tally(c, targets.iter().map(|t| t.cluster.as_str()), clusters::Count::Updated, 1);
+        let counted = targets.iter().chain(&waiting).map(|t| t.cluster.as_str());
+        clusters::tally(c, counted, clusters::Count::Updated, 1);
     }
     after.reason = Some(reason::BATCH_APPLIED.into());
     finish(&mut after, f.generation, f.now);
     let message =
         format!("batch {}/{}: {} targets changed to {}", index + 1, total_batches(f), b.size, f.spec.image);
-    Step::Apply {
-        key: b.idempotency_key,
-        image: image(f),
-        targets,
-        after: Transition {
-            status: after,
-            events: vec![Event::normal(reason::BATCH_APPLIED, Some(index), message)],
-        },
-    }
+    let after = Transition {
+        status: after,
+        events: vec![Event::normal(reason::BATCH_APPLIED, Some(index), message)],
+    };
+    let mut after = unreached(after, index, &waiting, f.unreachable);
+    finish(&mut after.status, f.generation, f.now);
+    Step::Apply { key: b.idempotency_key, image: image(f), targets, after }
 }
 
 /// The image this revision rolls out.

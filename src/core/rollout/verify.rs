@@ -128,6 +128,20 @@ fn tally(f: &Facts<'_>, b: &BatchStatus, timed_out: bool) -> Tally {
         let state = (f.target)(target);
         // A target the batch did not change because the scope rules refused it (its namespace opted out,
         // it is protected, another rollout holds it) is reported as refused, not awaited.
+        // A member cluster that does not answer shows nothing: its targets wait for it (or fail at the
+        // timeout), whatever else is true of them.
+        if let Some(why) = f.unreachable.get(&target.cluster).filter(|_| !target.cluster.is_empty()) {
+            match unreachable(target, why, timed_out) {
+                Verdict::Failed(reason, message) => {
+                    t.failures.push(super::failure(target, b.index, reason, message))
+                }
+                _ => {
+                    let why = format!("cluster {} does not answer: {why}", target.cluster);
+                    t.waiting.get_or_insert_with(|| format!("{}: {why}", target.key()));
+                }
+            }
+            continue;
+        }
         let ours = state.as_ref().is_some_and(|s| s.applied.as_deref() == Some(b.idempotency_key.as_str()));
         if !ours && b.denied.contains(&target.key()) {
             // Failed when its change was refused; counted then.
@@ -137,11 +151,7 @@ fn tally(f: &Facts<'_>, b: &BatchStatus, timed_out: bool) -> Tally {
             t.refused.push(super::failure(target, b.index, r.reason, r.message));
             continue;
         }
-        let verdict = match f.unreachable.get(&target.cluster).filter(|_| !target.cluster.is_empty()) {
-            Some(why) => unreachable(target, why, timed_out),
-            None => verdict(target, state, &b.idempotency_key, &want_image, http_required, timed_out),
-        };
-        match verdict {
+        match verdict(target, state, &b.idempotency_key, &want_image, http_required, timed_out) {
             Verdict::Healthy => t.healthy += 1,
             Verdict::Missing => {
                 t.skipped += 1;

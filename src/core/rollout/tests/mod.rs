@@ -162,6 +162,10 @@ impl Sim {
         let refused = &self.refused;
         let scope = |t: &PlannedTarget| match refused.get(&key(t)) {
             Some(reason) => Err(Refusal { reason, message: format!("{}: refused", key(t)) }),
+            // As the edge: the namespace of a cluster that does not answer is not seen, so not opted in.
+            None if unreachable.contains_key(&t.cluster) => {
+                Err(Refusal { reason: reason::NAMESPACE_NOT_OPTED_IN, message: "not seen".into() })
+            }
             None => Ok(()),
         };
         let measured = self.measure();
