@@ -11,10 +11,11 @@ mod support;
 
 use common::{
     fleet::{NEXT_IMAGE, READY_IMAGE, condition, phase, with_fleet},
+    mcp::drive,
     operator::Operator,
 };
-use fleetroll::api::{APPLIED_ANNOTATION, Phase};
-use kube::ResourceExt;
+use fleetroll::api::{APPLIED_ANNOTATION, FleetRollout, Phase};
+use kube::{Api, ResourceExt};
 use serde_json::json;
 use support::{DEADLINE, OPERATOR_ACCOUNT, Site, register, site, spec, tidy, unique};
 
@@ -118,10 +119,85 @@ async fn a_member_namespace_not_opted_in_there_blocks_the_plan_and_nothing_chang
             .await;
         let message = condition(&fr, "Degraded").unwrap().message.clone();
         assert!(message.contains("member cluster member-2") && message.contains(&team), "{message}");
+        // A rollout outside the fleet namespace reaches no member at all.
+        let tenant = common::create_namespace(&fleet.client, "optin-tenant", &[]).await;
+        let elsewhere: Api<FleetRollout> = Api::namespaced(fleet.client.clone(), &tenant);
+        let fr: FleetRollout = serde_json::from_value(json!({"apiVersion": "fleetroll.dev/v1alpha1",
+            "kind": "FleetRollout", "metadata": {"name": "tenant"}, "spec": spec(NEXT_IMAGE, &team, 2)}))
+        .unwrap();
+        elsewhere.create(&Default::default(), &fr).await.unwrap();
+        let refused = common::wait_for(&elsewhere, "tenant", "the rollout to be refused", DEADLINE, |fr| {
+            condition(fr, "Degraded").is_some_and(|c| c.reason == "CrossNamespaceNotAllowed")
+        })
+        .await;
+        assert!(condition(&refused, "Degraded").unwrap().message.contains("no member cluster was contacted"));
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(fleet.client.clone());
+        namespaces.delete(&tenant, &Default::default()).await.unwrap();
         for site in [&one, &two] {
             assert!(
                 site.state().await.values().all(|(image, _)| image == READY_IMAGE),
                 "{} changed",
+                site.member.name
+            );
+        }
+        tidy(&[&one, &two]).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_agent_previews_and_rolls_across_members_through_an_mcp_task() {
+    if !support::members_up() {
+        return;
+    }
+    let _shared = support::FREEZE.read().await;
+    with_fleet("members-mcp", 0, |fleet| async move {
+        let team = unique("mcp");
+        let one = site("member-1", &team, &team, 2, READY_IMAGE, true).await;
+        let two = site("member-2", &team, &team, 2, READY_IMAGE, true).await;
+        register(&fleet, &[&one, &two], OPERATOR_ACCOUNT).await;
+        let op = Operator::start(&fleet.ns, &[], &[]);
+        let mut args = spec(NEXT_IMAGE, &team, 1);
+        args["namespace"] = json!(fleet.ns);
+        let preview_args = json!({"namespace": fleet.ns, "image": NEXT_IMAGE, "targets": args["targets"],
+            "strategy": args["strategy"]});
+        let preview = drive(&["call", &op.mcp_url(), "preview_rollout", &preview_args.to_string()]).await;
+        let text = preview["content"][0]["text"].as_str().unwrap_or_default().to_string();
+        assert!(
+            text.contains(
+                "waves: canary: member-1 (2 targets, batches 1-2); prod: member-2 (2 targets, batches 3-4)"
+            ),
+            "{preview}"
+        );
+        let waves = &preview["structuredContent"]["waves"];
+        assert_eq!(
+            (waves[0]["name"].as_str(), waves[1]["name"].as_str()),
+            (Some("canary"), Some("prod")),
+            "{preview}"
+        );
+        assert_eq!(
+            preview["structuredContent"]["batches"][2]["targets"][0]["cluster"], "member-2",
+            "{preview}"
+        );
+
+        let created = drive(&["start", &op.mcp_url(), &args.to_string()]).await;
+        assert_eq!(created["resultType"], "task", "{created}");
+        let id = created["taskId"].as_str().unwrap().to_string();
+        let done = drive(&["wait", &op.mcp_url(), &id]).await;
+        assert_eq!(done["status"], "completed", "{done}");
+        let result = &done["result"];
+        let text = result["content"][0]["text"].as_str().unwrap_or_default();
+        assert!(text.contains("waves: canary 2/2 updated; prod 2/2 updated"), "{text}");
+        let clusters = &result["structuredContent"]["clusters"]["members"];
+        assert_eq!(
+            (clusters[0]["name"].as_str(), clusters[1]["updated"].as_u64()),
+            (Some("member-1"), Some(2)),
+            "{done}"
+        );
+        for site in [&one, &two] {
+            assert!(
+                site.state().await.values().all(|(image, _)| image == NEXT_IMAGE),
+                "{}",
                 site.member.name
             );
         }

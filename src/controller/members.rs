@@ -31,8 +31,11 @@ use crate::{
     runtime::failpoint,
 };
 
-/// How soon a rollout with a batch in flight looks at its member clusters again (they are not watched).
+/// How soon a rollout with a batch in flight looks at its member clusters again while a member does not
+/// answer or its watch cache is not filled yet (nothing wakes the rollout then).
 const MEMBER_RECHECK: Duration = Duration::from_secs(1);
+/// ... and otherwise, when the watches wake it: a safety net only.
+const WATCHED_RECHECK: Duration = Duration::from_secs(15);
 
 pub(super) struct Members;
 
@@ -48,7 +51,7 @@ impl Fleet for Members {
     type Seen = MembersSeen;
 
     async fn discover(ctx: &Context, fr: &FleetRollout) -> Result<Result<Discovered, Blocked>> {
-        member_fleet::discover(&ctx.members, &ctx.settings.fleet_namespace, fr).await
+        member_fleet::discover(ctx.members.members(), &ctx.settings.fleet_namespace, fr).await
     }
 
     async fn observe(
@@ -85,8 +88,10 @@ impl Fleet for Members {
             rollout: &rollout,
             between: failpoint::BETWEEN_PATCHES,
         };
-        member_fleet::change(&ctx.members, &ctx.metrics, &change, batch.targets, |_| batch.image.to_string())
-            .await
+        member_fleet::change(ctx.members.members(), &ctx.metrics, &change, batch.targets, |_| {
+            batch.image.to_string()
+        })
+        .await
     }
 
     async fn restore(
@@ -103,7 +108,10 @@ impl Fleet for Members {
             rollout: &rollout,
             between: failpoint::BETWEEN_RESTORES,
         };
-        member_fleet::change(&ctx.members, &ctx.metrics, &change, targets, |t| t.previous_image.clone()).await
+        member_fleet::change(ctx.members.members(), &ctx.metrics, &change, targets, |t| {
+            t.previous_image.clone()
+        })
+        .await
     }
 }
 
@@ -128,7 +136,8 @@ impl Seen for MembersSeen {
     }
 
     fn recheck(&self) -> Option<Duration> {
-        self.looked.then_some(MEMBER_RECHECK)
+        let blind = self.read.unwatched || !self.read.unreachable.is_empty();
+        self.looked.then_some(if blind { MEMBER_RECHECK } else { WATCHED_RECHECK })
     }
 
     // Drift after success is watched in the rollout's own cluster only.

@@ -79,8 +79,9 @@ pub struct Context {
     prober: Prober,
     /// Sends analysis queries, under `settings.analysis.policy`.
     querier: crate::edge::prometheus::Querier,
-    /// Member clusters from the Secrets of the fleet namespace, and a client for each.
-    members: crate::edge::members::Members,
+    /// Member clusters from the Secrets of the fleet namespace, a client for each, and watch caches of
+    /// their workloads.
+    members: crate::edge::member_watch::MemberWatches,
     metrics: Arc<Metrics>,
     /// Status writes, events, the finalizer and deletion of the rollouts themselves.
     rollouts_io: Rollouts,
@@ -247,6 +248,9 @@ pub async fn run(
     rollouts.list(&ListParams::default().limit(1)).await.map_err(Error::CrdMissing)?;
 
     let (controller, stores) = watches(&client, rollouts);
+    // Changes in member clusters wake their rollouts as changes here do.
+    let (member_wake, member_changes) = futures::channel::mpsc::unbounded();
+    let controller = controller.reconcile_on(member_changes);
     let prober = Prober::new(settings.http_check.clone(), Some(client.clone())).map_err(Error::Config)?;
     let querier =
         crate::edge::prometheus::Querier::new(settings.analysis.policy.clone(), Some(client.clone()))
@@ -254,7 +258,10 @@ pub async fn run(
     let ctx = Arc::new(Context {
         rollouts_io: Rollouts::new(client.clone(), &settings.identity, metrics.clone()),
         rollouts: controller.store(),
-        members: crate::edge::members::Members::new(client.clone(), settings.fleet_namespace.clone()),
+        members: crate::edge::member_watch::MemberWatches::new(
+            crate::edge::members::Members::new(client.clone(), settings.fleet_namespace.clone()),
+            member_wake,
+        ),
         client,
         plans: PlanStore::new(settings.plan_limits),
         prober,

@@ -21,6 +21,7 @@ use crate::{
     },
     edge::{
         discovery,
+        member_watch::MemberWatches,
         members::{self, MemberError, Members},
         targets::{self, Change, Outcome},
     },
@@ -68,6 +69,15 @@ pub(crate) async fn discover(
     fleet_namespace: &str,
     fr: &FleetRollout,
 ) -> Result<Result<Discovered, Blocked>> {
+    // Nothing of a member is read for a rollout that may not reach members.
+    let own = fr.namespace().unwrap_or_default();
+    if fleet_namespace.is_empty() || own != fleet_namespace {
+        let message = format!(
+            "targets.clusters is honoured only for FleetRollouts in the fleet namespace {fleet_namespace:?}; this \
+             one is in {own:?} (no member cluster was contacted)"
+        );
+        return Ok(Err(Blocked { reason: reason::CROSS_NAMESPACE_NOT_ALLOWED, message }));
+    }
     let (found, refused) = members.list().await?;
     let mut notes: Vec<String> = refused.iter().map(ToString::to_string).collect();
     let known: Vec<Cluster> =
@@ -130,38 +140,47 @@ pub(crate) struct Read {
     pub facts: std::collections::HashMap<String, WorkloadFacts>,
     pub namespaces: std::collections::HashMap<(String, String), BTreeMap<String, String>>,
     pub unreachable: BTreeMap<String, String>,
+    /// Whether some member's workloads were read live (its watch cache is not filled yet): nothing would
+    /// wake the rollout when they change.
+    pub unwatched: bool,
 }
 
-/// Reads `targets` live, every member at once: in each, the namespaces they are in (their labels, and
-/// their workloads matching the revision's selector).
+/// Reads `targets`, every member at once. In each, the labels of the namespaces they are in are read live
+/// (which also tells whether the member answers now); the workloads come from the member's watch cache
+/// once it is filled, and are listed live (matching the revision's selector) until then.
 pub(crate) async fn read(
-    members: &Members,
+    watches: &MemberWatches,
     status: &FleetRolloutStatus,
     kind: TargetKind,
     targets: &[&PlannedTarget],
 ) -> Read {
-    let mut by_cluster: BTreeMap<&str, HashSet<&str>> = BTreeMap::new();
+    let mut by_cluster: BTreeMap<&str, Vec<&PlannedTarget>> = BTreeMap::new();
     for t in targets {
-        by_cluster.entry(t.cluster.as_str()).or_default().insert(t.namespace.as_str());
+        by_cluster.entry(t.cluster.as_str()).or_default().push(t);
     }
     let selector = selector(status);
-    let reads = join_all(by_cluster.into_iter().map(|(cluster, namespaces)| {
+    let reads = join_all(by_cluster.into_iter().map(|(cluster, targets)| {
         let selector = &selector;
         async move {
-            let read = with_member(members, cluster, |client| {
-                read_namespaces(client, kind, namespaces.clone(), selector.clone())
+            let cache = watches.cache(cluster, kind).filter(|c| c.ready());
+            let namespaces: HashSet<&str> = targets.iter().map(|t| t.namespace.as_str()).collect();
+            let list = cache.is_none();
+            let read = with_member(watches.members(), cluster, |client| {
+                read_namespaces(client, kind, namespaces.clone(), selector.clone(), list)
             })
             .await;
-            (cluster, read)
+            let cached = cache.map(|c| targets.iter().filter_map(|t| c.get(&t.namespace, &t.name)).collect());
+            (cluster, list, read.map(|(listed, labels)| (cached.unwrap_or(listed), labels)))
         }
     }))
     .await;
     let mut seen = Read::default();
-    for (cluster, read) in reads {
+    for (cluster, listed, read) in reads {
+        seen.unwatched |= listed;
         match read {
             Ok((facts, labels)) => {
                 let key = |f: &WorkloadFacts| crate::api::target_key_in(cluster, &f.namespace, &f.name);
-                seen.facts.extend(facts.into_iter().map(|f| (key(&f), f)));
+                seen.facts.extend(facts.into_iter().map(|f: WorkloadFacts| (key(&f), f)));
                 seen.namespaces.extend(labels.into_iter().map(|(ns, l)| ((cluster.to_string(), ns), l)));
             }
             Err(why) => {
@@ -189,6 +208,7 @@ async fn read_namespaces(
     kind: TargetKind,
     namespaces: HashSet<&str>,
     selector: String,
+    list: bool,
 ) -> Result<(Vec<WorkloadFacts>, Vec<(String, BTreeMap<String, String>)>)> {
     let mut facts = Vec::new();
     let mut labels = Vec::new();
@@ -196,7 +216,9 @@ async fn read_namespaces(
         if let Some(n) = Api::<Namespace>::all(client.clone()).get_opt(ns).await? {
             labels.push((ns.to_string(), n.labels().clone()));
         }
-        discovery::list_workloads(&client, kind, ns, &selector, &mut facts).await?;
+        if list {
+            discovery::list_workloads(&client, kind, ns, &selector, &mut facts).await?;
+        }
     }
     Ok((facts, labels))
 }

@@ -140,3 +140,46 @@ fn replaying_every_step_of_a_rollout_across_clusters_changes_nothing_twice() {
         assert_eq!(sim.changes_of(&key(t)), 1, "{}", key(t));
     }
 }
+
+#[test]
+fn status_stays_under_64_kib_at_fifty_clusters_of_two_hundred_targets() {
+    let names: Vec<String> = (0..50).map(|i| format!("member-cluster-region-{:02}", i)).collect();
+    let fleet: Vec<(&str, usize)> = names.iter().map(|n| (n.as_str(), 200)).collect();
+    let waves = vec![
+        PlannedWave { name: "canary".into(), clusters: vec![names[0].clone()], max_concurrency: None },
+        PlannedWave { name: "eu".into(), clusters: names[1..25].to_vec(), max_concurrency: Some(5) },
+        PlannedWave { name: "(unassigned)".into(), clusters: names[25..].to_vec(), max_concurrency: None },
+    ];
+    let mut s = spec(100);
+    s.health.timeout = "1m".into();
+    s.strategy.max_failures = IntOrString::String("100%".into());
+    let mut sim = Sim::across(s, &fleet, &waves);
+    // Keep the plan out of status, as the controller does for big plans.
+    if let Some(p) = sim.status.plan.as_mut() {
+        p.batches.clear();
+        p.storage = PlanStorage::ConfigMaps;
+        p.shards = (0..5).map(|i| format!("web-rollout-0123456789abcdef-{i}")).collect();
+    }
+    sim.broken = sim.plan.batches.iter().flatten().step_by(20).map(key).collect();
+    // Twelve clusters never answer: more than status lists in trouble.
+    for n in names.iter().skip(30).take(12) {
+        sim.unreachable.insert(n.clone(), format!("dial tcp {n}.example.com:6443: i/o timeout after 5s"));
+    }
+    let (mut rounds, mut largest) = (0, 0);
+    while !sim.status.phase.is_terminal() {
+        if let Some(d) = sim.settle() {
+            sim.pass(d);
+        }
+        largest = largest.max(serde_json::to_vec(&sim.status).unwrap().len());
+        rounds += 1;
+        assert!(rounds < 5000);
+    }
+    assert!(largest < 64 * 1024, "status grew to {largest} bytes");
+    eprintln!("50 clusters x 200 targets: status at most {largest} bytes");
+    let clusters = sim.status.clusters.clone().unwrap();
+    assert_eq!(clusters.members.len(), 50);
+    assert!(clusters.trouble.len() <= crate::api::TROUBLE_LISTED);
+    let failed: u32 = clusters.waves.iter().map(|w| w.failed).sum();
+    assert_eq!(failed, sim.status.counts.failed, "wave counts add up to the rollout's");
+    assert_eq!(sim.status.counts.failed, 12 * 200 + (10_000 - 12 * 200) / 20);
+}

@@ -1,0 +1,204 @@
+//! Watch caches of member clusters' workloads, so that a rollout across members is woken by its targets'
+//! changes (as it is in its own cluster) instead of polling them. One watch per member and kind, started
+//! the first time a rollout looks at that member, holding only each workload's facts (a few hundred bytes
+//! each). A watch that fails (the member is down, or refuses a rotated credential) starts again with a
+//! client built from the member's Secret read anew; until its first list is complete, its cache is not
+//! used and targets are read live.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex, RwLock,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use futures::StreamExt;
+use futures::channel::mpsc::UnboundedSender;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use kube::{
+    Api, Resource, ResourceExt,
+    runtime::{
+        reflector::ObjectRef,
+        watcher::{self, Event},
+    },
+};
+use serde::de::DeserializeOwned;
+use tracing::{debug, info};
+
+use super::members::{self, Members};
+
+use crate::{
+    api::{FleetRollout, ROLLOUT_ANNOTATION, TargetKind, target_key},
+    core::workload::{self, WorkloadFacts},
+};
+
+/// How long a failed watch waits before it starts again (a member that is down is not hammered).
+const RESTART_AFTER: Duration = Duration::from_secs(2);
+
+/// The facts of one member's workloads of one kind, by `namespace/name`.
+#[derive(Default)]
+pub struct Cache {
+    facts: RwLock<HashMap<String, WorkloadFacts>>,
+    ready: AtomicBool,
+}
+
+impl Cache {
+    /// A workload's facts; None when it does not exist (only meaningful once [`Cache::ready`]).
+    pub fn get(&self, namespace: &str, name: &str) -> Option<WorkloadFacts> {
+        self.facts.read().ok()?.get(&target_key(namespace, name)).cloned()
+    }
+
+    /// Whether the first list is complete, so that a workload missing here does not exist.
+    pub fn ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    fn replace(&self, all: HashMap<String, WorkloadFacts>) {
+        if let Ok(mut facts) = self.facts.write() {
+            *facts = all;
+        }
+        self.ready.store(true, Ordering::Release);
+    }
+
+    fn apply(&self, facts: WorkloadFacts) {
+        if let Ok(mut all) = self.facts.write() {
+            all.insert(facts.key(), facts);
+        }
+    }
+
+    fn delete(&self, key: &str) {
+        if let Ok(mut all) = self.facts.write() {
+            all.remove(key);
+        }
+    }
+}
+
+/// The watches of every member looked at so far.
+#[derive(Clone)]
+pub struct MemberWatches {
+    members: Members,
+    /// Wakes the rollout named in a changed workload's `fleetroll.dev/rollout` annotation.
+    wake: UnboundedSender<ObjectRef<FleetRollout>>,
+    caches: Arc<Mutex<Caches>>,
+}
+
+/// The cache of each (member, kind) watched.
+type Caches = HashMap<(String, TargetKind), Arc<Cache>>;
+
+impl MemberWatches {
+    pub fn new(members: Members, wake: UnboundedSender<ObjectRef<FleetRollout>>) -> Self {
+        Self { members, wake, caches: Default::default() }
+    }
+
+    /// The member clusters (and their clients) the watches use.
+    pub fn members(&self) -> &Members {
+        &self.members
+    }
+
+    /// The cache of `cluster`'s workloads of `kind`, its watch started if it was not yet. None for a kind
+    /// that is not a workload.
+    pub fn cache(&self, cluster: &str, kind: TargetKind) -> Option<Arc<Cache>> {
+        let key = (cluster.to_string(), kind);
+        let mut caches = self.caches.lock().ok()?;
+        if let Some(c) = caches.get(&key) {
+            return Some(c.clone());
+        }
+        let cache = Arc::new(Cache::default());
+        let (members, wake, watched) = (self.members.clone(), self.wake.clone(), cache.clone());
+        let cluster = cluster.to_string();
+        match kind {
+            TargetKind::Deployment => {
+                tokio::spawn(watch::<Deployment>(members, cluster, watched, wake, workload::deployment_facts))
+            }
+            TargetKind::StatefulSet => tokio::spawn(watch::<StatefulSet>(
+                members,
+                cluster,
+                watched,
+                wake,
+                workload::statefulset_facts,
+            )),
+            TargetKind::DaemonSet => {
+                tokio::spawn(watch::<DaemonSet>(members, cluster, watched, wake, workload::daemonset_facts))
+            }
+            TargetKind::Node => return None,
+        };
+        caches.insert(key, cache.clone());
+        Some(cache)
+    }
+}
+
+/// Keeps `cache` filled from a watch of `cluster`'s workloads of kind `K`, for as long as the process runs.
+async fn watch<K>(
+    members: Members,
+    cluster: String,
+    cache: Arc<Cache>,
+    wake: UnboundedSender<ObjectRef<FleetRollout>>,
+    facts: fn(&K) -> WorkloadFacts,
+) where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    loop {
+        match members.client(&cluster).await {
+            Ok(client) => {
+                // The server ends each watch within the member client's read timeout (15 s), so an idle
+                // watch is renewed (from its last resourceVersion, no new list), never timed out.
+                let config = watcher::Config::default().any_semantic().timeout(10);
+                let events = watcher::watcher(Api::<K>::all(client), config);
+                let error = follow(events, &cache, &wake, facts).await;
+                if let Some(e) = error {
+                    if let watcher::Error::InitialListFailed(k) | watcher::Error::WatchStartFailed(k) = &e
+                        && members::is_unauthorized(k)
+                    {
+                        members.forget(&cluster);
+                    }
+                    info!(cluster, kind = %K::kind(&()), error = %e, "member watch failed; starting again");
+                }
+            }
+            Err(e) => debug!(cluster, error = %e, "no client for the member watch yet"),
+        }
+        tokio::time::sleep(RESTART_AFTER).await;
+    }
+}
+
+/// Applies a watch's events to `cache` until the watch fails (its error) or ends (None).
+async fn follow<K>(
+    events: impl futures::Stream<Item = Result<Event<K>, watcher::Error>>,
+    cache: &Cache,
+    wake: &UnboundedSender<ObjectRef<FleetRollout>>,
+    facts: fn(&K) -> WorkloadFacts,
+) -> Option<watcher::Error>
+where
+    K: Resource<DynamicType = ()>,
+{
+    let wake_for = |obj: &K| {
+        let Some((ns, name)) = obj.annotations().get(ROLLOUT_ANNOTATION).and_then(|r| r.split_once('/'))
+        else {
+            return;
+        };
+        let _ = wake.unbounded_send(ObjectRef::new(name).within(ns));
+    };
+    let mut listing: HashMap<String, WorkloadFacts> = HashMap::new();
+    futures::pin_mut!(events);
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Init) => listing.clear(),
+            Ok(Event::InitApply(obj)) => {
+                let f = facts(&obj);
+                listing.insert(f.key(), f);
+            }
+            Ok(Event::InitDone) => cache.replace(std::mem::take(&mut listing)),
+            Ok(Event::Apply(obj)) => {
+                cache.apply(facts(&obj));
+                wake_for(&obj);
+            }
+            Ok(Event::Delete(obj)) => {
+                cache.delete(&target_key(&obj.namespace().unwrap_or_default(), &obj.name_any()));
+                wake_for(&obj);
+            }
+            Err(e) => return Some(e),
+        }
+    }
+    None
+}
