@@ -6,6 +6,7 @@ pub(crate) mod control;
 pub(crate) mod daemonset_pods;
 pub mod discovery;
 pub(crate) mod live;
+pub(crate) mod members;
 pub(crate) mod own_writes;
 pub mod plans;
 pub(crate) mod probe;
