@@ -14,18 +14,35 @@
 #![allow(dead_code, unused_imports)]
 
 mod argo;
+mod errors;
 mod kubeconfig;
 mod secrets;
 
-use std::collections::BTreeMap;
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use k8s_openapi::{api::core::v1::Secret, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+use kube::{
+    Api, Client,
+    api::{ApiResource, DynamicObject, GroupVersionKind, ListParams},
+};
 
 pub use self::{
+    errors::{describe, is_unauthorized, is_unreachable},
     kubeconfig::{CONNECT_TIMEOUT, MemberConfig, READ_TIMEOUT},
     secrets::{
         ARGO_CLUSTER, ARGO_SECRET_TYPE_LABEL, CAPI_CLUSTER_NAME_LABEL, CAPI_SECRET_TYPE, MAX_CONFIG_BYTES,
         parse,
     },
 };
+use crate::error::{Error, Result, is_not_found};
+
+/// How long building a member's client may take: an exec plugin runs then, and one that never returns
+/// must not hold a reconcile (its thread is left behind; kube gives no way to stop it).
+const BUILD_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// A member cluster as its Secret describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,5 +84,275 @@ pub struct Refused {
     pub reason: String,
 }
 
+/// Why no client for a member.
+#[derive(Debug, thiserror::Error)]
+pub enum MemberError {
+    /// No Secret of the fleet namespace gives this cluster name.
+    #[error(
+        "no member cluster {cluster}: no Argo CD cluster Secret or Cluster API kubeconfig Secret in namespace \
+         {namespace} gives that name"
+    )]
+    NotFound { cluster: String, namespace: String },
+    /// The member's Secret (or one of the Secrets giving its name) is refused.
+    #[error("member cluster {cluster} is refused: {refused}")]
+    Refused { cluster: String, refused: Refused },
+    /// Its Secret is read, but no client could be built from it (an exec plugin failed, say).
+    #[error("cannot build a client for member cluster {cluster} (Secret {secret}): {reason}")]
+    Credentials { cluster: String, secret: String, reason: String },
+    /// The hub would not list or read the Secrets.
+    #[error(transparent)]
+    Hub(#[from] Error),
+}
+
+/// The identity of one version of a Secret: a cached client is reused while it is unchanged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Version {
+    uid: String,
+    resource_version: String,
+}
+
+impl Version {
+    fn of(meta: &ObjectMeta) -> Self {
+        Self {
+            uid: meta.uid.clone().unwrap_or_default(),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// What one Secret gives: a member with its configuration and the Secret's version, nothing, or a
+/// refusal.
+type Parsed = Result<Option<(Member, (MemberConfig, Version))>, Refused>;
+
+/// A client and the Secret version it was built from.
+#[derive(Clone)]
+struct Cached {
+    secret: String,
+    version: Version,
+    client: Client,
+}
+
+/// The member clusters of the fleet namespace, read live, and a client per member, cached while its
+/// Secret is unchanged.
+///
+/// Cost: [`Members::client`] reads the member's Secret's metadata (one GET, no data) before reusing its
+/// client, so that a changed Secret is used at once; on a miss it lists the member Secrets (two LISTs).
+/// A Secret that starts giving an already cached name is noticed by the next [`Members::list`] (which
+/// drops clients whose Secret changed or is refused), or when the cached Secret changes.
+#[derive(Clone)]
+pub struct Members {
+    hub: Client,
+    namespace: String,
+    state: Arc<Mutex<State>>,
+    /// [`BUILD_TIMEOUT`]; shorter in tests.
+    build_timeout: Duration,
+}
+
+/// A client being built on a blocking thread (an exec plugin may be running).
+type Building = tokio::task::JoinHandle<kube::Result<Client>>;
+
+/// What [`Members`] remembers; any of it can be dropped without changing an answer.
+#[derive(Default)]
+struct State {
+    /// Clients by member name.
+    clients: HashMap<String, Cached>,
+    /// Builds that outlived their timeout, by member name: no other starts for that member while one
+    /// still runs, so a plugin that never returns holds one thread, not one per reconcile.
+    stalled: HashMap<String, Building>,
+}
+
+impl Members {
+    /// Members described by the Secrets of `fleet_namespace`, read with `hub`.
+    pub fn new(hub: Client, fleet_namespace: String) -> Self {
+        Self { hub, namespace: fleet_namespace, state: Arc::default(), build_timeout: BUILD_TIMEOUT }
+    }
+
+    /// Every member Secret of the fleet namespace: the members (sorted by name) and the Secrets refused,
+    /// with why (sorted by Secret). Cluster API members take their labels from their `Cluster` object
+    /// (none when there is no such object or no Cluster API); a member whose `Cluster` cannot be read
+    /// is refused rather than given no labels, as a selector would then silently miss it.
+    pub async fn list(&self) -> Result<(Vec<Member>, Vec<Refused>)> {
+        let secrets = self.secrets().await?;
+        let labels = match secrets.iter().any(|s| secrets::capi_cluster(s).is_some()) {
+            true => self.cluster_labels().await,
+            false => Ok(HashMap::new()),
+        };
+        let parsed = secrets.iter().map(|s| parse_with_labels(s, &labels)).collect();
+        let (members, refused) = secrets::group(parsed);
+        self.keep_current(&members);
+        Ok((members.into_iter().map(|(m, _)| m).collect(), refused))
+    }
+
+    /// A client for member `cluster`, reusing the cached one while its Secret is unchanged. Err when no
+    /// Secret gives that name, its Secret is refused, or no client can be built from it.
+    pub async fn client(&self, cluster: &str) -> Result<Client, MemberError> {
+        if let Some(client) = self.cached(cluster).await? {
+            return Ok(client);
+        }
+        let secrets = self.secrets().await?;
+        let parsed = secrets
+            .iter()
+            .map(|s| parse(s, None).map(|found| found.map(|(m, c)| (m, (c, Version::of(&s.metadata))))))
+            .collect();
+        let (members, refused) = secrets::group(parsed);
+        let Some((member, (config, version))) = members.into_iter().find(|(m, _)| m.name == cluster) else {
+            let cluster = cluster.to_string();
+            return Err(match refused.into_iter().find(|r| r.cluster.as_ref() == Some(&cluster)) {
+                Some(refused) => MemberError::Refused { cluster, refused },
+                None => MemberError::NotFound { cluster, namespace: self.namespace.clone() },
+            });
+        };
+        let client = self.build(cluster, config).await.map_err(|reason| MemberError::Credentials {
+            cluster: cluster.to_string(),
+            secret: member.secret.clone(),
+            reason,
+        })?;
+        let cached = Cached { secret: member.secret, version, client: client.clone() };
+        self.lock().clients.insert(cluster.to_string(), cached);
+        Ok(client)
+    }
+
+    /// Drops the cached client of `cluster` (after a 401 from it): the next [`Members::client`] builds
+    /// one from its Secret, read again.
+    pub fn forget(&self, cluster: &str) {
+        self.lock().clients.remove(cluster);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // The maps stay whole whatever panicked while holding them: every change is one insert or remove.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The cached client of `cluster`, if its Secret has not changed since it was built.
+    async fn cached(&self, cluster: &str) -> Result<Option<Client>, MemberError> {
+        let Some(entry) = self.lock().clients.get(cluster).cloned() else { return Ok(None) };
+        let api: Api<Secret> = Api::namespaced(self.hub.clone(), &self.namespace);
+        let now = api.get_metadata_opt(&entry.secret).await.map_err(|e| self.hub_error(e))?;
+        if now.is_some_and(|s| Version::of(&s.metadata) == entry.version) {
+            return Ok(Some(entry.client));
+        }
+        let clients = &mut self.lock().clients;
+        if clients.get(cluster).is_some_and(|c| c.version == entry.version) {
+            clients.remove(cluster);
+        }
+        Ok(None)
+    }
+
+    /// Drops cached clients whose Secret is no longer the one that gives their member.
+    fn keep_current<T>(&self, members: &[(Member, (T, Version))]) {
+        let current: HashMap<&str, (&str, &Version)> =
+            members.iter().map(|(m, (_, v))| (m.name.as_str(), (m.secret.as_str(), v))).collect();
+        self.lock()
+            .clients
+            .retain(|name, c| current.get(name.as_str()) == Some(&(c.secret.as_str(), &c.version)));
+    }
+
+    /// The Secrets that may describe members: Argo CD's by label, Cluster API's by type.
+    async fn secrets(&self) -> Result<Vec<Secret>> {
+        let api: Api<Secret> = Api::namespaced(self.hub.clone(), &self.namespace);
+        let argo = ListParams::default().labels(&format!("{ARGO_SECRET_TYPE_LABEL}={ARGO_CLUSTER}"));
+        let capi = ListParams::default().fields(&format!("type={CAPI_SECRET_TYPE}"));
+        let (argo, capi) =
+            futures::try_join!(api.list(&argo), api.list(&capi)).map_err(|e| self.hub_error(e))?;
+        let mut secrets = argo.items;
+        // A Secret both labelled for Argo CD and of Cluster API's type is listed twice: keep it once.
+        let seen: Vec<Option<String>> = secrets.iter().map(|s| s.metadata.uid.clone()).collect();
+        secrets.extend(capi.items.into_iter().filter(|s| !seen.contains(&s.metadata.uid)));
+        Ok(secrets)
+    }
+
+    /// The hub's refusal, saying which permission is missing when it is one.
+    fn hub_error(&self, e: kube::Error) -> Error {
+        match &e {
+            kube::Error::Api(s) if s.code == 403 => Error::Config(format!(
+                "the operator may not read Secrets in namespace {}: member clusters need get and list on \
+                 Secrets there ({})",
+                self.namespace, s.message
+            )),
+            _ => Error::from(e),
+        }
+    }
+
+    /// A client from `config`, built on a blocking thread: kube runs an exec plugin while building it.
+    async fn build(&self, cluster: &str, config: MemberConfig) -> Result<Client, String> {
+        let timeout = self.build_timeout;
+        // Taken out first: the guard of an if-let condition would live through its body.
+        let stalled = self.lock().stalled.remove(cluster);
+        if let Some(stalled) = stalled
+            && !stalled.is_finished()
+        {
+            self.lock().stalled.insert(cluster.to_string(), stalled);
+            return Err(format!(
+                "the exec plugin started for it more than {timeout:?} ago has not returned yet; no other is \
+                 started until it does"
+            ));
+        }
+        let hint = config.install_hint().map(str::to_string);
+        let mut building = tokio::task::spawn_blocking(move || Client::try_from(config.into_config()));
+        let e = match tokio::time::timeout(timeout, &mut building).await {
+            Ok(Ok(Ok(client))) => return Ok(client),
+            Ok(Ok(Err(e))) => e,
+            Ok(Err(join)) => return Err(format!("building the client failed: {join}")),
+            Err(_) => {
+                self.lock().stalled.insert(cluster.to_string(), building);
+                return Err(format!(
+                    "building the client took longer than {timeout:?} (an exec plugin that does not return?)"
+                ));
+            }
+        };
+        match (matches!(&e, kube::Error::Auth(kube::client::AuthError::AuthExecStart(_))), hint) {
+            (true, Some(hint)) => {
+                Err(format!("{}; its installHint: {}", describe(&e), kubeconfig::shown(&hint)))
+            }
+            _ => Err(describe(&e)),
+        }
+    }
+
+    /// The labels of the Cluster API `Cluster` objects of the fleet namespace, by name (v1beta2, else
+    /// v1beta1; none when neither is served). Err: why they cannot be read.
+    async fn cluster_labels(&self) -> Result<HashMap<String, BTreeMap<String, String>>, String> {
+        for version in ["v1beta2", "v1beta1"] {
+            let gvk = GroupVersionKind::gvk("cluster.x-k8s.io", version, "Cluster");
+            let resource = ApiResource::from_gvk_with_plural(&gvk, "clusters");
+            let api: Api<DynamicObject> = Api::namespaced_with(self.hub.clone(), &self.namespace, &resource);
+            match api.list_metadata(&ListParams::default()).await {
+                Ok(list) => {
+                    let labelled = list.items.into_iter().map(|c| c.metadata);
+                    return Ok(labelled
+                        .filter_map(|m| Some((m.name?, m.labels.unwrap_or_default())))
+                        .collect());
+                }
+                Err(e) if is_not_found(&e) => continue,
+                Err(e) => return Err(describe(&e)),
+            }
+        }
+        Ok(HashMap::new())
+    }
+}
+
+/// [`parse`], with the labels of the Secret's `Cluster` (for a Cluster API Secret), and the Secret's
+/// version.
+fn parse_with_labels(
+    secret: &Secret,
+    labels: &Result<HashMap<String, BTreeMap<String, String>>, String>,
+) -> Parsed {
+    let cluster = secrets::capi_cluster(secret);
+    let found = match (cluster, labels) {
+        (Some(cluster), Ok(labels)) => parse(secret, labels.get(cluster)),
+        (Some(cluster), Err(why)) => parse(secret, None).and_then(|found| match found {
+            None => Ok(None),
+            Some(_) => Err(Refused {
+                secret: secret.metadata.name.clone().unwrap_or_default(),
+                cluster: Some(cluster.to_string()),
+                reason: format!("its labels cannot be read from Cluster {cluster} (cluster.x-k8s.io): {why}"),
+            }),
+        }),
+        (None, _) => parse(secret, None),
+    }?;
+    Ok(found.map(|(m, c)| (m, (c, Version::of(&secret.metadata)))))
+}
+
+#[cfg(test)]
+mod registry_tests;
 #[cfg(test)]
 mod tests;
