@@ -32,11 +32,8 @@ use kube::{
 
 pub use self::{
     errors::{describe, is_unauthorized, is_unreachable},
-    kubeconfig::{CONNECT_TIMEOUT, MemberConfig, READ_TIMEOUT},
-    secrets::{
-        ARGO_CLUSTER, ARGO_SECRET_TYPE_LABEL, CAPI_CLUSTER_NAME_LABEL, CAPI_SECRET_TYPE, MAX_CONFIG_BYTES,
-        parse,
-    },
+    kubeconfig::MemberConfig,
+    secrets::{ARGO_CLUSTER, ARGO_SECRET_TYPE_LABEL, CAPI_SECRET_TYPE, parse},
 };
 use crate::error::{Error, Result, is_not_found};
 

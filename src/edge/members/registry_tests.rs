@@ -11,6 +11,7 @@ use kube::client::Body;
 use serde_json::json;
 
 use super::{
+    kubeconfig::CONNECT_TIMEOUT,
     tests::{argo, capi, kubeconfig},
     *,
 };

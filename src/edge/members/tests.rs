@@ -6,7 +6,11 @@ use k8s_openapi::{ByteString, api::core::v1::Secret};
 use kube::api::ObjectMeta;
 use serde_json::json;
 
-use super::{secrets::group, *};
+use super::{
+    kubeconfig::{CONNECT_TIMEOUT, READ_TIMEOUT},
+    secrets::{MAX_CONFIG_BYTES, group},
+    *,
+};
 
 /// A throwaway self-signed certificate and its key, made for these tests only.
 pub(super) const CERT: &str = "-----BEGIN CERTIFICATE-----
