@@ -44,15 +44,26 @@ where
     F: Fn(Client) -> Fut,
     Fut: std::future::Future<Output = Result<T>>,
 {
-    match call(client(members, cluster).await?).await {
+    // Within a bound whatever the member does: kube refreshes an exec plugin's token inside a request,
+    // without a timeout of its own.
+    let late =
+        |_| format!("member cluster {cluster} did not answer within {}s", MEMBER_CALL_TIMEOUT.as_secs());
+    let first = tokio::time::timeout(MEMBER_CALL_TIMEOUT, call(client(members, cluster).await?))
+        .await
+        .map_err(late)?;
+    match first {
         Err(Error::Kube(e)) if members::is_unauthorized(&e) => {
             info!(cluster, "member refused its credentials; rebuilding its client");
             members.forget(cluster);
-            call(client(members, cluster).await?).await.map_err(|e| describe(&e))
+            let again = call(client(members, cluster).await?);
+            tokio::time::timeout(MEMBER_CALL_TIMEOUT, again).await.map_err(late)?.map_err(|e| describe(&e))
         }
         other => other.map_err(|e| describe(&e)),
     }
 }
+
+/// The longest one call to a member (which may be several requests) may take.
+const MEMBER_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 fn describe(e: &Error) -> String {
     match e {

@@ -9,10 +9,6 @@
 //! operator (as Argo CD does). `insecure` (Argo CD) and `insecure-skip-tls-verify` are honoured, as
 //! Argo CD honours them, and shown on the [`Member`].
 
-// Nothing calls this module until the controller reaches member clusters (issue 17, written beside it):
-// remove this then.
-#![allow(dead_code, unused_imports)]
-
 mod argo;
 mod errors;
 mod kubeconfig;
@@ -31,12 +27,9 @@ use kube::{
 };
 
 pub use self::{
-    errors::{describe, is_unauthorized, is_unreachable},
-    kubeconfig::{CONNECT_TIMEOUT, MemberConfig, READ_TIMEOUT},
-    secrets::{
-        ARGO_CLUSTER, ARGO_SECRET_TYPE_LABEL, CAPI_CLUSTER_NAME_LABEL, CAPI_SECRET_TYPE, MAX_CONFIG_BYTES,
-        parse,
-    },
+    errors::{describe, is_unauthorized},
+    kubeconfig::MemberConfig,
+    secrets::{ARGO_CLUSTER, ARGO_SECRET_TYPE_LABEL, CAPI_SECRET_TYPE, parse},
 };
 use crate::error::{Error, Result, is_not_found};
 
@@ -143,13 +136,28 @@ struct Cached {
 pub struct Members {
     hub: Client,
     namespace: String,
-    cache: Arc<Mutex<HashMap<String, Cached>>>,
+    state: Arc<Mutex<State>>,
+    /// [`BUILD_TIMEOUT`]; shorter in tests.
+    build_timeout: Duration,
+}
+
+/// A client being built on a blocking thread (an exec plugin may be running).
+type Building = tokio::task::JoinHandle<kube::Result<Client>>;
+
+/// What [`Members`] remembers; any of it can be dropped without changing an answer.
+#[derive(Default)]
+struct State {
+    /// Clients by member name.
+    clients: HashMap<String, Cached>,
+    /// Builds that outlived their timeout, by member name: no other starts for that member while one
+    /// still runs, so a plugin that never returns holds one thread, not one per reconcile.
+    stalled: HashMap<String, Building>,
 }
 
 impl Members {
     /// Members described by the Secrets of `fleet_namespace`, read with `hub`.
     pub fn new(hub: Client, fleet_namespace: String) -> Self {
-        Self { hub, namespace: fleet_namespace, cache: Arc::default() }
+        Self { hub, namespace: fleet_namespace, state: Arc::default(), build_timeout: BUILD_TIMEOUT }
     }
 
     /// Every member Secret of the fleet namespace: the members (sorted by name) and the Secrets refused,
@@ -187,38 +195,38 @@ impl Members {
                 None => MemberError::NotFound { cluster, namespace: self.namespace.clone() },
             });
         };
-        let client = build(config).await.map_err(|reason| MemberError::Credentials {
+        let client = self.build(cluster, config).await.map_err(|reason| MemberError::Credentials {
             cluster: cluster.to_string(),
             secret: member.secret.clone(),
             reason,
         })?;
         let cached = Cached { secret: member.secret, version, client: client.clone() };
-        self.lock().insert(cluster.to_string(), cached);
+        self.lock().clients.insert(cluster.to_string(), cached);
         Ok(client)
     }
 
     /// Drops the cached client of `cluster` (after a 401 from it): the next [`Members::client`] builds
     /// one from its Secret, read again.
     pub fn forget(&self, cluster: &str) {
-        self.lock().remove(cluster);
+        self.lock().clients.remove(cluster);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Cached>> {
-        // The map stays whole whatever panicked while holding it: every change is one insert or remove.
-        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // The maps stay whole whatever panicked while holding them: every change is one insert or remove.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The cached client of `cluster`, if its Secret has not changed since it was built.
     async fn cached(&self, cluster: &str) -> Result<Option<Client>, MemberError> {
-        let Some(entry) = self.lock().get(cluster).cloned() else { return Ok(None) };
+        let Some(entry) = self.lock().clients.get(cluster).cloned() else { return Ok(None) };
         let api: Api<Secret> = Api::namespaced(self.hub.clone(), &self.namespace);
         let now = api.get_metadata_opt(&entry.secret).await.map_err(|e| self.hub_error(e))?;
         if now.is_some_and(|s| Version::of(&s.metadata) == entry.version) {
             return Ok(Some(entry.client));
         }
-        let mut cache = self.lock();
-        if cache.get(cluster).is_some_and(|c| c.version == entry.version) {
-            cache.remove(cluster);
+        let clients = &mut self.lock().clients;
+        if clients.get(cluster).is_some_and(|c| c.version == entry.version) {
+            clients.remove(cluster);
         }
         Ok(None)
     }
@@ -227,7 +235,9 @@ impl Members {
     fn keep_current<T>(&self, members: &[(Member, (T, Version))]) {
         let current: HashMap<&str, (&str, &Version)> =
             members.iter().map(|(m, (_, v))| (m.name.as_str(), (m.secret.as_str(), v))).collect();
-        self.lock().retain(|name, c| current.get(name.as_str()) == Some(&(c.secret.as_str(), &c.version)));
+        self.lock()
+            .clients
+            .retain(|name, c| current.get(name.as_str()) == Some(&(c.secret.as_str(), &c.version)));
     }
 
     /// The Secrets that may describe members: Argo CD's by label, Cluster API's by type.
@@ -253,6 +263,41 @@ impl Members {
                 self.namespace, s.message
             )),
             _ => Error::from(e),
+        }
+    }
+
+    /// A client from `config`, built on a blocking thread: kube runs an exec plugin while building it.
+    async fn build(&self, cluster: &str, config: MemberConfig) -> Result<Client, String> {
+        let timeout = self.build_timeout;
+        // Taken out first: the guard of an if-let condition would live through its body.
+        let stalled = self.lock().stalled.remove(cluster);
+        if let Some(stalled) = stalled
+            && !stalled.is_finished()
+        {
+            self.lock().stalled.insert(cluster.to_string(), stalled);
+            return Err(format!(
+                "the exec plugin started for it more than {timeout:?} ago has not returned yet; no other is \
+                 started until it does"
+            ));
+        }
+        let hint = config.install_hint().map(str::to_string);
+        let mut building = tokio::task::spawn_blocking(move || Client::try_from(config.into_config()));
+        let e = match tokio::time::timeout(timeout, &mut building).await {
+            Ok(Ok(Ok(client))) => return Ok(client),
+            Ok(Ok(Err(e))) => e,
+            Ok(Err(join)) => return Err(format!("building the client failed: {join}")),
+            Err(_) => {
+                self.lock().stalled.insert(cluster.to_string(), building);
+                return Err(format!(
+                    "building the client took longer than {timeout:?} (an exec plugin that does not return?)"
+                ));
+            }
+        };
+        match (matches!(&e, kube::Error::Auth(kube::client::AuthError::AuthExecStart(_))), hint) {
+            (true, Some(hint)) => {
+                Err(format!("{}; its installHint: {}", describe(&e), kubeconfig::shown(&hint)))
+            }
+            _ => Err(describe(&e)),
         }
     }
 
@@ -300,25 +345,7 @@ fn parse_with_labels(
     Ok(found.map(|(m, c)| (m, (c, Version::of(&secret.metadata)))))
 }
 
-/// A client from `config`, built on a blocking thread: kube runs an exec plugin while building it.
-async fn build(config: MemberConfig) -> Result<Client, String> {
-    let hint = config.install_hint().map(str::to_string);
-    let building = tokio::task::spawn_blocking(move || Client::try_from(config.into_config()));
-    match tokio::time::timeout(BUILD_TIMEOUT, building).await {
-        Ok(Ok(Ok(client))) => Ok(client),
-        Ok(Ok(Err(e))) => {
-            let missing = matches!(&e, kube::Error::Auth(kube::client::AuthError::AuthExecStart(_)));
-            match (missing, hint) {
-                (true, Some(hint)) => Err(format!("{} ({})", describe(&e), kubeconfig::shown(&hint))),
-                _ => Err(describe(&e)),
-            }
-        }
-        Ok(Err(join)) => Err(format!("building the client failed: {join}")),
-        Err(_) => Err(format!(
-            "building the client took longer than {BUILD_TIMEOUT:?} (an exec plugin that does not return?)"
-        )),
-    }
-}
-
+#[cfg(test)]
+mod registry_tests;
 #[cfg(test)]
 mod tests;

@@ -53,6 +53,7 @@ pub fn describe(e: &kube::Error) -> String {
             format!("the member answered {} (not a Kubernetes API answer)", s.code)
         }
         kube::Error::Api(s) => format!("the member answered {} {}: {}", s.code, s.reason, cut(&s.message)),
+        other if is_unreachable(other) => format!("the member cannot be reached: {}", chain(other)),
         other => chain(other),
     }
 }

@@ -6,7 +6,11 @@ use k8s_openapi::{ByteString, api::core::v1::Secret};
 use kube::api::ObjectMeta;
 use serde_json::json;
 
-use super::{secrets::group, *};
+use super::{
+    kubeconfig::{CONNECT_TIMEOUT, READ_TIMEOUT},
+    secrets::{MAX_CONFIG_BYTES, group},
+    *,
+};
 
 /// A throwaway self-signed certificate and its key, made for these tests only.
 pub(super) const CERT: &str = "-----BEGIN CERTIFICATE-----
@@ -388,4 +392,26 @@ fn a_name_given_by_two_secrets_is_refused_naming_both() {
     assert!(refused[2].reason.contains("stage, z-stage-broken"), "{}", refused[2].reason);
     assert!(refused[3].reason.contains("https"), "the broken Secret keeps its own reason");
     assert_eq!(refused[0].to_string(), format!("Secret a-prod: {}", refused[0].reason));
+}
+
+proptest::proptest! {
+    /// Whatever a Secret holds, parse answers (a member, nothing or a refusal) and never panics.
+    #[test]
+    fn parse_never_panics(
+        name in "[a-z0-9-]{0,70}|\\PC{0,20}",
+        server in "https://[a-z0-9.:-]{0,30}(/[a-z]{0,5})?|\\PC{0,40}",
+        config in proptest::collection::vec(proptest::num::u8::ANY, 0..200),
+        json in "\\{\"(bearerToken|tlsClientConfig|execProviderConfig|username)\": (\"\\PC{0,9}\"|\\{\\}|null|\\[1\\])\\}",
+        yaml in "\\PC{0,200}",
+    ) {
+        let _ = parse(&argo("s", &name, &server, &serde_json::Value::Null), None);
+        let mut raw = argo("s", &name, &server, &json!({}));
+        raw.data.as_mut().unwrap().insert("config".into(), ByteString(config.clone()));
+        let _ = parse(&raw, None);
+        let mut typed = argo("s", &name, &server, &json!({}));
+        typed.data.as_mut().unwrap().insert("config".into(), ByteString(json.into_bytes()));
+        let _ = parse(&typed, None);
+        let _ = parse(&capi("prod-kubeconfig", Some("prod"), &yaml), None);
+        let _ = parse(&capi("prod-kubeconfig", Some("prod"), &kubeconfig(&server, false, &yaml)), None);
+    }
 }
