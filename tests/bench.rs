@@ -2,7 +2,7 @@
 //!
 //!   cargo test --release --test bench -- --full    the full run (make bench); writes bench/results/
 //!   cargo test --test bench                        a reduced smoke run, part of `make test`
-//!   ... -- --full --only transitions,mcp           some scenarios only (overhead, transitions, analysis, scale, mcp)
+//!   ... -- --full --only transitions,mcp           some scenarios only (overhead, transitions, analysis, members, scale, mcp)
 //!
 //! Every figure that has a goal is a ratio or a latency measured side by side in the same run, because these
 //! machines are noisy. Goals are reported, not asserted: the run fails only when an invariant breaks (a
@@ -13,6 +13,8 @@
 mod analysis;
 mod bench_support;
 mod common;
+#[path = "bench/members.rs"]
+mod members;
 
 use std::{
     collections::HashMap,
@@ -41,6 +43,11 @@ struct Sizes {
     mcp_requests: usize,
     mcp_starts: usize,
     analysis_targets: usize,
+    /// Deployments in each of the two members, and per batch.
+    members_targets: usize,
+    members_batch: usize,
+    /// Deployments over the hub and the two members, for the operator's memory.
+    members_scale_targets: usize,
 }
 
 const FULL: Sizes = Sizes {
@@ -58,6 +65,9 @@ const FULL: Sizes = Sizes {
     mcp_requests: 20_000,
     mcp_starts: 200,
     analysis_targets: 50,
+    members_targets: 250,
+    members_batch: 50,
+    members_scale_targets: 10_000,
 };
 
 const SMOKE: Sizes = Sizes {
@@ -75,6 +85,9 @@ const SMOKE: Sizes = Sizes {
     mcp_requests: 400,
     mcp_starts: 10,
     analysis_targets: 10,
+    members_targets: 10,
+    members_batch: 5,
+    members_scale_targets: 30,
 };
 
 const LONG: Duration = Duration::from_secs(3600);
@@ -114,6 +127,9 @@ async fn run(sizes: Sizes, only: Option<Vec<String>>) {
     if wanted("analysis") {
         analysis::cost(&client, &sizes, &mut report, &mut namespaces).await;
     }
+    if wanted("members") {
+        members::overhead(&client, &sizes, &mut report, &mut namespaces).await;
+    }
     if wanted("mcp") {
         mcp(&client, &sizes, &mut report, &mut namespaces).await;
     }
@@ -121,6 +137,9 @@ async fn run(sizes: Sizes, only: Option<Vec<String>>) {
     // would be measured as the next scenario's latency.
     if wanted("scale") {
         scale(&client, &sizes, &mut report, &mut namespaces).await;
+    }
+    if wanted("members") {
+        members::scale(&client, &sizes, &mut report, &mut namespaces).await;
     }
     bench_support::cleanup(&client, &namespaces).await;
 

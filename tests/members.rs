@@ -126,6 +126,8 @@ async fn a_member_namespace_not_opted_in_there_blocks_the_plan_and_nothing_chang
             "kind": "FleetRollout", "metadata": {"name": "tenant"}, "spec": spec(NEXT_IMAGE, &team, 2)}))
         .unwrap();
         elsewhere.create(&Default::default(), &fr).await.unwrap();
+        // An operator watching that namespace, with the same fleet namespace (tests scope each operator).
+        let _tenant_op = Operator::start(&tenant, &["--fleet-namespace", &fleet.ns], &[]);
         let refused = common::wait_for(&elsewhere, "tenant", "the rollout to be refused", DEADLINE, |fr| {
             condition(fr, "Degraded").is_some_and(|c| c.reason == "CrossNamespaceNotAllowed")
         })
