@@ -207,3 +207,59 @@ async fn an_agent_previews_and_rolls_across_members_through_an_mcp_task() {
     })
     .await;
 }
+
+/// An example manifest with its placeholders filled in for `member`, in the fleet namespace `ns`.
+fn example(file: &str, ns: &str, member: &common::members::Member, token: &str) -> String {
+    let text =
+        std::fs::read_to_string(common::cli::repo_path(&format!("manifests/examples/{file}"))).unwrap();
+    let host = format!("https://{}.example.com:6443", member.name);
+    text.replace("fleetroll-fleet", ns)
+        .replace(&host, &member.server)
+        .replace("<a ServiceAccount token of the member>", token)
+        .replace("<base64 PEM of the member's CA>", &member.ca_data())
+}
+
+#[tokio::test]
+async fn the_example_secrets_of_both_styles_and_the_example_rollout_roll_across_the_members() {
+    if !support::members_up() {
+        return;
+    }
+    let _shared = support::FREEZE.read().await;
+    with_fleet("members-ex", 0, |fleet| async move {
+        common::members::ensure_cluster_crd(&fleet.client).await;
+        let ns = unique("storefront");
+        let mut sites = Vec::new();
+        let mut manifests = Vec::new();
+        for (name, file) in [("member-1", "member-argocd.yaml"), ("member-2", "member-capi.yaml")] {
+            let s = support::storefront(name, &ns, 2).await;
+            let token =
+                common::members::service_account_token(&s.admin, OPERATOR_ACCOUNT.0, OPERATOR_ACCOUNT.1)
+                    .await;
+            manifests.push(example(file, &fleet.ns, &s.member, &token));
+            sites.push(s);
+        }
+        manifests.push(
+            std::fs::read_to_string(common::cli::repo_path("manifests/examples/across-clusters.yaml"))
+                .unwrap()
+                .replace("fleetroll-fleet", &fleet.ns),
+        );
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("target/test-logs/{}-examples.yaml", fleet.ns));
+        std::fs::write(&path, manifests.join("\n---\n")).unwrap();
+        let _op = Operator::start(&fleet.ns, &[], &[]);
+        common::cli::kubectl(&["apply", "-f", &path.to_string_lossy()]).await.ok();
+        let fr = fleet
+            .wait_rollout("storefront-everywhere", "the example rollout to succeed", DEADLINE, |fr| {
+                phase(fr) == Phase::Succeeded
+            })
+            .await;
+        let clusters = fr.status.unwrap().clusters.unwrap();
+        let waves: Vec<(&str, u32)> = clusters.waves.iter().map(|w| (w.name.as_str(), w.updated)).collect();
+        assert_eq!(waves, [("canary", 2), ("prod", 2)]);
+        for s in &sites {
+            assert!(s.state().await.values().all(|(image, _)| image == NEXT_IMAGE), "{}", s.member.name);
+        }
+        tidy(&sites.iter().collect::<Vec<_>>()).await;
+    })
+    .await;
+}

@@ -71,6 +71,31 @@ pub async fn site(member_name: &str, ns: &str, team: &str, n: usize, image: &str
     Site { member, admin, ns: ns.to_string() }
 }
 
+/// The storefront of the example manifests on `member_name`: namespace `ns` labelled tier=tenant and opted
+/// in, with `n` Available Deployments labelled app.kubernetes.io/part-of=storefront.
+pub async fn storefront(member_name: &str, ns: &str, n: usize) -> Site {
+    let member = member(member_name);
+    let admin = member.admin_client().await;
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    let body = json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": ns, "labels": {"tier": "tenant", OPT_IN_LABEL: OPT_IN_VALUE}}});
+    namespaces.patch(ns, &PatchParams::apply("fleetroll-tests").force(), &Patch::Apply(&body)).await.unwrap();
+    let api: Api<Deployment> = Api::namespaced(admin.clone(), ns);
+    for i in 0..n {
+        let d = deployment(
+            &format!("shop-{i:02}"),
+            crate::common::fleet::READY_IMAGE,
+            &[("fleet", "web"), ("app.kubernetes.io/part-of", "storefront")],
+        );
+        api.create(&PostParams::default(), &d).await.unwrap();
+        wait_for(&api, &format!("shop-{i:02}"), "the Deployment to be available", DEADLINE, |d| {
+            d.status.as_ref().and_then(|s| s.available_replicas) == Some(1)
+        })
+        .await;
+    }
+    Site { member, admin, ns: ns.to_string() }
+}
+
 /// Deletes the tenant namespaces the test made on the members.
 pub async fn tidy(sites: &[&Site]) {
     for s in sites {
