@@ -105,8 +105,8 @@ async fn the_api_server_rejects_nonsense_with_a_clear_message() {
             ("targets.nodeSelector", json!({"matchLabels": {"pool": "edge"}}), "targets.daemonSet and targets.nodeSelector apply only to kind Node"),
             // Metric analysis: an unknown placeholder, an unparseable or empty or inverted range, a
             // dry-run-only analysis, a backend URL with user information.
-            ("analysis", analysis(json!({"query": "up{d=\"{{name}}\"}"})), "a Batch metric's query may use only the placeholders {{targets}}, {{namespaces}} and {{interval}}"),
-            ("analysis", analysis(json!({"scope": "Target", "query": "up{d=~\"{{targets}}\"}"})), "a Target metric's query may use only the placeholders {{name}}, {{namespace}} and {{interval}}"),
+            ("analysis", analysis(json!({"query": "up{d=\"{{name}}\"}"})), "a Batch metric's query may use only the placeholders {{targets}}, {{namespaces}}, {{clusters}} and {{interval}}"),
+            ("analysis", analysis(json!({"scope": "Target", "query": "up{d=~\"{{targets}}\"}"})), "a Target metric's query may use only the placeholders {{name}}, {{namespace}}, {{cluster}} and {{interval}}"),
             ("analysis", analysis(json!({"thresholdRange": {"max": "1%"}})), "thresholdRange.max in body must be of type number"),
             ("analysis", analysis(json!({"thresholdRange": {}})), "thresholdRange needs min, max or both"),
             ("analysis", analysis(json!({"thresholdRange": {"min": 2, "max": 1}})), "thresholdRange.min must not be greater than thresholdRange.max"),

@@ -77,8 +77,8 @@ pub const ANALYSIS_SECRET_LABEL: &str = "fleetroll.dev/analysis-credentials";
 /// One metric: a query, the range its every sample must be in, and how many measurements decide.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new(BATCH_PLACEHOLDERS_RULE).message("a Batch metric's query may use only the placeholders {{targets}}, {{namespaces}} and {{interval}}"))]
-#[x_kube(validation = Rule::new(TARGET_PLACEHOLDERS_RULE).message("a Target metric's query may use only the placeholders {{name}}, {{namespace}} and {{interval}}"))]
+#[x_kube(validation = Rule::new(BATCH_PLACEHOLDERS_RULE).message("a Batch metric's query may use only the placeholders {{targets}}, {{namespaces}}, {{clusters}} and {{interval}}"))]
+#[x_kube(validation = Rule::new(TARGET_PLACEHOLDERS_RULE).message("a Target metric's query may use only the placeholders {{name}}, {{namespace}}, {{cluster}} and {{interval}}"))]
 pub struct Metric {
     /// The metric's name, unique in the analysis: a DNS label such as error-rate.
     #[schemars(length(min = 1, max = 63))]
@@ -86,8 +86,10 @@ pub struct Metric {
     pub name: String,
 
     /// Batch (default): one query per measurement for the whole batch, with {{targets}} (and
-    /// {{namespaces}}) replaced by a regular expression matching exactly its workloads' names (and
-    /// namespaces). Target: one query per target, with {{name}} and {{namespace}} replaced by its own.
+    /// {{namespaces}}, and across member clusters {{clusters}}) replaced by a regular expression matching
+    /// exactly its workloads' names (and namespaces, and clusters). Target: one query per target, with
+    /// {{name}}, {{namespace}} and {{cluster}} (its member cluster's name, empty in the rollout's own)
+    /// replaced by its own.
     #[serde(default)]
     pub scope: MetricScope,
 
@@ -181,8 +183,8 @@ pub struct ThresholdRange {
 const DURATION_RULE: &str = crate::core::duration::SCHEMA_RULE;
 const INTERVAL_RULE: &str = "self != '' && self.matches('^([0-9]{1,6}h)?([0-9]{1,6}m)?([0-9]{1,6}s)?([0-9]{1,6}ms)?$') && duration(self) >= duration('1s') && duration(self) <= duration('720h')";
 const TIMEOUT_RULE: &str = "self != '' && self.matches('^([0-9]{1,6}h)?([0-9]{1,6}m)?([0-9]{1,6}s)?([0-9]{1,6}ms)?$') && duration(self) > duration('0s') && duration(self) <= duration('30s')";
-const BATCH_PLACEHOLDERS_RULE: &str = "has(self.scope) && self.scope == 'Target' || self.query.findAll('\\\\{\\\\{[^}]*\\\\}\\\\}').all(p, p.matches('^\\\\{\\\\{\\\\s*(targets|namespaces|interval)\\\\s*\\\\}\\\\}$'))";
-const TARGET_PLACEHOLDERS_RULE: &str = "!has(self.scope) || self.scope != 'Target' || self.query.findAll('\\\\{\\\\{[^}]*\\\\}\\\\}').all(p, p.matches('^\\\\{\\\\{\\\\s*(name|namespace|interval)\\\\s*\\\\}\\\\}$'))";
+const BATCH_PLACEHOLDERS_RULE: &str = "has(self.scope) && self.scope == 'Target' || self.query.findAll('\\\\{\\\\{[^}]*\\\\}\\\\}').all(p, p.matches('^\\\\{\\\\{\\\\s*(targets|namespaces|clusters|interval)\\\\s*\\\\}\\\\}$'))";
+const TARGET_PLACEHOLDERS_RULE: &str = "!has(self.scope) || self.scope != 'Target' || self.query.findAll('\\\\{\\\\{[^}]*\\\\}\\\\}').all(p, p.matches('^\\\\{\\\\{\\\\s*(name|namespace|cluster|interval)\\\\s*\\\\}\\\\}$'))";
 
 fn default_query_timeout() -> String {
     "10s".into()

@@ -58,8 +58,8 @@ pub fn measured(batch: u32, answers: Vec<(Query, Answer)>) -> Vec<Measured> {
 }
 
 /// The placeholders each scope may use.
-const BATCH_PLACEHOLDERS: [&str; 3] = ["targets", "namespaces", "interval"];
-const TARGET_PLACEHOLDERS: [&str; 3] = ["name", "namespace", "interval"];
+const BATCH_PLACEHOLDERS: [&str; 4] = ["targets", "namespaces", "clusters", "interval"];
+const TARGET_PLACEHOLDERS: [&str; 4] = ["name", "namespace", "cluster", "interval"];
 /// The longest message and value a measurement keeps, so that a status of 16 batches of 10 metrics of 3
 /// measurements each stays within a few hundred KiB at the very worst.
 const MESSAGE_MAX: usize = 256;
@@ -151,8 +151,13 @@ pub fn queries(metric: &Metric, targets: &[PlannedTarget]) -> Vec<Query> {
         MetricScope::Batch => {
             let names = alternation(targets.iter().map(|t| t.name.as_str()));
             let namespaces = alternation(targets.iter().map(|t| t.namespace.as_str()));
-            let values =
-                [("targets", names.as_str()), ("namespaces", namespaces.as_str()), ("interval", interval)];
+            let clusters = alternation(targets.iter().map(|t| t.cluster.as_str()));
+            let values = [
+                ("targets", names.as_str()),
+                ("namespaces", namespaces.as_str()),
+                ("clusters", clusters.as_str()),
+                ("interval", interval),
+            ];
             vec![Query {
                 metric: metric.name.clone(),
                 target: None,
@@ -163,8 +168,13 @@ pub fn queries(metric: &Metric, targets: &[PlannedTarget]) -> Vec<Query> {
             .iter()
             .map(|t| {
                 let (name, namespace) = (promql_string(&t.name), promql_string(&t.namespace));
-                let values =
-                    [("name", name.as_str()), ("namespace", namespace.as_str()), ("interval", interval)];
+                let cluster = promql_string(&t.cluster);
+                let values = [
+                    ("name", name.as_str()),
+                    ("namespace", namespace.as_str()),
+                    ("cluster", cluster.as_str()),
+                    ("interval", interval),
+                ];
                 Query {
                     metric: metric.name.clone(),
                     target: Some(t.key()),

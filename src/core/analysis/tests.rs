@@ -61,6 +61,20 @@ fn target_queries_name_each_target() {
 }
 
 #[test]
+fn across_member_clusters_queries_name_the_clusters_too() {
+    let in_cluster = |c: &str, ns: &str, name: &str| PlannedTarget { cluster: c.into(), ..target(ns, name) };
+    let batch = [in_cluster("eu-1", "t", "web"), in_cluster("us.2", "t", "web")];
+    let m = metric(r#"sum(errors{cluster=~"{{clusters}}", deployment=~"{{targets}}"})"#);
+    assert_eq!(queries(&m, &batch)[0].promql, r#"sum(errors{cluster=~"eu-1|us\\.2", deployment=~"web"})"#);
+    let mut m = metric(r#"up{cluster="{{cluster}}", deployment="{{name}}"}"#);
+    m.scope = MetricScope::Target;
+    let q = queries(&m, &batch);
+    assert_eq!(q[0].promql, r#"up{cluster="eu-1", deployment="web"}"#);
+    // The same workload in two clusters is two targets, measured apart.
+    assert_eq!((q[0].target.as_deref(), q[1].target.as_deref()), (Some("eu-1/t/web"), Some("us.2/t/web")));
+}
+
+#[test]
 fn regex_escape_covers_every_metacharacter() {
     assert_eq!(regex_escape(r"a.b+c*d?(e)|[f]{g}^$\"), r"a\.b\+c\*d\?\(e\)\|\[f\]\{g\}\^\$\\");
 }
