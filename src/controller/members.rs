@@ -1,6 +1,6 @@
 //! Workloads in member clusters (`targets.clusters`), as the controller drives them: found in every member
-//! the selector picks, read live per step for the batch in flight (members are not watched), and changed
-//! through each member's own client (see `edge::member_fleet`). A member that does not answer is reported,
+//! the selector picks, read per step for the batch in flight (from the member's watch cache once filled,
+//! the namespaces live), and changed through each member's own client (see `edge::member_fleet`). A member that does not answer is reported,
 //! never mistaken for healthy: the core waits for it until the health timeout.
 
 use std::{

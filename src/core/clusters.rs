@@ -212,18 +212,22 @@ pub fn wave_of(status: &ClustersStatus, index: u32) -> Option<&WaveStatus> {
     status.waves.iter().find(|w| (w.first_batch..=w.last_batch).contains(&index))
 }
 
-/// Adds `delta` (one per target) to a count of each target's cluster and its wave.
+/// Adds `delta` (one per target) to a count of each target's cluster (when listed) and of the wave of
+/// batch `batch` (every target of a batch is in that batch's wave).
 pub fn tally<'a>(
     status: &mut ClustersStatus,
+    batch: u32,
     targets: impl IntoIterator<Item = &'a str>,
     which: Count,
     delta: i32,
 ) {
     let add = |n: &mut u32| *n = n.saturating_add_signed(delta);
+    let wave = status.waves.iter().position(|w| (w.first_batch..=w.last_batch).contains(&batch));
     for cluster in targets {
-        let Some(member) = status.members.iter_mut().find(|m| m.name == cluster) else { continue };
-        add(if which == Count::Failed { &mut member.failed } else { &mut member.updated });
-        if let Some(w) = status.waves.iter_mut().find(|w| w.name == member.wave) {
+        if let Some(member) = status.members.iter_mut().find(|m| m.name == cluster) {
+            add(if which == Count::Failed { &mut member.failed } else { &mut member.updated });
+        }
+        if let Some(w) = wave.and_then(|i| status.waves.get_mut(i)) {
             add(if which == Count::Failed { &mut w.failed } else { &mut w.updated });
         }
     }

@@ -29,46 +29,77 @@ use crate::{
     runtime::metrics::Metrics,
 };
 
-/// A client for a member, or why there is none, as one line for people.
-async fn client(members: &Members, cluster: &str) -> Result<Client, String> {
+/// Why a call to a member failed, as one line for people; `unreachable` when the member did not answer
+/// (or refused the operator's credentials even from a client built anew), as opposed to an answer that
+/// refused the call (a 500 from a webhook, a 429, a 403 on a read).
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub message: String,
+    pub unreachable: bool,
+    unauthorized: bool,
+}
+
+impl Failure {
+    fn unreachable(message: String) -> Self {
+        Self { message, unreachable: true, unauthorized: false }
+    }
+
+    fn of(e: &Error) -> Self {
+        match e {
+            Error::Kube(k) => {
+                let unauthorized = members::is_unauthorized(k);
+                let unreachable = members::is_unreachable(k) || unauthorized;
+                Self { message: members::describe(k), unreachable, unauthorized }
+            }
+            other => Self { message: other.to_string(), unreachable: false, unauthorized: false },
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// A client for a member, or why there is none (a member without a usable Secret is not reachable).
+async fn client(members: &Members, cluster: &str) -> Result<Client, Failure> {
     members.client(cluster).await.map_err(|e| match e {
-        MemberError::Hub(e) => format!("the member Secrets could not be read: {e}"),
-        e => e.to_string(),
+        MemberError::Hub(e) => {
+            let message = format!("the member Secrets could not be read: {e}");
+            Failure { message, unreachable: false, unauthorized: false }
+        }
+        e => Failure::unreachable(e.to_string()),
     })
 }
 
+/// The longest all the requests of one call to a member may take together, the retry after a 401
+/// included: well within a reconcile's own bound (60 s), so that a member answering slowly is reported as
+/// not answering instead of stalling every step of the rollout.
+const MEMBER_CALL_BUDGET: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// Runs `call` against a member; after a 401 the client is rebuilt from its Secret, read again, and the
-/// call tried once more (rotated credentials need no restart). Every failure is one line for people.
-pub(crate) async fn with_member<T, F, Fut>(members: &Members, cluster: &str, call: F) -> Result<T, String>
+/// call tried once more (rotated credentials need no restart).
+pub(crate) async fn with_member<T, F, Fut>(members: &Members, cluster: &str, call: F) -> Result<T, Failure>
 where
     F: Fn(Client) -> Fut,
     Fut: std::future::Future<Output = Result<T>>,
 {
-    // Within a bound whatever the member does: kube refreshes an exec plugin's token inside a request,
-    // without a timeout of its own.
-    let late =
-        |_| format!("member cluster {cluster} did not answer within {}s", MEMBER_CALL_TIMEOUT.as_secs());
-    let first = tokio::time::timeout(MEMBER_CALL_TIMEOUT, call(client(members, cluster).await?))
-        .await
-        .map_err(late)?;
-    match first {
-        Err(Error::Kube(e)) if members::is_unauthorized(&e) => {
+    // Bounded whatever the member does: kube refreshes an exec plugin's token inside a request, without a
+    // timeout of its own, and a member may trickle its answer.
+    let late = |_| Failure::unreachable(format!("no answer within {}s", MEMBER_CALL_BUDGET.as_secs()));
+    let deadline = tokio::time::Instant::now() + MEMBER_CALL_BUDGET;
+    let first = tokio::time::timeout_at(deadline, async {
+        call(client(members, cluster).await?).await.map_err(|e| Failure::of(&e))
+    });
+    match first.await.map_err(late)? {
+        Err(f) if f.unauthorized => {
             info!(cluster, "member refused its credentials; rebuilding its client");
             members.forget(cluster);
-            let again = call(client(members, cluster).await?);
-            tokio::time::timeout(MEMBER_CALL_TIMEOUT, again).await.map_err(late)?.map_err(|e| describe(&e))
+            let again = async { call(client(members, cluster).await?).await.map_err(|e| Failure::of(&e)) };
+            tokio::time::timeout_at(deadline, again).await.map_err(late)?
         }
-        other => other.map_err(|e| describe(&e)),
-    }
-}
-
-/// The longest one call to a member (which may be several requests) may take.
-const MEMBER_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
-
-fn describe(e: &Error) -> String {
-    match e {
-        Error::Kube(k) => members::describe(k),
-        other => other.to_string(),
+        other => other,
     }
 }
 
@@ -116,9 +147,9 @@ pub(crate) async fn discover(
                 namespaces.extend(ns.into_iter().map(|n| format!("{}/{n}", cluster.name)));
                 reached.push(cluster);
             }
-            // A member without matching namespaces or workloads adds nothing to the plan.
+            // A member without matching namespaces or workloads adds nothing to the plan (nor to a wave).
             Ok(Err(b)) if [reason::NO_NAMESPACES, reason::NO_TARGETS].contains(&b.reason) => {
-                reached.push(cluster)
+                notes.push(format!("member cluster {} has no target: {}", cluster.name, b.message));
             }
             Ok(Err(b)) => {
                 let message = format!("member cluster {}: {}", cluster.name, b.message);
@@ -137,6 +168,13 @@ pub(crate) async fn discover(
         Ok(w) => w,
         Err(b) => return Ok(Err(b)),
     };
+    // A wave left empty (a canary cluster without targets, say) is said, not skipped in silence.
+    for w in fr.spec.strategy.waves.iter().filter(|w| !waves.iter().any(|p| p.name == w.name)) {
+        notes.push(format!(
+            "wave {} reaches no member cluster with targets; it is left out of this plan",
+            w.name
+        ));
+    }
     Ok(discovery::candidates(fr, facts, &namespaces).map(|candidates| Discovered {
         candidates,
         waves,
@@ -194,8 +232,9 @@ pub(crate) async fn read(
                 seen.facts.extend(facts.into_iter().map(|f: WorkloadFacts| (key(&f), f)));
                 seen.namespaces.extend(labels.into_iter().map(|(ns, l)| ((cluster.to_string(), ns), l)));
             }
+            // Whatever kept the batch's namespaces from being read, nothing can be judged of the member now.
             Err(why) => {
-                seen.unreachable.insert(cluster.to_string(), why);
+                seen.unreachable.insert(cluster.to_string(), why.message);
             }
         }
     }
@@ -266,9 +305,14 @@ pub(crate) async fn change(
                 outcome.skipped += o.skipped;
                 outcome.denied.extend(o.denied);
             }
-            Err(why) => {
+            Err(why) if why.unreachable => {
                 warn!(cluster, %why, "member cluster not reached; its targets wait for it");
-                outcome.unreached.insert(cluster.to_string(), why);
+                outcome.unreached.insert(cluster.to_string(), why.message);
+            }
+            // An answer refusing the change (a failing webhook, throttling): retried with the reconcile's
+            // backoff, as the same error in the rollout's own cluster is.
+            Err(why) => {
+                return Err(Error::Target(format!("member cluster {cluster}: {why}")));
             }
         }
     }

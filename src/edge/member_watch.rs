@@ -62,6 +62,11 @@ impl Cache {
         self.ready.store(true, Ordering::Release);
     }
 
+    /// Not to be trusted until the next complete list: the watch failed, or lists again.
+    fn stale(&self) {
+        self.ready.store(false, Ordering::Release);
+    }
+
     fn apply(&self, facts: WorkloadFacts) {
         if let Ok(mut all) = self.facts.write() {
             all.insert(facts.key(), facts);
@@ -147,6 +152,7 @@ async fn watch<K>(
                 let config = watcher::Config::default().any_semantic().timeout(10);
                 let events = watcher::watcher(Api::<K>::all(client), config);
                 let error = follow(events, &cache, &wake, facts).await;
+                cache.stale();
                 if let Some(e) = error {
                     if let watcher::Error::InitialListFailed(k) | watcher::Error::WatchStartFailed(k) = &e
                         && members::is_unauthorized(k)
@@ -183,7 +189,10 @@ where
     futures::pin_mut!(events);
     while let Some(event) = events.next().await {
         match event {
-            Ok(Event::Init) => listing.clear(),
+            Ok(Event::Init) => {
+                listing.clear();
+                cache.stale();
+            }
             Ok(Event::InitApply(obj)) => {
                 let f = facts(&obj);
                 listing.insert(f.key(), f);

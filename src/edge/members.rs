@@ -27,7 +27,7 @@ use kube::{
 };
 
 pub use self::{
-    errors::{describe, is_unauthorized},
+    errors::{describe, is_unauthorized, is_unreachable},
     kubeconfig::MemberConfig,
     secrets::{ARGO_CLUSTER, ARGO_SECRET_TYPE_LABEL, CAPI_SECRET_TYPE, parse},
 };

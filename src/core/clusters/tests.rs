@@ -128,12 +128,15 @@ fn planned_status_counts_targets_per_wave_and_cluster_and_tally_keeps_them() {
         "waves: canary: a (2 targets, batches 1-2); rest: b, c (3 targets, batches 3-3)"
     );
 
-    tally(&mut status, ["b", "b", "c", "unknown"], Count::Updated, 1);
-    tally(&mut status, ["c"], Count::Failed, 1);
-    tally(&mut status, ["b"], Count::Updated, -1);
+    tally(&mut status, 2, ["b", "b", "c"], Count::Updated, 1);
+    tally(&mut status, 2, ["c"], Count::Failed, 1);
+    tally(&mut status, 2, ["b"], Count::Updated, -1);
     assert_eq!((status.members[1].updated, status.members[2].updated, status.members[2].failed), (1, 1, 1));
     assert_eq!((status.waves[1].updated, status.waves[1].failed, status.waves[0].updated), (2, 1, 0));
-    tally(&mut status, ["a"], Count::Failed, -5);
+    tally(&mut status, 0, ["a"], Count::Failed, -5);
+    // A cluster beyond those listed still counts in its wave.
+    tally(&mut status, 2, ["unlisted"], Count::Updated, 1);
+    assert_eq!(status.waves[1].updated, 3);
     assert_eq!(status.members[0].failed, 0, "counts saturate, never wrap");
 }
 

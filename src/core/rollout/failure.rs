@@ -182,8 +182,8 @@ pub fn denied(mut after: Transition, batch: u32, denied: Vec<(PlannedTarget, Str
         s.counts.failed += 1;
         s.counts.updated = s.counts.updated.saturating_sub(1);
         if let Some(c) = s.clusters.as_mut() {
-            clusters::tally(c, [t.cluster.as_str()], Count::Updated, -1);
-            clusters::tally(c, [t.cluster.as_str()], Count::Failed, 1);
+            clusters::tally(c, batch, [t.cluster.as_str()], Count::Updated, -1);
+            clusters::tally(c, batch, [t.cluster.as_str()], Count::Failed, 1);
         }
         after.events.push(Event::warning(reason::CHANGE_DENIED, Some(batch), message.clone()));
         s.failures.push(super::failure(&t, batch, reason::CHANGE_DENIED, message));
@@ -215,7 +215,7 @@ pub fn unreached(
     entry.unreached.sort();
     s.counts.updated = s.counts.updated.saturating_sub(count(missed.len()));
     if let Some(c) = s.clusters.as_mut() {
-        clusters::tally(c, missed, Count::Updated, -1);
+        clusters::tally(c, batch, missed, Count::Updated, -1);
     }
     for (cluster, message) in newly {
         let message = format!(

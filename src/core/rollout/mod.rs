@@ -248,7 +248,7 @@ fn apply(f: &Facts<'_>, s: FleetRolloutStatus, b: BatchStatus) -> Step {
         f.status.counts.updated.saturating_add(b.size.saturating_sub(count(refused.len())));
     if let Some(c) = after.clusters.as_mut() {
         let counted = targets.iter().chain(&waiting).map(|t| t.cluster.as_str());
-        clusters::tally(c, counted, clusters::Count::Updated, 1);
+        clusters::tally(c, index, counted, clusters::Count::Updated, 1);
     }
     after.reason = Some(reason::BATCH_APPLIED.into());
     finish(&mut after, f.generation, f.now);

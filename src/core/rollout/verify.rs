@@ -39,7 +39,10 @@ pub(super) fn verify(f: &Facts<'_>, mut s: FleetRolloutStatus, b: BatchStatus) -
     if let Some(c) = s.clusters.as_mut() {
         c.trouble = clusters::trouble(&c.trouble, f.unreachable, f.now);
     }
-    if let Some(again) = reach_again(f, &s, &b) {
+    // Past the health timeout a member that answers again is not changed any more: its targets fail.
+    if f.now < deadline
+        && let Some(again) = reach_again(f, &s, &b)
+    {
         return again;
     }
     let tally = tally(f, &b, f.now >= deadline);
@@ -98,7 +101,7 @@ fn reach_again(f: &Facts<'_>, s: &FleetRolloutStatus, b: &BatchStatus) -> Option
     }
     after.counts.updated = after.counts.updated.saturating_add(count(targets.len()));
     if let Some(c) = after.clusters.as_mut() {
-        clusters::tally(c, targets.iter().map(|t| t.cluster.as_str()), clusters::Count::Updated, 1);
+        clusters::tally(c, b.index, targets.iter().map(|t| t.cluster.as_str()), clusters::Count::Updated, 1);
     }
     super::finish(&mut after, f.generation, f.now);
     let names: Vec<&str> = back.iter().map(|c| c.as_str()).collect();
@@ -128,9 +131,17 @@ fn tally(f: &Facts<'_>, b: &BatchStatus, timed_out: bool) -> Tally {
         let state = (f.target)(target);
         // A target the batch did not change because the scope rules refused it (its namespace opted out,
         // it is protected, another rollout holds it) is reported as refused, not awaited.
+        if b.denied.contains(&target.key())
+            && state.as_ref().is_none_or(|s| s.applied.as_deref() != Some(b.idempotency_key.as_str()))
+        {
+            // Failed when its change was refused; counted then.
+            continue;
+        }
         // A member cluster that does not answer shows nothing: its targets wait for it (or fail at the
         // timeout), whatever else is true of them.
-        if let Some(why) = f.unreachable.get(&target.cluster).filter(|_| !target.cluster.is_empty()) {
+        let not_reached = || b.unreached.contains(&target.cluster).then_some("its change never reached it");
+        let down = f.unreachable.get(&target.cluster).map(String::as_str).or_else(not_reached);
+        if let Some(why) = down.filter(|_| !target.cluster.is_empty()) {
             match unreachable(target, why, timed_out) {
                 Verdict::Failed(reason, message) => {
                     t.failures.push(super::failure(target, b.index, reason, message))
@@ -216,7 +227,7 @@ fn settle(
     s.counts.refused += count(t.refused.len());
     if let Some(c) = s.clusters.as_mut() {
         let failed = t.failures.iter().filter(|x| x.reason != reason::TARGET_MISSING);
-        clusters::tally(c, failed.map(|x| x.cluster.as_str()), clusters::Count::Failed, 1);
+        clusters::tally(c, b.index, failed.map(|x| x.cluster.as_str()), clusters::Count::Failed, 1);
     }
     s.failures.extend(t.failures);
     s.failures.extend(t.refused.iter().cloned());

@@ -8,7 +8,6 @@ use std::{
 
 use k8s_openapi::api::core::v1::Secret;
 
-use super::errors::is_unreachable;
 use kube::client::Body;
 use serde_json::json;
 

@@ -183,3 +183,37 @@ fn status_stays_under_64_kib_at_fifty_clusters_of_two_hundred_targets() {
     assert_eq!(failed, sim.status.counts.failed, "wave counts add up to the rollout's");
     assert_eq!(sim.status.counts.failed, 12 * 200 + (10_000 - 12 * 200) / 20);
 }
+
+#[test]
+fn a_member_that_answers_only_after_the_health_timeout_is_not_changed_then() {
+    let mut sim = sim("2m");
+    sim.spec.strategy.max_failures = IntOrString::Int(10);
+    sim.unreachable.insert("b".into(), "connection refused".into());
+    sim.settle();
+    assert_eq!(sim.status.current().unwrap().unreached, ["b"]);
+    sim.pass(Duration::from_secs(121));
+    sim.unreachable.clear();
+    sim.settle();
+    let b_changes: usize = sim.plan.batch(2).iter().map(|t| sim.changes_of(&key(t))).sum();
+    assert_eq!(b_changes, 0, "nothing is changed past the health timeout");
+    let failed: Vec<&str> = sim.status.failures.iter().map(|f| f.reason.as_str()).collect();
+    assert_eq!(failed, [reason::CLUSTER_UNREACHABLE; 3]);
+}
+
+#[test]
+fn a_denied_target_of_a_member_that_then_drops_is_failed_once() {
+    let mut sim = sim("2m");
+    sim.spec.strategy.max_failures = IntOrString::Int(10);
+    sim.auto_ready = false;
+    let denied = key(&sim.plan.batch(0)[0]);
+    sim.denied.insert(denied.clone());
+    sim.settle();
+    assert_eq!(sim.status.counts.failed, 1, "denied at once");
+    sim.unreachable.insert("a".into(), "i/o timeout".into());
+    sim.pass(Duration::from_secs(121));
+    sim.settle();
+    // The two other targets of the batch fail as ClusterUnreachable; the denied one is not failed again.
+    assert_eq!(sim.status.counts.failed, 3, "{:?}", sim.status.failures);
+    let a = sim.status.clusters.as_ref().unwrap().members.iter().find(|m| m.name == "a").cloned().unwrap();
+    assert_eq!(a.failed, 3);
+}
