@@ -103,6 +103,19 @@ where
     }
 }
 
+/// Only rollouts in the fleet namespace reach member clusters.
+fn may_reach_members(fleet_namespace: &str, fr: &FleetRollout) -> Result<(), Blocked> {
+    let own = fr.namespace().unwrap_or_default();
+    if !fleet_namespace.is_empty() && own == fleet_namespace {
+        return Ok(());
+    }
+    let message = format!(
+        "targets.clusters is honoured only for FleetRollouts in the fleet namespace {fleet_namespace:?}; this one \
+         is in {own:?} (no member cluster was contacted)"
+    );
+    Err(Blocked { reason: reason::CROSS_NAMESPACE_NOT_ALLOWED, message })
+}
+
 /// The fleet of a new revision across the member clusters the rollout picks, in waves. A member that
 /// cannot be reached is left out of the plan and named in `refused`; a member whose matching namespace is
 /// not opted in there blocks the plan, as in the rollout's own cluster.
@@ -112,13 +125,8 @@ pub(crate) async fn discover(
     fr: &FleetRollout,
 ) -> Result<Result<Discovered, Blocked>> {
     // Nothing of a member is read for a rollout that may not reach members.
-    let own = fr.namespace().unwrap_or_default();
-    if fleet_namespace.is_empty() || own != fleet_namespace {
-        let message = format!(
-            "targets.clusters is honoured only for FleetRollouts in the fleet namespace {fleet_namespace:?}; this \
-             one is in {own:?} (no member cluster was contacted)"
-        );
-        return Ok(Err(Blocked { reason: reason::CROSS_NAMESPACE_NOT_ALLOWED, message }));
+    if let Err(b) = may_reach_members(fleet_namespace, fr) {
+        return Ok(Err(b));
     }
     let (found, refused) = members.list().await?;
     let mut notes: Vec<String> = refused.iter().map(ToString::to_string).collect();
