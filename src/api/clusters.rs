@@ -61,6 +61,11 @@ pub struct ClustersStatus {
     /// listed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trouble: Vec<ClusterTrouble>,
+    /// Member clusters the selector picked but the plan left out: they could not be reached when it was
+    /// made (at most 10 listed). Their targets are not changed by this revision; change the spec (or
+    /// recreate the rollout) to plan again once they answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<ClusterTrouble>,
 }
 
 /// One wave of the plan and how far it is.

@@ -44,7 +44,7 @@ pub(super) async fn plan_revision<F: Fleet>(
         return blocked(Blocked { reason: r.reason, message: r.message });
     }
     let previous = previous_images(ctx, fr, status).await?;
-    let Discovered { candidates, waves, refused } = discovered;
+    let Discovered { candidates, waves, refused, left_out } = discovered;
     let planned = match plan::plan_revision(&fr.spec, candidates, &previous, &waves) {
         Ok(p) => p,
         Err(why) => return blocked(why),
@@ -60,6 +60,7 @@ pub(super) async fn plan_revision<F: Fleet>(
         plan_ref,
         waves: &waves,
         refused: &refused,
+        left_out: &left_out,
     };
     Ok(Some(rollout::start_revision(now, generation, &fr.spec, status, new)))
 }

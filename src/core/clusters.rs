@@ -199,6 +199,11 @@ pub fn progress(status: &ClustersStatus) -> String {
         })
         .collect();
     let mut line = format!("waves: {}", waves.join("; "));
+    if !status.left_out.is_empty() {
+        let out: Vec<String> =
+            status.left_out.iter().map(|t| format!("{} ({})", t.name, t.message)).collect();
+        line.push_str(&format!("; left out of the plan, not reachable when it was made: {}", out.join(", ")));
+    }
     if !status.trouble.is_empty() {
         let trouble: Vec<String> =
             status.trouble.iter().map(|t| format!("{} ({}: {})", t.name, t.reason, t.message)).collect();

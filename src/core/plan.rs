@@ -36,6 +36,8 @@ pub(crate) struct Discovered {
     pub candidates: Vec<Candidate>,
     pub waves: Vec<PlannedWave>,
     pub refused: Vec<String>,
+    /// Member clusters picked but not reachable at planning, with why.
+    pub left_out: Vec<(String, String)>,
 }
 
 impl Discovered {

@@ -14,7 +14,7 @@ use crate::{
     api::{FleetRollout, FleetRolloutStatus, PlannedTarget, TargetKind},
     core::{
         Blocked,
-        clusters::{self, Cluster},
+        clusters::{self, Cluster, PlannedWave},
         plan::Discovered,
         reason,
         workload::WorkloadFacts,
@@ -148,6 +148,7 @@ pub(crate) async fn discover(
     let mut facts = Vec::new();
     let mut namespaces = Vec::new();
     let mut reached = Vec::new();
+    let mut left_out = Vec::new();
     for (cluster, listed) in listed {
         match listed {
             Ok(Ok((found, ns))) => {
@@ -165,6 +166,7 @@ pub(crate) async fn discover(
             }
             Err(why) => {
                 warn!(cluster = %cluster.name, %why, "member cluster not reached at planning");
+                left_out.push((cluster.name.clone(), why.message.clone()));
                 notes.push(format!(
                     "member cluster {} could not be reached at planning ({why}); its targets are not in this plan",
                     cluster.name
@@ -172,22 +174,33 @@ pub(crate) async fn discover(
             }
         }
     }
-    let waves = match clusters::assign(&fr.spec.strategy.waves, &reached) {
+    let waves = match waves_of(fr, &reached, &mut notes) {
         Ok(w) => w,
         Err(b) => return Ok(Err(b)),
     };
-    // A wave left empty (a canary cluster without targets, say) is said, not skipped in silence.
+    Ok(discovery::candidates(fr, facts, &namespaces).map(|candidates| Discovered {
+        candidates,
+        waves,
+        refused: notes,
+        left_out,
+    }))
+}
+
+/// The waves of the clusters with targets; a wave left empty (a canary cluster without targets, say) is
+/// named in `notes`, not skipped in silence.
+fn waves_of(
+    fr: &FleetRollout,
+    reached: &[&Cluster],
+    notes: &mut Vec<String>,
+) -> Result<Vec<PlannedWave>, Blocked> {
+    let waves = clusters::assign(&fr.spec.strategy.waves, reached)?;
     for w in fr.spec.strategy.waves.iter().filter(|w| !waves.iter().any(|p| p.name == w.name)) {
         notes.push(format!(
             "wave {} reaches no member cluster with targets; it is left out of this plan",
             w.name
         ));
     }
-    Ok(discovery::candidates(fr, facts, &namespaces).map(|candidates| Discovered {
-        candidates,
-        waves,
-        refused: notes,
-    }))
+    Ok(waves)
 }
 
 /// What one step sees in the member clusters: workload facts (by [`PlannedTarget::key`]), namespace

@@ -181,6 +181,12 @@ fn cluster_lines(s: &FleetRolloutStatus) -> String {
             members.join(", ")
         ));
     }
+    for t in &c.left_out {
+        out.push_str(&format!(
+            "  cluster {}: left out of the plan, not reachable when it was made: {}\n",
+            t.name, t.message
+        ));
+    }
     for t in &c.trouble {
         out.push_str(&format!("  cluster {}: {} since {}: {}\n", t.name, t.reason, t.since.0, t.message));
     }

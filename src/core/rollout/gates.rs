@@ -54,6 +54,8 @@ pub struct NewRevision<'a> {
     pub waves: &'a [PlannedWave],
     /// Member Secrets that could not be used, for people (each a Warning event).
     pub refused: &'a [String],
+    /// Member clusters picked but not reachable at planning, with why.
+    pub left_out: &'a [(String, String)],
 }
 
 /// Starts a new revision with a frozen plan: the old revision (if any) is recorded as superseded, and
@@ -65,7 +67,7 @@ pub fn start_revision(
     status: &FleetRolloutStatus,
     new: NewRevision<'_>,
 ) -> Transition {
-    let NewRevision { inputs, spec_hash, plan, plan_ref, waves, refused } = new;
+    let NewRevision { inputs, spec_hash, plan, plan_ref, waves, refused, left_out } = new;
     let mut s = FleetRolloutStatus { superseded: status.superseded.clone(), ..Default::default() };
     let mut events = Vec::new();
     let number = match &status.revision {
@@ -100,8 +102,9 @@ pub fn start_revision(
     );
     events.push(Event::normal(reason::PLANNED, None, message));
     if !waves.is_empty() {
-        let clusters = clusters::planned_status(waves, &plan.batches);
+        let mut clusters = clusters::planned_status(waves, &plan.batches);
         events.push(Event::normal(reason::PLANNED, None, clusters::describe(&clusters)));
+        clusters.left_out = clusters::trouble(&[], &left_out.iter().cloned().collect(), now);
         s.clusters = Some(clusters);
     }
     events.extend(refused.iter().map(|m| Event::warning(reason::CLUSTER_REFUSED, None, m.clone())));

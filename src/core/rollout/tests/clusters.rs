@@ -217,3 +217,36 @@ fn a_denied_target_of_a_member_that_then_drops_is_failed_once() {
     let a = sim.status.clusters.as_ref().unwrap().members.iter().find(|m| m.name == "a").cloned().unwrap();
     assert_eq!(a.failed, 3);
 }
+
+#[test]
+fn clusters_left_out_at_planning_stay_in_status_and_in_every_progress_line() {
+    let sim = sim("10m");
+    let plan_ref = sim.status.plan.clone().unwrap();
+    let left_out = [("d".to_string(), "dial tcp: i/o timeout".to_string())];
+    let t = start_revision(
+        sim.now,
+        1,
+        &sim.spec,
+        &FleetRolloutStatus::default(),
+        NewRevision {
+            inputs: RevisionInputs::of(&sim.spec),
+            spec_hash: "spechash".into(),
+            plan: &sim.plan,
+            plan_ref,
+            waves: &waves(),
+            refused: &["member cluster d could not be reached at planning".to_string()],
+            left_out: &left_out,
+        },
+    );
+    let clusters = t.status.clusters.clone().unwrap();
+    assert_eq!(
+        (clusters.left_out[0].name.as_str(), clusters.left_out[0].reason.as_str()),
+        ("d", reason::CLUSTER_UNREACHABLE)
+    );
+    let line = crate::core::clusters::progress(&clusters);
+    assert!(
+        line.contains("left out of the plan, not reachable when it was made: d (dial tcp: i/o timeout)"),
+        "{line}"
+    );
+    assert!(t.events.iter().any(|e| e.reason == reason::CLUSTER_REFUSED && e.type_ == EventType::Warning));
+}

@@ -35,7 +35,15 @@ fn a_superseding_revision_records_the_old_one() {
         2,
         &new_spec,
         &sim.status,
-        NewRevision { inputs, spec_hash: "h2".into(), plan: &plan, plan_ref, waves: &[], refused: &[] },
+        NewRevision {
+            inputs,
+            spec_hash: "h2".into(),
+            plan: &plan,
+            plan_ref,
+            waves: &[],
+            refused: &[],
+            left_out: &[],
+        },
     );
     assert_eq!(t.status.revision.as_ref().map(|r| r.number), Some(2));
     assert_eq!(t.status.superseded.len(), 1);
