@@ -51,7 +51,14 @@ impl Fleet for Members {
     type Seen = MembersSeen;
 
     async fn discover(ctx: &Context, fr: &FleetRollout) -> Result<Result<Discovered, Blocked>> {
-        member_fleet::discover(ctx.members.members(), &ctx.settings.fleet_namespace, fr).await
+        let found = member_fleet::discover(ctx.members.members(), &ctx.settings.fleet_namespace, fr).await?;
+        // The planned members' watches start now, so that their caches are filled by the first batch.
+        if let Ok(d) = &found {
+            for cluster in d.waves.iter().flat_map(|w| &w.clusters) {
+                ctx.members.cache(cluster, fr.spec.targets.kind);
+            }
+        }
+        Ok(found)
     }
 
     async fn observe(
