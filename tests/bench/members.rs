@@ -27,14 +27,20 @@ struct Site {
 }
 
 /// Registers the hub as a member of its own fleet namespace (an Argo CD Secret with a token of a hub
-/// ServiceAccount bound to the test environment's member ClusterRole), as Argo CD registers its own cluster.
+/// ServiceAccount of the bench's own, bound to the test environment's member ClusterRole), as Argo CD
+/// registers its own cluster. Only the ClusterRole of member-rbac.yaml is applied to the hub: its
+/// ServiceAccount is the members' alone (tests/members_env.rs checks the hub has none).
 async fn hub_as_member(hub: &Client, fleet_ns: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testenv/member-rbac.yaml");
-    common::cli::kubectl(&["apply", "--server-side", "-f", &path.to_string_lossy()]).await.ok();
+    let all = std::fs::read_to_string(path).unwrap();
+    let role = all.split("\n---").find(|doc| doc.contains("\nkind: ClusterRole\n")).unwrap().to_string();
+    let role_file = std::env::temp_dir().join(format!("{fleet_ns}-member-role.yaml"));
+    std::fs::write(&role_file, role).unwrap();
+    common::cli::kubectl(&["apply", "--server-side", "-f", &role_file.to_string_lossy()]).await.ok();
     let dir = common::testenv_dir();
     let port = std::fs::read_to_string(dir.join("ports/apiserver")).unwrap();
     let hub_member = Member { name: "hub".into(), dir, server: format!("https://127.0.0.1:{}", port.trim()) };
-    let token = service_account_token(hub, "fleetroll-system", "fleetroll").await;
+    let token = service_account_token(hub, fleet_ns, "hub-member").await;
     write_argo_secret(hub, fleet_ns, &hub_member, &token, &[("env", "hub")]).await;
 }
 
