@@ -107,6 +107,16 @@ pub(super) fn container(fr: &FleetRollout) -> Option<&str> {
     fr.status.as_ref()?.revision.as_ref()?.inputs.container.as_deref()
 }
 
+/// The image change a rollout's batch (or rollback, keyed `key`) makes, `between` its target patches.
+pub(super) fn change_of<'a>(
+    fr: &'a FleetRollout,
+    key: &'a str,
+    rollout: &'a str,
+    between: &'static str,
+) -> Change<'a> {
+    Change { kind: fr.spec.targets.kind, container: container(fr), key, rollout, between }
+}
+
 pub(super) fn rollout_key(fr: &FleetRollout) -> String {
     format!("{}/{}", fr.namespace().unwrap_or_default(), fr.name_any())
 }
@@ -151,13 +161,7 @@ impl Fleet for Workloads {
 
     async fn apply(ctx: &Context, fr: &FleetRollout, batch: Batch<'_>) -> Result<Outcome> {
         let rollout = rollout_key(fr);
-        let change = Change {
-            kind: fr.spec.targets.kind,
-            container: container(fr),
-            key: batch.key,
-            rollout: &rollout,
-            between: failpoint::BETWEEN_PATCHES,
-        };
+        let change = change_of(fr, batch.key, &rollout, failpoint::BETWEEN_PATCHES);
         targets::patch_all(&ctx.client, Some(&ctx.stores), &ctx.metrics, &change, batch.targets, |_| {
             batch.image.to_string()
         })
@@ -171,13 +175,7 @@ impl Fleet for Workloads {
         targets: &[PlannedTarget],
     ) -> Result<Outcome> {
         let rollout = rollout_key(fr);
-        let change = Change {
-            kind: fr.spec.targets.kind,
-            container: container(fr),
-            key,
-            rollout: &rollout,
-            between: failpoint::BETWEEN_RESTORES,
-        };
+        let change = change_of(fr, key, &rollout, failpoint::BETWEEN_RESTORES);
         targets::patch_all(&ctx.client, Some(&ctx.stores), &ctx.metrics, &change, targets, |t| {
             t.previous_image.clone()
         })

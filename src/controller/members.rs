@@ -13,7 +13,7 @@ use kube::ResourceExt;
 
 use super::{
     Context,
-    fleet::{Batch, Fleet, Seen, container, rollout_key, running_rollouts},
+    fleet::{Batch, Fleet, Seen, change_of, container, rollout_key, running_rollouts},
 };
 use crate::{
     api::{FleetRollout, FleetRolloutStatus, Phase, PlannedTarget, Unplanned},
@@ -25,7 +25,7 @@ use crate::{
     },
     edge::{
         member_fleet::{self, Read},
-        targets::{self, Change, Outcome},
+        targets::{self, Outcome},
     },
     error::Result,
     runtime::failpoint,
@@ -88,13 +88,7 @@ impl Fleet for Members {
 
     async fn apply(ctx: &Context, fr: &FleetRollout, batch: Batch<'_>) -> Result<Outcome> {
         let rollout = rollout_key(fr);
-        let change = Change {
-            kind: fr.spec.targets.kind,
-            container: container(fr),
-            key: batch.key,
-            rollout: &rollout,
-            between: failpoint::BETWEEN_PATCHES,
-        };
+        let change = change_of(fr, batch.key, &rollout, failpoint::BETWEEN_PATCHES);
         member_fleet::change(ctx.members.members(), &ctx.metrics, &change, batch.targets, |_| {
             batch.image.to_string()
         })
@@ -108,13 +102,7 @@ impl Fleet for Members {
         targets: &[PlannedTarget],
     ) -> Result<Outcome> {
         let rollout = rollout_key(fr);
-        let change = Change {
-            kind: fr.spec.targets.kind,
-            container: container(fr),
-            key,
-            rollout: &rollout,
-            between: failpoint::BETWEEN_RESTORES,
-        };
+        let change = change_of(fr, key, &rollout, failpoint::BETWEEN_RESTORES);
         member_fleet::change(ctx.members.members(), &ctx.metrics, &change, targets, |t| {
             t.previous_image.clone()
         })
