@@ -27,6 +27,22 @@ pub async fn cleanup(client: &Client, namespaces: &[String]) {
     }
 }
 
+/// Deletes the namespaces and waits until each is gone (at most 10 minutes each), so that nothing they held
+/// is in a cache or a controller's queue of the scenario that comes next.
+pub async fn cleanup_and_wait(client: &Client, namespaces: &mut Vec<String>) {
+    use kube::runtime::wait::{await_condition, conditions::is_deleted};
+    let api: Api<Namespace> = Api::all(client.clone());
+    for ns in namespaces.drain(..) {
+        let Ok(Some(found)) = api.get_opt(&ns).await else { continue };
+        let _ = api.delete(&ns, &DeleteParams::background()).await;
+        let gone = await_condition(api.clone(), &ns, is_deleted(&found.uid().unwrap_or_default()));
+        tokio::time::timeout(Duration::from_secs(600), gone)
+            .await
+            .unwrap_or_else(|_| panic!("namespace {ns} not deleted within 10 minutes"))
+            .unwrap();
+    }
+}
+
 /// Creates `n` Deployments `t-00000..` in `ns` with `replicas` each and extra labels, 32 at a time.
 pub async fn fleet(client: &Client, ns: &str, n: usize, replicas: i32, group_size: usize) {
     let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
