@@ -175,11 +175,11 @@ async fn member_cluster_specs_are_checked_at_admission() {
     with_namespace("schema-clusters", |client: Client, ns: String| async move {
         let ar = ApiResource::erase::<FleetRollout>(&());
         let api: Api<DynamicObject> = Api::namespaced_with(client, &ns, &ar);
-        let node = json!({"kind": "Node", "daemonSet": "agent", "clusters": {}});
+        let node_at_home = json!({"kind": "Node", "daemonSet": "agent", "namespaceSelector": {"matchLabels": {"team": "a"}}});
         let no_namespaces = json!({"kind": "Deployment", "selector": {"matchLabels": {"app": "web"}}, "clusters": {}});
         let cases: Vec<(Value, &str, Value, &str)> = vec![
             (valid_spec(), "strategy.waves", json!([{"name": "canary"}]), "strategy.waves orders member clusters: it needs targets.clusters"),
-            (valid_spec(), "targets", node, "targets.clusters does not support kind Node"),
+            (valid_spec(), "targets", node_at_home, "targets.namespaceSelector applies to kind Node only with targets.clusters"),
             (valid_spec(), "targets", no_namespaces, "targets.clusters needs targets.namespaceSelector"),
             (across_clusters(), "health.http", json!({"url": "http://{name}.{namespace}.svc/"}), "health.http does not apply to targets.clusters"),
             (across_clusters(), "strategy.waves", json!([{"name": "Canary"}]), "a wave name must be a DNS label"),
@@ -207,6 +207,15 @@ async fn member_cluster_specs_are_checked_at_admission() {
         .unwrap();
         let created = api.create(&PostParams::default(), &obj).await.unwrap();
         assert_eq!(created.data["spec"]["strategy"]["waves"][0]["maxConcurrency"], json!(1));
+        // Node rollouts across members: the namespaceSelector picks the DaemonSet's namespaces there.
+        let mut nodes = across_clusters();
+        set(&mut nodes, "targets", json!({"kind": "Node", "daemonSet": "agent",
+            "namespaceSelector": {"matchLabels": {"team": "a"}}, "clusters": {"selector": {"matchLabels": {"env": "prod"}}}}));
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": "nodes"}, "spec": nodes,
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &obj).await.unwrap();
     })
     .await;
 }

@@ -124,8 +124,7 @@ pub struct FleetRolloutSpec {
 #[x_kube(validation = Rule::new(SELECTOR_RULE).message("targets.selector must not be empty: an empty selector would select every workload"))]
 #[x_kube(validation = Rule::new(DAEMONSET_RULE).message("targets.daemonSet is required when targets.kind is Node: name the DaemonSet (in the rollout's namespace) whose pods are replaced node by node"))]
 #[x_kube(validation = Rule::new(NODE_ONLY_RULE).message("targets.daemonSet and targets.nodeSelector apply only to kind Node"))]
-#[x_kube(validation = Rule::new(NODE_NAMESPACES_RULE).message("targets.namespaceSelector does not apply to kind Node: the DaemonSet is in the rollout's own namespace"))]
-#[x_kube(validation = Rule::new(CLUSTERS_KIND_RULE).message("targets.clusters does not support kind Node: roll nodes cluster by cluster, with one FleetRollout in each"))]
+#[x_kube(validation = Rule::new(NODE_NAMESPACES_RULE).message("targets.namespaceSelector applies to kind Node only with targets.clusters (it picks the DaemonSet's namespaces in each member cluster); in the rollout's own cluster the DaemonSet is in the rollout's namespace"))]
 #[x_kube(validation = Rule::new(CLUSTERS_NAMESPACES_RULE).message("targets.clusters needs targets.namespaceSelector: it picks the namespaces in each member cluster, and each must be labelled fleetroll.dev/rollouts=enabled there"))]
 #[x_kube(validation = Rule::new(NODE_TRANSITION_RULE).message("a node rollout's targets.kind and targets.daemonSet cannot change: it holds that DaemonSet until it ends; create another FleetRollout"))]
 pub struct Targets {
@@ -232,9 +231,9 @@ pub struct Strategy {
 const SELECTOR_RULE: &str = "self.kind == 'Node' || (has(self.selector) && ((has(self.selector.matchLabels) && size(self.selector.matchLabels) > 0) || (has(self.selector.matchExpressions) && size(self.selector.matchExpressions) > 0)))";
 const DAEMONSET_RULE: &str = "self.kind != 'Node' || has(self.daemonSet)";
 const NODE_ONLY_RULE: &str = "self.kind == 'Node' || (!has(self.daemonSet) && !has(self.nodeSelector))";
-const CLUSTERS_KIND_RULE: &str = "self.kind != 'Node' || !has(self.clusters)";
 const CLUSTERS_NAMESPACES_RULE: &str = "!has(self.clusters) || has(self.namespaceSelector)";
-const NODE_NAMESPACES_RULE: &str = "self.kind != 'Node' || !has(self.namespaceSelector)";
+const NODE_NAMESPACES_RULE: &str =
+    "self.kind != 'Node' || !has(self.namespaceSelector) || has(self.clusters)";
 // A transition rule (it reads oldSelf): checked on updates only.
 const NODE_TRANSITION_RULE: &str = "oldSelf.kind != 'Node' || (self.kind == 'Node' && has(self.daemonSet) && has(oldSelf.daemonSet) && self.daemonSet == oldSelf.daemonSet)";
 // int-or-string rules: CEL sees an int or a string.

@@ -1,7 +1,7 @@
 //! One implementation per kind of target, behind one trait: how the controller finds a fleet, sees its
 //! targets at a step, and carries out the core's changes on them. Workloads (Deployments, StatefulSets,
 //! DaemonSets) are read from watch caches and patched; the nodes of a node rollout are read live and their
-//! DaemonSet's pods replaced. A new kind of target (member clusters) is a third implementation.
+//! DaemonSet's pods replaced. Workloads and nodes of member clusters are two more (`members`, `member_nodes`).
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -22,7 +22,7 @@ use crate::{
         scope,
     },
     edge::{
-        daemonset_pods::{self, View},
+        daemonset_pods::{self, At, View},
         discovery,
         targets::{self, Change, Outcome, Stores},
     },
@@ -67,6 +67,13 @@ pub(super) trait Fleet {
         key: &str,
         targets: &[PlannedTarget],
     ) -> impl Future<Output = Result<Outcome>> + Send;
+
+    /// Hands back what the rollout holds besides its targets (a node rollout's DaemonSet) now that it
+    /// `finished`; workloads hold nothing.
+    fn release(ctx: &Context, fr: &FleetRollout, finished: bool) -> impl Future<Output = Result<()>> + Send {
+        let _ = (ctx, fr, finished);
+        async { Ok(()) }
+    }
 }
 
 /// One step's view of the targets.
@@ -245,7 +252,7 @@ impl Fleet for Nodes {
     type Seen = NodesSeen;
 
     async fn discover(ctx: &Context, fr: &FleetRollout) -> Result<Result<Discovered, Blocked>> {
-        Ok(daemonset_pods::discover(&ctx.client, fr).await?.map(Discovered::local))
+        Ok(daemonset_pods::discover(At::home(&ctx.client, fr), fr).await?.map(Discovered::local))
     }
 
     async fn observe(
@@ -258,7 +265,7 @@ impl Fleet for Nodes {
         if status.phase.is_terminal() || waiting {
             return Ok(NodesSeen { view: None, states: HashMap::new(), daemonset_holder: None });
         }
-        let view = View::read(&ctx.client, fr).await?;
+        let view = View::read(At::home(&ctx.client, fr), fr).await?;
         let states = view.rollout_states(fr, status, status.current_batch);
         let own = rollout_key(fr);
         let daemonset_holder = view
@@ -273,7 +280,7 @@ impl Fleet for Nodes {
     async fn apply(ctx: &Context, fr: &FleetRollout, batch: Batch<'_>) -> Result<Outcome> {
         let revision = nodes::revision_key(&fr.uid().unwrap_or_default(), batch.revision);
         daemonset_pods::apply(
-            &ctx.client,
+            At::home(&ctx.client, fr),
             &ctx.metrics,
             fr,
             &revision,
@@ -290,7 +297,14 @@ impl Fleet for Nodes {
         _key: &str,
         targets: &[PlannedTarget],
     ) -> Result<Outcome> {
-        daemonset_pods::restore(&ctx.client, &ctx.metrics, fr, targets).await
+        daemonset_pods::restore(At::home(&ctx.client, fr), &ctx.metrics, fr, targets).await
+    }
+
+    async fn release(ctx: &Context, fr: &FleetRollout, finished: bool) -> Result<()> {
+        if ctx.daemonset_held(fr) {
+            daemonset_pods::release(At::home(&ctx.client, fr), fr, finished).await?;
+        }
+        Ok(())
     }
 }
 
@@ -323,6 +337,6 @@ impl Seen for NodesSeen {
 }
 
 /// Whether the rollout `namespace/name` exists (in this operator's view of the FleetRollouts).
-fn rollout_known(ctx: &Context, key: &str) -> bool {
+pub(super) fn rollout_known(ctx: &Context, key: &str) -> bool {
     key.split_once('/').is_some_and(|(ns, name)| ctx.rollouts.get(&ObjectRef::new(name).within(ns)).is_some())
 }

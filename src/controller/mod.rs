@@ -4,6 +4,7 @@
 
 mod analysis;
 mod fleet;
+mod member_nodes;
 mod members;
 mod reconcile;
 mod revision;

@@ -19,6 +19,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use super::{
     Context,
     fleet::{Batch, Fleet, Nodes, Seen, Workloads},
+    member_nodes::{self, MemberNodes},
     members::Members,
 };
 use crate::{
@@ -92,7 +93,10 @@ pub(super) async fn reconcile(obj: Arc<FleetRollout>, ctx: Arc<Context>) -> Resu
 
 async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -> Result<Action> {
     if fr.meta().deletion_timestamp.is_some() {
-        daemonset_pods::finalize(&ctx.client, &fr).await?;
+        match fr.spec.targets.clusters {
+            Some(_) if fr.spec.targets.kind == TargetKind::Node => member_nodes::finalize(ctx, &fr).await?,
+            _ => daemonset_pods::finalize(&ctx.client, &fr).await?,
+        }
         return Ok(Action::await_change());
     }
     // Target health is read from the caches: never decide on a cache that has not been filled yet (every
@@ -101,6 +105,9 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
     let mut round = Round { started, batch_settled_at: None };
     for _ in 0..MAX_STEPS {
         let next = match fr.spec.targets.kind {
+            TargetKind::Node if fr.spec.targets.clusters.is_some() => {
+                step::<MemberNodes>(ctx, fr, &mut round).await?
+            }
             TargetKind::Node => step::<Nodes>(ctx, fr, &mut round).await?,
             _ if fr.spec.targets.clusters.is_some() => step::<Members>(ctx, fr, &mut round).await?,
             _ => step::<Workloads>(ctx, fr, &mut round).await?,
@@ -253,9 +260,7 @@ async fn act<F: Fleet>(
             return Ok(Next::Again(written.unwrap_or(fr)));
         }
         Step::ReleaseDaemonSet => {
-            if ctx.daemonset_held(&fr) {
-                daemonset_pods::release(&ctx.client, &fr, true).await?;
-            }
+            F::release(ctx, &fr, true).await?;
             return Ok(match ctx.rollouts_io.set_finalizer(&fr, false).await? {
                 Some(written) => Next::Again(written),
                 // Deleted and finalized meanwhile: nothing is left to do.

@@ -266,6 +266,55 @@ pub(crate) fn take_control(
     Ok(Some(next))
 }
 
+/// For the rollback of a rollout that had handed the DaemonSet back (it succeeded, so its saved template
+/// is gone): the DaemonSet's updates taken over again and its template set to the one the rollout found —
+/// the current template with the targets' image from before (`previous`) and without the rollout's key —
+/// saved as the template to hand back. None when the DaemonSet is held (its saved template is restored
+/// instead) or when its template is no longer the one this rollout (uid `uid`) set: a later change by
+/// someone else is not undone.
+pub(crate) fn take_back(
+    ds: &DaemonSet,
+    container: Option<&str>,
+    previous: &str,
+    rollout: &str,
+    uid: &str,
+) -> Result<Option<DaemonSet>, String> {
+    let template = &ds.spec.template;
+    let stamped = template.metadata.as_ref().and_then(|m| m.annotations.as_ref()?.get(APPLIED_ANNOTATION));
+    if is_held(ds.annotations()) || !stamped.is_some_and(|k| k.starts_with(&format!("{uid}/"))) {
+        return Ok(None);
+    }
+    let mut found = template.clone();
+    if let Some(meta) = found.metadata.as_mut()
+        && let Some(a) = meta.annotations.as_mut()
+    {
+        a.remove(APPLIED_ANNOTATION);
+        a.remove(ROLLOUT_ANNOTATION);
+        if a.is_empty() {
+            meta.annotations = None;
+        }
+    }
+    let missing = || format!("DaemonSet {} has no container to restore", ds.name_any());
+    let containers = &mut found.spec.as_mut().ok_or_else(missing)?.containers;
+    let target = rolled_container(containers, |c| &c.name, container)
+        .and_then(|i| containers.get_mut(i))
+        .ok_or_else(missing)?;
+    target.image = Some(previous.into());
+    let mut next = ds.clone();
+    next.metadata.managed_fields = None;
+    let annotations = next.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    annotations.insert(ROLLOUT_ANNOTATION.into(), rollout.into());
+    annotations.insert(
+        SAVED_STRATEGY_ANNOTATION.into(),
+        json(&ds.spec.update_strategy.clone().unwrap_or_default())?,
+    );
+    annotations.insert(SAVED_TEMPLATE_ANNOTATION.into(), json(&found)?);
+    next.spec.update_strategy =
+        Some(DaemonSetUpdateStrategy { type_: Some("OnDelete".into()), rolling_update: None });
+    next.spec.template = found;
+    Ok(Some(next))
+}
+
 fn json(value: &impl serde::Serialize) -> Result<String, String> {
     serde_json::to_string(value).map_err(|e| format!("cannot encode the DaemonSet's settings: {e}"))
 }

@@ -104,7 +104,9 @@ impl Rules {
         daemon_set: Option<&str>,
         candidates: &[crate::core::plan::Candidate],
     ) -> Option<Refusal> {
-        if rollout.kind == TargetKind::Node {
+        // Across member clusters the DaemonSets are in the members' namespaces: judged as those below.
+        let at_home = candidates.iter().all(|c| c.cluster.is_empty());
+        if rollout.kind == TargetKind::Node && at_home {
             let ds = daemon_set.unwrap_or_default();
             let why = self.protects(TargetKind::DaemonSet, rollout.namespace, ds)?;
             return Some(Refusal {
@@ -112,8 +114,13 @@ impl Rules {
                 message: format!("{why}; no pod was replaced"),
             });
         }
-        let protected: Vec<String> =
-            candidates.iter().filter_map(|c| self.protects(rollout.kind, &c.namespace, &c.name)).collect();
+        let protected: Vec<String> = candidates
+            .iter()
+            .filter_map(|c| match c.cluster.is_empty() {
+                true => self.protects(rollout.kind, &c.namespace, &c.name),
+                false => self.protects_namespace(&c.namespace),
+            })
+            .collect();
         (!candidates.is_empty() && protected.len() == candidates.len()).then(|| Refusal {
             reason: reason::TARGET_PROTECTED,
             message: format!(
@@ -129,19 +136,20 @@ impl Rules {
     }
 
     /// Whether `rollout` may change `target` now. Node targets are machines, not workloads: their scope is
-    /// the DaemonSet's, checked when the DaemonSet is taken over.
+    /// the DaemonSet's, checked when the DaemonSet is taken over; in a member cluster, that of the
+    /// DaemonSet's namespace there (the target's), as for a workload.
     pub fn check(&self, rollout: Rollout<'_>, target: &PlannedTarget, seen: Seen<'_>) -> Result<(), Refusal> {
         let key = target.key();
         let refuse = |reason, message: String| {
             Err(Refusal { reason, message: format!("{key}: {message}; not changed") })
         };
         if rollout.kind == TargetKind::Node {
-            return match seen.held_by {
-                Some(other) => {
-                    refuse(reason::TARGET_HELD, format!("FleetRollout {other} holds the DaemonSet"))
-                }
-                None => Ok(()),
-            };
+            if let Some(other) = seen.held_by {
+                return refuse(reason::TARGET_HELD, format!("FleetRollout {other} holds the DaemonSet"));
+            }
+            if target.cluster.is_empty() {
+                return Ok(());
+            }
         }
         // The operator's own workloads are in its own cluster; protected namespaces are protected everywhere.
         let protected = match target.cluster.is_empty() {
@@ -368,6 +376,40 @@ mod tests {
         assert_eq!(rules().check(node, &target("", "node-1"), Seen::default()), Ok(()));
         let held = Seen { namespace_labels: None, held_by: Some("fleet/first") };
         assert_eq!(reason_of(rules().check(node, &target("", "node-1"), held)), Some(reason::TARGET_HELD));
+    }
+
+    #[test]
+    fn a_member_node_target_is_judged_by_its_daemonsets_namespace_there() {
+        let node = Rollout { kind: TargetKind::Node, ..rollout("fleet", true) };
+        let opted = BTreeMap::from([(OPT_IN_LABEL.to_string(), OPT_IN_VALUE.to_string())]);
+        let seen = |labels| Seen { namespace_labels: labels, held_by: None };
+        let at = |ns: &str| member("member-1", ns, "node-1");
+        assert_eq!(rules().check(node, &at("agents"), seen(Some(&opted))), Ok(()));
+        let plain = BTreeMap::new();
+        assert_eq!(
+            reason_of(rules().check(node, &at("agents"), seen(Some(&plain)))),
+            Some(reason::NAMESPACE_NOT_OPTED_IN)
+        );
+        assert_eq!(
+            reason_of(rules().check(node, &at("kube-system"), seen(Some(&opted)))),
+            Some(reason::TARGET_PROTECTED)
+        );
+        let held = Seen { namespace_labels: Some(&opted), held_by: Some("fleet/first") };
+        assert_eq!(reason_of(rules().check(node, &at("agents"), held)), Some(reason::TARGET_HELD));
+        let tenant = Rollout { kind: TargetKind::Node, ..rollout("tenant-a", true) };
+        assert_eq!(
+            reason_of(rules().check(tenant, &at("agents"), seen(Some(&opted)))),
+            Some(reason::OUT_OF_SCOPE)
+        );
+        // A plan of nodes only in protected member namespaces is refused whole.
+        let candidate = crate::core::plan::Candidate {
+            cluster: "member-1".into(),
+            namespace: "kube-system".into(),
+            name: "node-1".into(),
+            current_image: "agent:v1".into(),
+        };
+        let refused = rules().refuse_plan(node, Some("agent"), &[candidate]);
+        assert_eq!(refused.map(|r| r.reason), Some(reason::TARGET_PROTECTED));
     }
 
     #[test]

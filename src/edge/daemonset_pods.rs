@@ -35,6 +35,22 @@ use crate::{
 /// How many pod deletions of one batch are in flight at once.
 const DELETE_CONCURRENCY: usize = 16;
 
+/// Where a node rollout's DaemonSet is: the client of its cluster (the rollout's own, or a member's), its
+/// namespace there, and the client of the rollout's own cluster, where the rollouts that may hold it are.
+#[derive(Clone, Copy)]
+pub struct At<'a> {
+    pub client: &'a Client,
+    pub hub: &'a Client,
+    pub namespace: &'a str,
+}
+
+impl<'a> At<'a> {
+    /// The DaemonSet of a rollout in its own cluster: in the rollout's namespace.
+    pub fn home(client: &'a Client, fr: &'a FleetRollout) -> Self {
+        Self { client, hub: client, namespace: fr.metadata.namespace.as_deref().unwrap_or_default() }
+    }
+}
+
 /// The DaemonSet, the nodes its rollout may target and the DaemonSet's pods, read together.
 pub struct View {
     pub daemonset: Option<DaemonSet>,
@@ -42,13 +58,13 @@ pub struct View {
     pods: Vec<Pod>,
 }
 
-fn daemonsets(client: &Client, fr: &FleetRollout) -> Api<DaemonSet> {
-    Api::namespaced(client.clone(), &fr.namespace().unwrap_or_default())
+fn daemonsets(at: At<'_>) -> Api<DaemonSet> {
+    Api::namespaced(at.client.clone(), at.namespace)
 }
 
 /// The rollout's DaemonSet as it is now, and the API to change it; None when it is gone.
-async fn daemonset(client: &Client, fr: &FleetRollout) -> Result<Option<(Api<DaemonSet>, DaemonSet)>> {
-    let api = daemonsets(client, fr);
+async fn daemonset(at: At<'_>, fr: &FleetRollout) -> Result<Option<(Api<DaemonSet>, DaemonSet)>> {
+    let api = daemonsets(at);
     Ok(api.get_opt(&daemonset_name(fr)).await?.map(|ds| (api, ds)))
 }
 
@@ -64,9 +80,9 @@ fn node_selector(fr: &FleetRollout) -> Result<Option<Selector>, Blocked> {
 }
 
 impl View {
-    pub async fn read(client: &Client, fr: &FleetRollout) -> Result<Self> {
-        let ns = fr.namespace().unwrap_or_default();
-        let daemonset = daemonsets(client, fr).get_opt(&daemonset_name(fr)).await?;
+    pub async fn read(at: At<'_>, fr: &FleetRollout) -> Result<Self> {
+        let client = at.client;
+        let daemonset = daemonsets(at).get_opt(&daemonset_name(fr)).await?;
         let selector = node_selector(fr).ok().flatten();
         let lp = selector.map_or_else(ListParams::default, |s| ListParams::default().labels(&s.to_string()));
         let nodes = Api::<Node>::all(client.clone()).list(&lp).await?.items;
@@ -74,7 +90,7 @@ impl View {
             Some(selector) => {
                 let selector: Selector = selector;
                 let lp = ListParams::default().labels(&selector.to_string());
-                Api::<Pod>::namespaced(client.clone(), &ns).list(&lp).await?.items
+                Api::<Pod>::namespaced(client.clone(), at.namespace).list(&lp).await?.items
             }
             None => Vec::new(),
         };
@@ -87,7 +103,7 @@ impl View {
     }
 
     /// Every node target as the state machine sees it, keyed by node name.
-    fn states(
+    pub(crate) fn states(
         &self,
         revision: &str,
         batch: &str,
@@ -160,12 +176,12 @@ impl View {
 }
 
 /// The nodes of a new revision, or why there are none to plan.
-pub async fn discover(client: &Client, fr: &FleetRollout) -> Result<Result<Vec<Candidate>, Blocked>> {
+pub async fn discover(at: At<'_>, fr: &FleetRollout) -> Result<Result<Vec<Candidate>, Blocked>> {
     if let Err(b) = node_selector(fr) {
         return Ok(Err(b));
     }
-    let view = View::read(client, fr).await?;
-    let ns = fr.namespace().unwrap_or_default();
+    let view = View::read(at, fr).await?;
+    let ns = at.namespace;
     let name = daemonset_name(fr);
     let Some(ds) = &view.daemonset else {
         return Ok(Err(Blocked {
@@ -175,7 +191,7 @@ pub async fn discover(client: &Client, fr: &FleetRollout) -> Result<Result<Vec<C
     };
     let own = format!("{ns}/{}", fr.name_any());
     if let Some(other) = nodes::held_by_other(ds.annotations(), &own)
-        && rollout_exists(client, other).await?
+        && rollout_exists(at.hub, other).await?
     {
         return Ok(Err(Blocked {
             reason: reason::TARGET_HELD,
@@ -219,7 +235,7 @@ pub async fn finalize(client: &Client, fr: &FleetRollout) -> Result<()> {
     let finished =
         fr.status.as_ref().is_some_and(|s| matches!(s.phase, Phase::Succeeded | Phase::RolledBack));
     if !daemonset_name(fr).is_empty() {
-        release(client, fr, finished).await?;
+        release(At::home(client, fr), fr, finished).await?;
     }
     super::rollouts::set_finalizer(client, fr, false).await?;
     info!("handed the DaemonSet back; the rollout may go");
@@ -230,7 +246,7 @@ pub async fn finalize(client: &Client, fr: &FleetRollout) -> Result<()> {
 /// revision (once), then deletes the old pod on each node of the batch. Safe to repeat: a pod of the
 /// revision is never deleted, and each delete is conditional on the pod's uid.
 pub async fn apply(
-    client: &Client,
+    at: At<'_>,
     metrics: &Metrics,
     fr: &FleetRollout,
     revision: &str,
@@ -238,12 +254,12 @@ pub async fn apply(
     rollout: &str,
     targets: &[PlannedTarget],
 ) -> Result<Outcome> {
-    let Some((api, ds)) = daemonset(client, fr).await? else {
+    let Some((api, ds)) = daemonset(at, fr).await? else {
         info!("the DaemonSet is gone; the batch is skipped");
         return Ok(Outcome::skipped(targets));
     };
     if let Some(other) = nodes::held_by_other(ds.annotations(), rollout)
-        && rollout_exists(client, other).await?
+        && rollout_exists(at.hub, other).await?
     {
         // Planned while the other rollout had not taken it yet: its batches are refused (see `scope`).
         return Err(Error::Target(format!("DaemonSet {} is held by FleetRollout {other}", ds.name_any())));
@@ -263,7 +279,7 @@ pub async fn apply(
         }
         info!(daemonset = %ds.name_any(), %revision, %image, "took over the DaemonSet's updates; template set");
     }
-    let view = View::read(client, fr).await?;
+    let view = View::read(at, fr).await?;
     let pods = view.pods_by_node();
     let actions: Vec<(usize, PlannedTarget, NodeAction)> = targets
         .iter()
@@ -272,17 +288,13 @@ pub async fn apply(
             (i, t.clone(), nodes::node_action(view.nodes.get(&t.name), pods.get(&t.name).copied(), revision))
         })
         .collect();
-    let ns = fr.namespace().unwrap_or_default();
     let results: Vec<(PlannedTarget, NodeAction, Result<()>)> = stream::iter(actions)
-        .map(|(i, target, action)| {
-            let ns = ns.clone();
-            async move {
-                if i > 0 {
-                    failpoint::hit(failpoint::BETWEEN_PATCHES).await;
-                }
-                let deleted = delete(client, metrics, &ns, &target.name, &action).await;
-                (target, action, deleted)
+        .map(|(i, target, action)| async move {
+            if i > 0 {
+                failpoint::hit(failpoint::BETWEEN_PATCHES).await;
             }
+            let deleted = delete(at, metrics, &target.name, &action).await;
+            (target, action, deleted)
         })
         .buffered(DELETE_CONCURRENCY)
         .collect()
@@ -307,14 +319,14 @@ fn record(outcome: &mut Outcome, target: PlannedTarget, action: &NodeAction, don
     Ok(())
 }
 
-async fn delete(client: &Client, metrics: &Metrics, ns: &str, node: &str, action: &NodeAction) -> Result<()> {
+async fn delete(at: At<'_>, metrics: &Metrics, node: &str, action: &NodeAction) -> Result<()> {
     let NodeAction::Delete { pod, uid } = action else { return Ok(()) };
     let params = DeleteParams {
         preconditions: Some(Preconditions { uid: Some(uid.clone()), resource_version: None }),
         ..Default::default()
     };
     metrics.target_patches.inc();
-    match Api::<Pod>::namespaced(client.clone(), ns).delete(pod, &params).await {
+    match Api::<Pod>::namespaced(at.client.clone(), at.namespace).delete(pod, &params).await {
         Ok(_) => {
             debug!(%node, %pod, "old pod deleted");
             Ok(())
@@ -329,29 +341,36 @@ async fn delete(client: &Client, metrics: &Metrics, ns: &str, node: &str, action
 /// A rollback: restores the template from before the rollout, then replaces, node by node, the pods this
 /// rollout created on `targets`.
 pub async fn restore(
-    client: &Client,
+    at: At<'_>,
     metrics: &Metrics,
     fr: &FleetRollout,
     targets: &[PlannedTarget],
 ) -> Result<Outcome> {
-    let Some((api, ds)) = daemonset(client, fr).await? else {
+    let Some((api, ds)) = daemonset(at, fr).await? else {
         return Ok(Outcome::skipped(targets));
     };
-    if let Some(next) = nodes::restore_template(&ds) {
+    let ours = fr.uid().unwrap_or_default();
+    let own = format!("{}/{}", fr.namespace().unwrap_or_default(), fr.name_any());
+    // Held: its saved template goes back. Handed back already (the rollout had succeeded): taken again.
+    let previous = targets.first().map_or("", |t| t.previous_image.as_str());
+    let next = match nodes::restore_template(&ds) {
+        Some(next) => Some(next),
+        None => nodes::take_back(&ds, fr.spec.container.as_deref(), previous, &own, &ours)
+            .map_err(Error::Target)?,
+    };
+    if let Some(next) = next {
         api.replace(&ds.name_any(), &post_params(), &next).await?;
         info!(daemonset = %ds.name_any(), "restored the pod template from before the rollout");
     }
-    let ours = fr.uid().unwrap_or_default();
-    let view = View::read(client, fr).await?;
+    let view = View::read(at, fr).await?;
     let pods = view.pods_by_node();
-    let ns = fr.namespace().unwrap_or_default();
     let mut outcome = Outcome::default();
     for (i, t) in targets.iter().enumerate() {
         let action = nodes::restore_action(view.nodes.get(&t.name), pods.get(&t.name).copied(), &ours);
         if i > 0 {
             failpoint::hit(failpoint::BETWEEN_RESTORES).await;
         }
-        let deleted = delete(client, metrics, &ns, &t.name, &action).await;
+        let deleted = delete(at, metrics, &t.name, &action).await;
         record(&mut outcome, t.clone(), &action, deleted)?;
     }
     Ok(outcome)
@@ -360,8 +379,8 @@ pub async fn restore(
 /// Hands the DaemonSet back, if this rollout holds it: a rollout that `finished` (succeeded or was rolled
 /// back) its update strategy only ([`nodes::release`]); any other one as it was before the rollout,
 /// template too ([`nodes::hand_back`]). Idempotent.
-pub async fn release(client: &Client, fr: &FleetRollout, finished: bool) -> Result<()> {
-    let Some((api, ds)) = daemonset(client, fr).await? else { return Ok(()) };
+pub async fn release(at: At<'_>, fr: &FleetRollout, finished: bool) -> Result<()> {
+    let Some((api, ds)) = daemonset(at, fr).await? else { return Ok(()) };
     let own = format!("{}/{}", fr.namespace().unwrap_or_default(), fr.name_any());
     if !nodes::held_by(ds.annotations(), &own) {
         return Ok(());

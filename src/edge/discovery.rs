@@ -141,7 +141,8 @@ pub(crate) async fn discover(
     fr: &FleetRollout,
 ) -> Result<Result<Discovered, Blocked>> {
     if fr.spec.targets.kind == TargetKind::Node {
-        return Ok(super::daemonset_pods::discover(client, fr).await?.map(Discovered::local));
+        let at = super::daemonset_pods::At::home(client, fr);
+        return Ok(super::daemonset_pods::discover(at, fr).await?.map(Discovered::local));
     }
     Ok(match list_fleet(client, fleet_namespace, fr).await? {
         Ok((found, namespaces)) => {

@@ -7,7 +7,10 @@ use kube::Client;
 use crate::{
     api::{FleetRollout, TargetKind},
     core::{count, plan::Plan, rollout::TargetState, workload::Readiness},
-    edge::{daemonset_pods::View, targets},
+    edge::{
+        daemonset_pods::{At, View},
+        targets,
+    },
     error::Result,
 };
 
@@ -15,8 +18,12 @@ use crate::{
 const WORKLOAD_READS: usize = 100;
 
 /// How many targets of batch `batch` of `fr`'s `plan` run the revision's image and are ready now. A
-/// workload that is gone, or cannot be read, is not healthy.
-pub async fn healthy(client: &Client, fr: &FleetRollout, plan: &Plan, batch: u32) -> Result<u32> {
+/// workload that is gone, or cannot be read, is not healthy. None across member clusters: the caller's
+/// client reaches only this cluster.
+pub async fn healthy(client: &Client, fr: &FleetRollout, plan: &Plan, batch: u32) -> Result<Option<u32>> {
+    if fr.spec.targets.clusters.is_some() {
+        return Ok(None);
+    }
     let revision = fr.status.as_ref().and_then(|s| s.revision.as_ref());
     let image = revision.map_or(fr.spec.image.as_str(), |r| r.inputs.image.as_str());
     let container = revision.and_then(|r| r.inputs.container.as_deref());
@@ -25,7 +32,7 @@ pub async fn healthy(client: &Client, fr: &FleetRollout, plan: &Plan, batch: u32
         TargetKind::Node => {
             // One read of the DaemonSet, its pods and the nodes serves every node of the batch.
             let status = fr.status.clone().unwrap_or_default();
-            let states = View::read(client, fr).await?.rollout_states(fr, &status, Some(batch));
+            let states = View::read(At::home(client, fr), fr).await?.rollout_states(fr, &status, Some(batch));
             targets.iter().filter(|t| states.get(&t.name).is_some_and(|s| is_healthy(s, image))).count()
         }
         kind => {
@@ -41,7 +48,7 @@ pub async fn healthy(client: &Client, fr: &FleetRollout, plan: &Plan, batch: u32
             healthy
         }
     };
-    Ok(count(healthy))
+    Ok(Some(count(healthy)))
 }
 
 fn is_healthy(state: &TargetState, image: &str) -> bool {

@@ -15,7 +15,7 @@ use crate::{
     core::{
         Blocked,
         clusters::{self, Cluster, PlannedWave},
-        plan::Discovered,
+        plan::{Candidate, Discovered},
         reason,
         workload::WorkloadFacts,
     },
@@ -138,22 +138,19 @@ pub(crate) async fn discover(
         Err(b) => return Ok(Err(b)),
     };
     let listed = join_all(chosen.iter().map(|c| async move {
-        let listed = with_member(members, &c.name, |client| async move {
-            discovery::list_fleet(&client, fleet_namespace, fr).await
-        })
-        .await;
+        let listed =
+            with_member(members, &c.name, |client| list_member(client, members.hub(), fleet_namespace, fr))
+                .await;
         (*c, listed)
     }))
     .await;
-    let mut facts = Vec::new();
-    let mut namespaces = Vec::new();
+    let mut found = Listed::default();
     let mut reached = Vec::new();
     let mut left_out = Vec::new();
     for (cluster, listed) in listed {
         match listed {
-            Ok(Ok((found, ns))) => {
-                facts.extend(found.into_iter().map(|f| (cluster.name.clone(), f)));
-                namespaces.extend(ns.into_iter().map(|n| format!("{}/{n}", cluster.name)));
+            Ok(Ok(listed)) => {
+                found.add(&cluster.name, listed);
                 reached.push(cluster);
             }
             // A member without matching namespaces or workloads adds nothing to the plan (nor to a wave).
@@ -178,11 +175,57 @@ pub(crate) async fn discover(
         Ok(w) => w,
         Err(b) => return Ok(Err(b)),
     };
-    Ok(discovery::candidates(fr, facts, &namespaces).map(|candidates| Discovered {
-        candidates,
-        waves,
-        refused: notes,
-        left_out,
+    Ok(found.candidates(fr).map(|candidates| Discovered { candidates, waves, refused: notes, left_out }))
+}
+
+/// What members hold of a rollout's fleet: workloads (with the namespaces they were looked for in), or the
+/// nodes of a node rollout.
+#[derive(Default)]
+struct Listed {
+    workloads: Vec<(String, WorkloadFacts)>,
+    namespaces: Vec<String>,
+    nodes: Vec<Candidate>,
+}
+
+impl Listed {
+    /// Adds what one member holds.
+    fn add(&mut self, cluster: &str, listed: Listed) {
+        self.workloads.extend(listed.workloads.into_iter().map(|(_, f)| (cluster.to_string(), f)));
+        self.namespaces.extend(listed.namespaces.into_iter().map(|n| format!("{cluster}/{n}")));
+        self.nodes.extend(listed.nodes.into_iter().map(|n| Candidate { cluster: cluster.to_string(), ..n }));
+    }
+
+    fn candidates(self, fr: &FleetRollout) -> Result<Vec<Candidate>, Blocked> {
+        if fr.spec.targets.kind != TargetKind::Node {
+            return discovery::candidates(fr, self.workloads, &self.namespaces);
+        }
+        if self.nodes.is_empty() {
+            let message = format!(
+                "no member cluster runs a pod of DaemonSet {} on a node matching targets.nodeSelector",
+                fr.spec.targets.daemon_set.as_deref().unwrap_or_default()
+            );
+            return Err(Blocked { reason: reason::NO_TARGETS, message });
+        }
+        Ok(self.nodes)
+    }
+}
+
+/// The fleet of a rollout in one member, through its client.
+async fn list_member(
+    client: Client,
+    hub: &Client,
+    fleet_namespace: &str,
+    fr: &FleetRollout,
+) -> Result<Result<Listed, Blocked>> {
+    if fr.spec.targets.kind == TargetKind::Node {
+        let nodes = super::member_nodes::list(&client, hub, fleet_namespace, fr).await?;
+        return Ok(nodes.map(|nodes| Listed { nodes, ..Default::default() }));
+    }
+    let listed = discovery::list_fleet(&client, fleet_namespace, fr).await?;
+    Ok(listed.map(|(found, namespaces)| Listed {
+        workloads: found.into_iter().map(|f| (String::new(), f)).collect(),
+        namespaces,
+        nodes: Vec::new(),
     }))
 }
 
@@ -303,29 +346,38 @@ pub(crate) async fn change(
     targets: &[PlannedTarget],
     image_of: impl Fn(&PlannedTarget) -> String + Sync,
 ) -> Result<Outcome> {
+    let image_of = &image_of;
+    each_member(members, targets, |client, targets| async move {
+        targets::patch_all(&client, None, metrics, change, &targets, image_of).await
+    })
+    .await
+}
+
+/// Runs `act` on the targets of each member cluster, through its client, all clusters at once, and adds
+/// up what it did; a cluster that cannot be reached is reported in `unreached`, its targets left for the
+/// core to retry.
+pub(crate) async fn each_member<F, Fut>(
+    members: &Members,
+    targets: &[PlannedTarget],
+    act: F,
+) -> Result<Outcome>
+where
+    F: Fn(Client, Vec<PlannedTarget>) -> Fut + Sync,
+    Fut: std::future::Future<Output = Result<Outcome>>,
+{
     let mut by_cluster: BTreeMap<&str, Vec<PlannedTarget>> = BTreeMap::new();
     for t in targets {
         by_cluster.entry(t.cluster.as_str()).or_default().push(t.clone());
     }
-    let image_of = &image_of;
+    let act = &act;
     let results = join_all(by_cluster.into_iter().map(|(cluster, targets)| async move {
-        let out = with_member(members, cluster, |client| {
-            let targets = targets.clone();
-            async move { targets::patch_all(&client, None, metrics, change, &targets, image_of).await }
-        })
-        .await;
-        (cluster, out)
+        (cluster, with_member(members, cluster, |client| act(client, targets.clone())).await)
     }))
     .await;
     let mut outcome = Outcome::default();
     for (cluster, out) in results {
         match out {
-            Ok(o) => {
-                outcome.changed += o.changed;
-                outcome.unchanged += o.unchanged;
-                outcome.skipped += o.skipped;
-                outcome.denied.extend(o.denied);
-            }
+            Ok(o) => outcome.add(o),
             Err(why) if why.unreachable => {
                 warn!(cluster, %why, "member cluster not reached; its targets wait for it");
                 outcome.unreached.insert(cluster.to_string(), why.message);

@@ -164,6 +164,11 @@ impl Members {
     /// with why (sorted by Secret). Cluster API members take their labels from their `Cluster` object
     /// (none when there is no such object or no Cluster API); a member whose `Cluster` cannot be read
     /// is refused rather than given no labels, as a selector would then silently miss it.
+    /// The client of the cluster the member Secrets are in (the rollouts' own).
+    pub fn hub(&self) -> &Client {
+        &self.hub
+    }
+
     pub async fn list(&self) -> Result<(Vec<Member>, Vec<Refused>)> {
         let secrets = self.secrets().await?;
         let labels = match secrets.iter().any(|s| secrets::capi_cluster(s).is_some()) {

@@ -7,6 +7,7 @@ pub(crate) mod daemonset_pods;
 pub mod discovery;
 pub(crate) mod live;
 pub(crate) mod member_fleet;
+pub(crate) mod member_nodes;
 pub(crate) mod member_watch;
 pub(crate) mod members;
 pub(crate) mod own_writes;

@@ -159,6 +159,15 @@ impl Outcome {
     pub fn skipped(targets: &[PlannedTarget]) -> Self {
         Self { skipped: count(targets.len()), ..Default::default() }
     }
+
+    /// Adds what another round (in another cluster or namespace) did.
+    pub fn add(&mut self, other: Outcome) {
+        self.changed += other.changed;
+        self.unchanged += other.unchanged;
+        self.skipped += other.skipped;
+        self.denied.extend(other.denied);
+        self.unreached.extend(other.unreached);
+    }
 }
 
 /// One image change to make.

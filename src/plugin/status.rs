@@ -104,12 +104,12 @@ fn redraw(view: &str, tty: bool, first: bool) {
 
 /// How many targets of the batch being verified are healthy now. The plan is read from status or its
 /// ConfigMaps (once per plan, through `plans`); a caller who may not read those ConfigMaps, or the
-/// targets, sees no count.
+/// targets, or whose targets are in member clusters, sees no count.
 async fn batch_health(client: &Client, plans: &PlanStore, fr: &FleetRollout) -> Option<BatchHealth> {
     let s = fr.status.as_ref()?;
     let verifying = s.current().filter(|b| b.state == BatchState::Verifying)?;
     let loaded = plans.load(client, fr, s.plan.as_ref()?).await.ok()?.ok()?;
-    let healthy = live::healthy(client, fr, &loaded.plan, verifying.index).await.ok()?;
+    let healthy = live::healthy(client, fr, &loaded.plan, verifying.index).await.ok()??;
     Some(BatchHealth { batch: verifying.index, healthy })
 }
 

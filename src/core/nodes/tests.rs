@@ -200,3 +200,25 @@ fn a_daemonset_handed_back_unfinished_gets_its_template_back_too() {
     assert!(!is_held(back.annotations()));
     assert_eq!(hand_back(&ds), None, "not held: nothing to hand back");
 }
+
+#[test]
+fn a_rollback_after_success_takes_the_daemonset_back_with_the_template_it_found() {
+    let original = daemonset();
+    let taken = take_control(&original, None, "agent:v2", "uid/1", "ops/r").unwrap().unwrap();
+    let succeeded = release(&taken).unwrap();
+    assert!(!is_held(succeeded.annotations()), "handed back at success");
+
+    let back = take_back(&succeeded, None, "agent:v1", "ops/r", "uid").unwrap().unwrap();
+    assert!(held_by(back.annotations(), "ops/r"));
+    assert_eq!(back.spec.template, original.spec.template, "the template as the rollout found it");
+    assert_eq!(strategy_type(back.spec.update_strategy.as_ref()), "OnDelete", "pods go back node by node");
+    // Replayed: held now, so nothing more; the rollback's end hands back the strategy it had.
+    assert_eq!(take_back(&back, None, "agent:v1", "ops/r", "uid"), Ok(None));
+    assert_eq!(restore_template(&back), None);
+    let done = release(&back).unwrap();
+    assert_eq!(done.spec.update_strategy, original.spec.update_strategy);
+    assert_eq!(done.spec.template, original.spec.template);
+    // A template someone else changed since (not stamped by this rollout) is not undone.
+    assert_eq!(take_back(&succeeded, None, "agent:v1", "ops/r", "other-uid"), Ok(None));
+    assert_eq!(take_back(&original, None, "agent:v1", "ops/r", "uid"), Ok(None));
+}
