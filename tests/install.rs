@@ -471,6 +471,17 @@ async fn operator_on_the_charts_rbac(fleet: Fleet, fullname: String) {
             "a caller without rights over the targets created a rollout through impersonation: {other:?}"
         ),
     }
+    // A dry-run create, as a preview across member clusters makes, passes as the agent and is refused to
+    // the creator in the same way: the grant to impersonate for `create` covers it, and it is judged.
+    let mut probe = rollout.clone();
+    (probe.metadata.name, probe.metadata.generate_name) = (None, Some("preview-".into()));
+    let dry_run = PostParams { dry_run: true, ..Default::default() };
+    as_agent.create(&dry_run, &probe).await.expect("a dry run as the agent");
+    let refused = as_creator.create(&dry_run, &probe).await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("may not patch deployments")),
+        "a dry run as the creator: {refused:?}"
+    );
     let operator_as = |who: String, args: &'static [&'static str]| {
         let (kubeconfig, ns) = (kubeconfig.clone(), ns.clone());
         async move {

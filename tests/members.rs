@@ -23,6 +23,8 @@ use support::{DEADLINE, OPERATOR_ACCOUNT, Site, register, site, spec, tidy, uniq
 mod faults;
 #[path = "members/nodes.rs"]
 mod nodes;
+#[path = "members/previews.rs"]
+mod previews;
 
 /// The batch (0-based) of each Deployment's `fleetroll.dev/applied` key.
 async fn batches_of(s: &Site) -> Vec<u32> {

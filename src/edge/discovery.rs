@@ -237,26 +237,37 @@ pub struct Preview {
 }
 
 /// The plan a rollout would get if it were planned now: discovery, then planning, exactly as the
-/// operator does it. Across member clusters, the member Secrets are read with `client`'s rights. The outer
-/// error is an API failure; the inner one says why it could not be planned.
+/// operator does it. Everything is read with `client`'s rights, the member Secrets included (the plugin's
+/// `plan` reads as the person running it). The outer error is an API failure; the inner one says why it
+/// could not be planned.
 pub async fn preview(
     client: &Client,
     fleet_namespace: &str,
     fr: &FleetRollout,
 ) -> Result<Result<Preview, Blocked>> {
-    let discovered = match fr.spec.targets.clusters {
-        Some(_) => {
-            let members = super::members::Members::new(client.clone(), fleet_namespace.to_string());
-            super::member_fleet::discover(&members, fleet_namespace, fr).await?
-        }
-        None => discover(client, fleet_namespace, fr).await?,
-    };
-    Ok(discovered.and_then(|d| {
-        let planned = plan::plan_revision(&fr.spec, d.candidates, &Default::default(), &d.waves)?;
-        let clusters = (!d.waves.is_empty())
-            .then(|| crate::core::clusters::planned_status(&d.waves, &planned.plan.batches));
-        Ok(Preview { plan: planned.plan, clusters, notes: d.refused })
-    }))
+    if fr.spec.targets.clusters.is_some() {
+        let members = super::members::Members::new(client.clone(), fleet_namespace.to_string());
+        return preview_members(&members, fleet_namespace, fr).await;
+    }
+    Ok(discover(client, fleet_namespace, fr).await?.and_then(|d| planned(fr, d)))
+}
+
+/// [`preview`] across member clusters, through `members` (whose hub client reads the member Secrets). A
+/// rollout outside the fleet namespace is refused before any Secret is read.
+pub(crate) async fn preview_members(
+    members: &super::members::Members,
+    fleet_namespace: &str,
+    fr: &FleetRollout,
+) -> Result<Result<Preview, Blocked>> {
+    let discovered = super::member_fleet::discover(members, fleet_namespace, fr).await?;
+    Ok(discovered.and_then(|d| planned(fr, d)))
+}
+
+fn planned(fr: &FleetRollout, d: Discovered) -> Result<Preview, Blocked> {
+    let planned = plan::plan_revision(&fr.spec, d.candidates, &Default::default(), &d.waves)?;
+    let clusters =
+        (!d.waves.is_empty()).then(|| crate::core::clusters::planned_status(&d.waves, &planned.plan.batches));
+    Ok(Preview { plan: planned.plan, clusters, notes: d.refused })
 }
 
 /// Matching workloads in the cache that the plan does not contain (reported, never added).

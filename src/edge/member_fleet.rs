@@ -104,7 +104,7 @@ where
 }
 
 /// Only rollouts in the fleet namespace reach member clusters.
-fn may_reach_members(fleet_namespace: &str, fr: &FleetRollout) -> Result<(), Blocked> {
+pub(crate) fn may_reach_members(fleet_namespace: &str, fr: &FleetRollout) -> Result<(), Blocked> {
     let own = fr.namespace().unwrap_or_default();
     if !fleet_namespace.is_empty() && own == fleet_namespace {
         return Ok(());

@@ -40,7 +40,9 @@
 //! ```
 //!
 //! (`get`: an approval reads the rollout before it patches it, and a replayed start reads the rollout it
-//! collided with. A preview discovers the fleet as the caller, so it shows only what the caller could list.) Writes are rare, so each derives its client from the server's own `kube::Config`,
+//! collided with. A preview discovers the fleet as the caller, so it shows only what the caller could list;
+//! across member clusters, `create` is a dry run proving the caller may create that rollout, see
+//! `preview`.) Writes are rare, so each derives its client from the server's own `kube::Config`,
 //! and kube's own code puts the `Impersonate-*` headers on.
 
 use std::{collections::BTreeMap, sync::Arc};

@@ -3,7 +3,7 @@
 //! resource on every `tasks/get`: any replica, after any restart, gives the same answer.
 //!
 //! - `handler`: the MCP methods; `tools` names the tools, `args` types their arguments, `ops` does what
-//!   they ask; `task` wraps a rollout's task ([`crate::core::task`]) for the Tasks extension;
+//!   they ask (`preview`: what a preview may read, and as whom); `task` wraps a rollout's task ([`crate::core::task`]) for the Tasks extension;
 //! - `auth`: who is calling and what they may do; `impersonate`: writes made as the caller;
 //! - `cache`: FleetRollouts as a watch shows them; `limits`: what bounds a flood; `endpoint`: the URLs.
 
@@ -17,6 +17,7 @@ mod handler;
 mod impersonate;
 pub mod limits;
 mod ops;
+mod preview;
 mod task;
 mod tools;
 
@@ -43,7 +44,7 @@ use self::{
     limits::InFlight,
     ops::Ops,
 };
-use crate::edge::plans::PlanStore;
+use crate::edge::{members::Members, plans::PlanStore};
 
 /// Largest request body accepted (413 beyond).
 pub(crate) const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -90,8 +91,9 @@ impl FleetMcp {
         let ops = Ops {
             rollouts: cache::Rollouts::watch(client.clone()),
             writer,
-            client,
+            client: client.clone(),
             plans: Arc::new(PlanStore::default()),
+            members: Members::new(client.clone(), opts.fleet_namespace.clone()),
             fleet_namespace: opts.fleet_namespace.clone(),
             retention_seconds: i64::try_from(opts.retention.as_secs()).unwrap_or(i64::MAX),
         };

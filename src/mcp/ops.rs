@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use tracing::{debug, warn};
 
 use super::{
-    args::{ApproveArgs, ListArgs, PreviewArgs, RolloutFleetArgs, RolloutRef},
+    args::{ApproveArgs, ListArgs, RolloutFleetArgs, RolloutRef},
     auth::Identity,
     cache::Rollouts,
     impersonate::Writer,
@@ -21,14 +21,14 @@ use super::{
         self, CREATED_BY_ANNOTATION, IDEMPOTENCY_KEY_HASH_ANNOTATION, REQUEST_HASH_ANNOTATION,
         TASK_TOKEN_HASH_ANNOTATION, TaskId,
     },
-    tools::{error, ok},
+    tools::ok,
 };
 use crate::{
     api::{FleetRollout, PlannedTarget},
     core::task::{Summary, describe, summary},
     edge::{
         control::{self, explain},
-        discovery,
+        members::Members,
         plans::PlanStore,
     },
 };
@@ -47,6 +47,9 @@ pub struct Ops {
     pub rollouts: Rollouts,
     /// Frozen plans, read back (and checked against their hash) for the approval forms that name targets.
     pub plans: Arc<PlanStore>,
+    /// The member clusters, read with the server's own client: a preview across members reads them only
+    /// for a caller who may create that rollout (see `preview`), so callers need no Secret rights.
+    pub members: Members,
     pub fleet_namespace: String,
     /// ttlSecondsAfterFinished of rollouts started over MCP (the task's retention).
     pub retention_seconds: i64,
@@ -170,22 +173,6 @@ impl Ops {
         }
     }
 
-    /// The plan a rollout would follow, computed exactly as the operator would. Discovery runs as the
-    /// caller (like its writes): a preview lists workloads, namespaces and nodes, and shows only what the
-    /// caller could list itself.
-    pub async fn preview(&self, args: &PreviewArgs, who: &Identity) -> Result<CallToolResult, String> {
-        let mut fr = FleetRollout::new("preview", args.as_rollout().spec(None));
-        fr.metadata.namespace = Some(args.namespace.clone());
-        let client = self.writer.client_for(who)?;
-        match discovery::preview(&client, &self.fleet_namespace, &fr).await {
-            Ok(Ok(preview)) => Ok(preview_result(&preview, &args.image)),
-            Ok(Err(blocked)) => {
-                Ok(error(format!("this rollout could not start ({}): {}", blocked.reason, blocked.message)))
-            }
-            Err(e) => Err(format!("discovering the fleet: {e}")),
-        }
-    }
-
     pub async fn get(&self, r: &RolloutRef) -> Result<Arc<FleetRollout>, String> {
         let what = format!("FleetRollout {}/{}", r.namespace, r.name);
         match self.rollouts.get(&r.namespace, &r.name).await {
@@ -272,49 +259,4 @@ impl Ops {
         };
         loaded.plan.batches.get(usize::try_from(batch).ok()?).cloned()
     }
-}
-
-/// What preview_rollout answers: the plan, batch by batch (and across member clusters, the waves and the
-/// clusters).
-fn preview_result(preview: &discovery::Preview, image: &str) -> CallToolResult {
-    let plan = &preview.plan;
-    let batches: Vec<Value> = plan
-        .batches
-        .iter()
-        .enumerate()
-        .map(|(i, b)| {
-            let targets: Vec<Value> = b
-                .iter()
-                .map(|t| {
-                    let mut v =
-                        json!({"namespace": t.namespace, "name": t.name, "currentImage": t.previous_image});
-                    if !t.cluster.is_empty() {
-                        v["cluster"] = json!(t.cluster);
-                    }
-                    v
-                })
-                .collect();
-            json!({"index": i, "size": b.len(), "targets": targets})
-        })
-        .collect();
-    let mut text = format!(
-        "{} targets in {} batches (sizes {}), plan {}.",
-        plan.total_targets(),
-        plan.total_batches(),
-        plan.batches.iter().map(|b| b.len().to_string()).collect::<Vec<_>>().join(", "),
-        plan.hash
-    );
-    if let Some(clusters) = &preview.clusters {
-        text.push_str(&format!(" {}.", crate::core::clusters::describe(clusters)));
-    }
-    for note in &preview.notes {
-        text.push_str(&format!(" Left out: {note}."));
-    }
-    text.push_str(" Nothing was written.");
-    let mut structured = json!({"planHash": plan.hash, "image": image, "totalTargets": plan.total_targets(), "batches": batches});
-    if let Some(clusters) = &preview.clusters {
-        structured["waves"] = json!(clusters.waves);
-        structured["clusters"] = json!(clusters.members);
-    }
-    ok(text, structured)
 }
