@@ -84,18 +84,28 @@ pub(super) fn start_rollback(f: &Facts<'_>, mut s: FleetRolloutStatus, why: &'st
     write(f, s, vec![Event::warning(why, None, message)])
 }
 
-/// Targets this revision changed: every target of every batch that got past Pending.
-pub(super) fn changed_targets(f: &Facts<'_>) -> Vec<PlannedTarget> {
-    match f.status.current_batch {
-        Some(last) => f.plan.through(last).cloned().collect(),
-        None => Vec::new(),
-    }
+/// The targets a rollback owes a restore as far as the status tells (their clusters may not answer, so
+/// their annotations cannot say): every target of the batches up to the one in flight, but those whose
+/// change the API server refused and those of member clusters a batch never reached.
+pub fn owed<'p>(status: &FleetRolloutStatus, plan: &'p plan::Plan) -> Vec<&'p PlannedTarget> {
+    let Some(last) = status.current_batch else { return Vec::new() };
+    (0..=last)
+        .flat_map(|index| {
+            let entry = status.batch(index);
+            plan.batch(index).iter().filter(move |t| {
+                // A batch older than the status keeps was applied; its refusals are in its annotations.
+                entry.is_none_or(|b| !b.denied.contains(&t.key()) && !b.unreached.contains(&t.cluster))
+            })
+        })
+        .collect()
 }
 
-/// Of the targets this revision changed, those a rollback may restore. A workload someone else changed
-/// since (it carries this revision's key but another image) or another rollout took over (it carries that
-/// rollout's key) keeps what it has and is reported: a rollback undoes fleetroll's change, never theirs.
-/// A target not seen (gone, or a node rollout's node) is left to the restore, which skips what is gone.
+/// Of the targets owed a restore, those it may restore: those that carry this revision's key. A target
+/// that carries none of its keys was never changed by this revision (refused by the scope rules at its
+/// batch, or its batch's change never ran) and is left out; so is, reported, one someone else changed
+/// since (this revision's key but another image) or another rollout took over (its key): a rollback undoes
+/// fleetroll's change, never theirs. A target not seen (gone, or a node rollout's node) is left to the
+/// restore, which skips what is gone.
 pub(super) fn restorable(
     f: &Facts<'_>,
     targets: Vec<PlannedTarget>,
@@ -112,19 +122,22 @@ pub(super) fn restorable(
             let Some(state) = (f.target)(t) else { return true };
             let name = t.key();
             let why = match (state.applied.as_deref(), &state.image) {
-                (Some(k), Ok(image)) if k.starts_with(&ours) && *image != revision.inputs.image => Some((
+                (Some(k), Ok(image)) if k.starts_with(&ours) && *image != revision.inputs.image => (
                     reason::IMAGE_CHANGED,
                     format!(
                         "{name} was changed to {image} by someone else since fleetroll set it; left as it is"
                     ),
-                )),
-                (Some(k), _) if !k.starts_with(&ours) => Some((
+                ),
+                (Some(k), _) if k.starts_with(&ours) => return true,
+                (Some(k), _) if !k.starts_with(&format!("{}/", f.uid)) => (
                     reason::TARGET_HELD,
                     format!("{name} was changed by another rollout since; left as it is"),
-                )),
-                _ => None,
+                ),
+                // Never changed by this revision: nothing to undo.
+                _ => return false,
             };
-            why.map(|(r, m)| left.push(super::failure(t, batch, r, m))).is_none()
+            left.push(super::failure(t, batch, why.0, why.1));
+            false
         })
         .collect();
     (restorable, left)

@@ -181,7 +181,8 @@ fn advance(f: &Facts<'_>) -> Step {
         return match &s.rollback {
             Some(rb) if rb.state == crate::api::RollbackState::Restoring => {
                 let last = f.status.current_batch.unwrap_or_default();
-                let (reachable, waiting) = failure::answering(f, failure::changed_targets(f));
+                let (reachable, waiting) =
+                    failure::answering(f, failure::owed(f.status, f.plan).into_iter().cloned().collect());
                 let (targets, mut refused) = in_scope(f, reachable, last);
                 refused.extend(waiting.iter().map(|t| failure::not_answering(f, t, last)));
                 let (targets, left) = failure::restorable(f, targets, last);

@@ -13,6 +13,7 @@ mod gates;
 mod gitops;
 mod housekeeping;
 mod revisions;
+mod rollbacks;
 
 use super::{housekeeping::expires_at, *};
 use crate::{
