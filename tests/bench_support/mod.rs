@@ -35,7 +35,8 @@ pub async fn cleanup_and_wait(client: &Client, namespaces: &mut Vec<String>) {
     for ns in namespaces.drain(..) {
         let Ok(Some(found)) = api.get_opt(&ns).await else { continue };
         let _ = api.delete(&ns, &DeleteParams::background()).await;
-        let gone = await_condition(api.clone(), &ns, is_deleted(&found.uid().unwrap_or_default()));
+        let uid = found.uid().unwrap_or_default();
+        let gone = await_condition(api.clone(), &ns, is_deleted(&uid));
         tokio::time::timeout(Duration::from_secs(600), gone)
             .await
             .unwrap_or_else(|_| panic!("namespace {ns} not deleted within 10 minutes"))
