@@ -1,7 +1,8 @@
-//! Rollbacks: only what this revision changed is restored.
+//! Rollbacks: only what this revision changed is restored, and a rollback ends only once it has restored
+//! everything it owes, member clusters that do not answer included.
 
 use super::*;
-use crate::core::clusters::PlannedWave;
+use crate::{api::RollbackState, core::clusters::PlannedWave};
 
 /// 4 targets in each of a (canary), b and c (prod, one cluster per batch), 3 per batch.
 fn across(timeout: &str) -> Sim {
@@ -18,6 +19,78 @@ fn images_in(sim: &Sim, cluster: &str) -> Vec<String> {
     let mut targets: Vec<&PlannedTarget> = sim.plan.batches.iter().flatten().collect();
     targets.retain(|t| t.cluster == cluster);
     targets.iter().map(|t| sim.world[&key(t)].image.clone().unwrap()).collect()
+}
+
+fn restores(sim: &Sim) -> usize {
+    sim.changes.iter().filter(|(_, k)| k.ends_with("/rollback")).count()
+}
+
+#[test]
+fn a_rollback_waits_for_a_member_that_does_not_answer_and_ends_only_once_it_is_restored() {
+    let mut sim = across("10m");
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    sim.unreachable.insert("b".into(), "dial tcp 10.0.0.2:6443: i/o timeout".into());
+    sim.spec.rollback = true;
+    sim.generation = 2;
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::RollingBack, "{:?}", sim.status.message);
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::CLUSTER_UNREACHABLE));
+    assert_eq!(images_in(&sim, "a"), ["web:v1"; 4], "what answers is restored at once");
+    assert_eq!(images_in(&sim, "b"), ["web:v2"; 4], "b's targets still run the new image");
+    let rb = sim.status.rollback.clone().unwrap();
+    assert_eq!(
+        (rb.state, rb.unreached.clone(), rb.restored),
+        (RollbackState::Restoring, vec!["b".into()], 8)
+    );
+    let trouble = &sim.status.clusters.as_ref().unwrap().trouble;
+    assert_eq!((trouble[0].name.as_str(), trouble[0].reason.as_str()), ("b", reason::CLUSTER_UNREACHABLE));
+    let message = sim.status.message.clone().unwrap();
+    assert!(message.contains("cluster(s) b") && message.contains("delete the rollout"), "{message}");
+    let degraded = conditions::get(&sim.status.conditions, conditions::DEGRADED).unwrap();
+    assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", reason::CLUSTER_UNREACHABLE));
+
+    // An hour on, b still silent: the rollback holds, and writes nothing while nothing changes.
+    sim.pass(Duration::from_secs(3600));
+    assert!(matches!(sim.step(), Step::Wait { .. }));
+    assert_eq!(sim.status.phase, Phase::RollingBack);
+
+    sim.unreachable.clear();
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::RolledBack);
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::ROLLBACK_REQUESTED));
+    assert_eq!(images_in(&sim, "b"), ["web:v1"; 4]);
+    let rb = sim.status.rollback.clone().unwrap();
+    assert_eq!((rb.state, rb.restored, rb.skipped), (RollbackState::Done, 12, 0));
+    assert!(rb.unreached.is_empty());
+    assert_eq!(restores(&sim), 12, "each target restored exactly once");
+    assert!(sim.status.clusters.as_ref().unwrap().trouble.is_empty());
+    assert!(!conditions::is_true(&sim.status.conditions, conditions::DEGRADED));
+}
+
+#[test]
+fn replaying_every_step_of_a_rollback_that_waits_for_a_member_restores_nothing_twice() {
+    let mut sim = across("10m");
+    sim.settle();
+    sim.unreachable.insert("c".into(), "connection refused".into());
+    sim.spec.rollback = true;
+    for round in 0..50 {
+        // A replay: the same step decided again from the same status, as after a crash before its write.
+        if let Step::Restore { key: k, targets, .. } = sim.advance() {
+            for t in &targets {
+                sim.change(t, &t.previous_image.clone(), &k);
+            }
+        }
+        if let Step::Wait { .. } = sim.step() {
+            sim.pass(Duration::from_secs(10));
+            if round > 20 {
+                sim.unreachable.clear();
+            }
+        }
+    }
+    assert_eq!(sim.status.phase, Phase::RolledBack);
+    assert_eq!(restores(&sim), 12);
+    assert_eq!(sim.status.rollback.as_ref().map(|r| r.restored), Some(12));
 }
 
 #[test]
