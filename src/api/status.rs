@@ -399,6 +399,10 @@ pub struct RollbackStatus {
     /// Targets that could not be restored (gone, or no such container any more).
     #[serde(default)]
     pub skipped: u32,
+    /// Member clusters that did not answer, whose changed targets still run the rollout's image: they are
+    /// restored once each answers, and the rollback is done only then.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreached: Vec<String>,
 }
 
 /// Converts a timestamp to the API's time type.

@@ -20,7 +20,7 @@ use crate::{
     core::{
         Blocked,
         plan::{Discovered, Plan},
-        rollout::{Carrier, TargetState},
+        rollout::{self, Carrier, TargetState},
         scope,
     },
     edge::{
@@ -75,9 +75,9 @@ impl Fleet for Members {
             looked: false,
         };
         let Some(current) = status.current_batch else { return Ok(seen) };
-        // A rollback looks at every target it may restore; otherwise only the batch in flight matters.
+        // A rollback looks at the targets it still owes a restore; otherwise only the batch in flight matters.
         let targets: Vec<&PlannedTarget> = match status.phase {
-            Phase::RollingBack => plan.through(current).collect(),
+            Phase::RollingBack => rollout::owed(status, plan),
             p if p.is_terminal() || p == Phase::WaitingForApproval => return Ok(seen),
             _ => plan.batch(current).iter().collect(),
         };

@@ -2,6 +2,7 @@
 //! says to wait. Every decision is the core's; this only reads and carries out.
 
 use std::{
+    collections::BTreeMap,
     collections::HashMap,
     panic::AssertUnwindSafe,
     sync::Arc,
@@ -281,14 +282,14 @@ async fn act<F: Fleet>(
             let after = rollout::unreached(after, batch, &targets, &out.unreached);
             ctx.rollouts_io.write_status(&fr, rollout::denied(after, batch, out.denied)).await
         }
-        Step::Restore { key, targets, refused } => {
+        Step::Restore { key, targets, refused, waiting } => {
             let out = if targets.is_empty() {
                 Outcome::default()
             } else {
                 F::restore(ctx, &fr, &key, &targets).await?
             };
-            info!(key = %key, changed = out.changed, unchanged = out.unchanged, skipped = out.skipped, "rollback applied");
-            ctx.rollouts_io.write_status(&fr, restored(&fr, status, &targets, out, refused, now)).await
+            info!(key = %key, changed = out.changed, unchanged = out.unchanged, skipped = out.skipped, waiting = waiting.len() + out.unreached.len(), "rollback applied");
+            ctx.rollouts_io.write_status(&fr, restored(&fr, status, out, refused, waiting, now)).await
         }
     };
     settle(ctx, &fr, written).await
@@ -320,14 +321,15 @@ async fn write(
     written
 }
 
-/// The status that ends a rollback: what was restored, and what could not be (refused by the scope rules,
-/// or by the API server, or in a member cluster that did not answer).
+/// The status after a pass of a rollback: what was restored, what could not be (refused by the scope
+/// rules or by the API server), and the member clusters it still waits for (they did not answer, before
+/// or during the restore).
 fn restored(
     fr: &FleetRollout,
     status: &FleetRolloutStatus,
-    targets: &[PlannedTarget],
     out: Outcome,
     refused: Vec<TargetFailure>,
+    mut waiting: BTreeMap<String, String>,
     now: Timestamp,
 ) -> Transition {
     let batch = status.current_batch.unwrap_or_default();
@@ -340,17 +342,10 @@ fn restored(
         reason: reason::CHANGE_DENIED.into(),
         message: message.clone(),
     }));
-    let unreached = targets.iter().filter_map(|t| Some((t, out.unreached.get(&t.cluster)?)));
-    not_restored.extend(unreached.map(|(t, why)| TargetFailure {
-        cluster: t.cluster.clone(),
-        namespace: t.namespace.clone(),
-        name: t.name.clone(),
-        batch,
-        reason: reason::CLUSTER_UNREACHABLE.into(),
-        message: format!("cluster {} did not answer; not restored: {why}", t.cluster),
-    }));
+    waiting.extend(out.unreached);
     let generation = fr.metadata.generation.unwrap_or(0);
-    rollout::restored(now, generation, status, out.changed + out.unchanged, out.skipped, not_restored)
+    let restored = out.changed + out.unchanged;
+    rollout::restored(now, generation, status, restored, out.skipped, not_restored, &waiting)
 }
 
 /// A write's result: the rollout as written, or (it changed underneath us) as it is now.

@@ -1,5 +1,5 @@
-//! Faults across member clusters: a member frozen mid-batch, a token rotated and the old one revoked
-//! mid-rollout, the operator SIGKILLed 20 times.
+//! Faults across member clusters: a member frozen mid-batch or during a rollback, a token rotated and the
+//! old one revoked mid-rollout, the operator SIGKILLed 20 times.
 
 use std::{collections::HashMap, time::Duration};
 
@@ -71,6 +71,54 @@ async fn a_member_frozen_mid_batch_is_not_taken_for_healthy_and_the_rollout_goes
             .await;
         assert!(!in_trouble(&fr, "member-2"), "member-2 out of trouble once it answers");
         changed_once(&two, &before).await;
+        tidy(&[&one, &two]).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_rollback_waits_for_a_frozen_member_and_is_rolled_back_only_once_it_restored_it() {
+    if !support::members_up() {
+        return;
+    }
+    let _alone = support::FREEZE.write().await;
+    with_fleet("frozen-back", 0, |fleet| async move {
+        let team = unique("frozen-back");
+        let one = site("member-1", &team, &team, 1, READY_IMAGE, true).await;
+        let two = site("member-2", &team, &team, 1, READY_IMAGE, true).await;
+        let before = two.state().await;
+        register(&fleet, &[&one, &two], OPERATOR_ACCOUNT).await;
+        let _op = Operator::start(&fleet.ns, &[], &[]);
+        fleet.rollout("back", spec(NEXT_IMAGE, &team, 1)).await;
+        fleet
+            .wait_rollout("back", "the rollout to succeed", DEADLINE, |fr| phase(fr) == Phase::Succeeded)
+            .await;
+        let frozen = two.member.freeze();
+        fleet.patch_spec("back", json!({"rollback": true})).await;
+        let fr = fleet
+            .wait_rollout("back", "the rollback to wait for member-2", DEADLINE, |fr| {
+                let rb = fr.status.as_ref().and_then(|s| s.rollback.clone());
+                rb.is_some_and(|rb| rb.unreached == ["member-2"])
+            })
+            .await;
+        let s = fr.status.clone().unwrap();
+        assert_eq!((phase(&fr), s.reason.as_deref()), (Phase::RollingBack, Some("ClusterUnreachable")));
+        assert!(in_trouble(&fr, "member-2"));
+        let message = s.message.unwrap_or_default();
+        assert!(message.contains("member-2") && message.contains("delete the rollout"), "{message}");
+        let restored: Vec<String> = one.state().await.into_values().map(|(image, _)| image).collect();
+        assert_eq!(restored, [READY_IMAGE], "member-1, which answers, is restored meanwhile");
+        frozen.thaw();
+        let fr = fleet
+            .wait_rollout("back", "the rollback to finish", DEADLINE, |fr| phase(fr) == Phase::RolledBack)
+            .await;
+        let rb = fr.status.clone().unwrap().rollback.unwrap();
+        assert_eq!((rb.restored, rb.skipped, rb.unreached.len()), (2, 0, 0));
+        assert!(!in_trouble(&fr, "member-2"));
+        for (name, (image, generation)) in two.state().await {
+            assert_eq!(image, READY_IMAGE, "member-2/{name} restored once it answered");
+            assert_eq!(generation, before[&name].1 + 2, "member-2/{name}: changed once, restored once");
+        }
         tidy(&[&one, &two]).await;
     })
     .await;

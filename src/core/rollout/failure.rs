@@ -1,15 +1,13 @@
 //! The failure budget and what happens when a batch exceeds it (pause, stop, or roll back), changes the
-//! API server refused, and the rollback: which targets it restores and how it ends.
+//! API server refused or whose member cluster did not answer, and the scope rules applied to a batch.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::jiff::Timestamp;
-
-use super::{Event, Facts, Step, Transition, finish, trim_front, truncate, write};
+use super::{Event, Facts, Step, Transition, trim_front, write};
 use crate::{
     api::{
         BatchStatus, DENIED_LISTED, FAILURE_DETAILS, FailurePolicy, FleetRolloutStatus, Phase, PlannedTarget,
-        RollbackState, RollbackStatus, TargetFailure, time,
+        TargetFailure, time,
     },
     core::{
         clusters::{self, Count},
@@ -53,7 +51,7 @@ pub(super) fn apply_failure_policy(
             events.push(Event::warning(why, None, format!("{summary}: stopped (onFailure: Abort)")));
             write(f, s, events)
         }
-        FailurePolicy::Rollback => match start_rollback(f, s, why) {
+        FailurePolicy::Rollback => match super::rollback::start_rollback(f, s, why) {
             Step::Write(mut t) => {
                 events.append(&mut t.events);
                 t.events = events;
@@ -64,72 +62,6 @@ pub(super) fn apply_failure_policy(
     }
 }
 
-pub(super) fn start_rollback(f: &Facts<'_>, mut s: FleetRolloutStatus, why: &'static str) -> Step {
-    s.phase = Phase::RollingBack;
-    s.reason = Some(why.into());
-    s.pending_approval = None;
-    // What the rollback restores is what fleetroll changed; targets changed by others since are left alone.
-    s.changed_by_others = None;
-    s.rollback = Some(RollbackStatus {
-        state: RollbackState::Restoring,
-        idempotency_key: super::rollback_key(f.uid, s.revision_number()),
-        reason: why.into(),
-        started_at: time(f.now),
-        finished_at: None,
-        restored: 0,
-        skipped: 0,
-    });
-    let message =
-        format!("rolling back the {} targets changed so far to their previous images", s.counts.updated);
-    write(f, s, vec![Event::warning(why, None, message)])
-}
-
-/// Targets this revision changed: every target of every batch that got past Pending.
-pub(super) fn changed_targets(f: &Facts<'_>) -> Vec<PlannedTarget> {
-    match f.status.current_batch {
-        Some(last) => f.plan.through(last).cloned().collect(),
-        None => Vec::new(),
-    }
-}
-
-/// Of the targets this revision changed, those a rollback may restore. A workload someone else changed
-/// since (it carries this revision's key but another image) or another rollout took over (it carries that
-/// rollout's key) keeps what it has and is reported: a rollback undoes fleetroll's change, never theirs.
-/// A target not seen (gone, or a node rollout's node) is left to the restore, which skips what is gone.
-pub(super) fn restorable(
-    f: &Facts<'_>,
-    targets: Vec<PlannedTarget>,
-    batch: u32,
-) -> (Vec<PlannedTarget>, Vec<TargetFailure>) {
-    let Some(revision) = f.status.revision.as_ref().filter(|_| !super::is_node_rollout(f)) else {
-        return (targets, Vec::new());
-    };
-    let ours = format!("{}/{}/", f.uid, revision.number);
-    let mut left = Vec::new();
-    let restorable = targets
-        .into_iter()
-        .filter(|t| {
-            let Some(state) = (f.target)(t) else { return true };
-            let name = t.key();
-            let why = match (state.applied.as_deref(), &state.image) {
-                (Some(k), Ok(image)) if k.starts_with(&ours) && *image != revision.inputs.image => Some((
-                    reason::IMAGE_CHANGED,
-                    format!(
-                        "{name} was changed to {image} by someone else since fleetroll set it; left as it is"
-                    ),
-                )),
-                (Some(k), _) if !k.starts_with(&ours) => Some((
-                    reason::TARGET_HELD,
-                    format!("{name} was changed by another rollout since; left as it is"),
-                )),
-                _ => None,
-            };
-            why.map(|(r, m)| left.push(super::failure(t, batch, r, m))).is_none()
-        })
-        .collect();
-    (restorable, left)
-}
-
 /// Splits targets into those whose cluster answers and those of member clusters that did not answer this
 /// step (the scope rules cannot judge those: their namespaces were not seen).
 pub(super) fn answering(
@@ -137,13 +69,6 @@ pub(super) fn answering(
     targets: Vec<PlannedTarget>,
 ) -> (Vec<PlannedTarget>, Vec<PlannedTarget>) {
     targets.into_iter().partition(|t| t.cluster.is_empty() || !f.unreachable.contains_key(&t.cluster))
-}
-
-/// A target a rollback could not restore: its member cluster did not answer.
-pub(super) fn not_answering(f: &Facts<'_>, t: &PlannedTarget, batch: u32) -> TargetFailure {
-    let why = f.unreachable.get(&t.cluster).map_or("", String::as_str);
-    let message = format!("cluster {} did not answer; not restored: {why}", t.cluster);
-    super::failure(t, batch, reason::CLUSTER_UNREACHABLE, message)
 }
 
 /// Splits targets into those the scope rules let this rollout change now and the refused ones, as failure
@@ -225,33 +150,4 @@ pub fn unreached(
         after.events.push(Event::warning(reason::CLUSTER_UNREACHABLE, Some(batch), message));
     }
     after
-}
-
-/// Finishes a rollback once the controller has restored what it could.
-pub fn restored(
-    now: Timestamp,
-    generation: i64,
-    status: &FleetRolloutStatus,
-    restored: u32,
-    skipped: u32,
-    refused: Vec<TargetFailure>,
-) -> Transition {
-    let mut s = status.clone();
-    s.observed_generation = Some(generation);
-    let skipped = skipped.saturating_add(count(refused.len()));
-    s.counts.refused = s.counts.refused.saturating_add(count(refused.len()));
-    s.failures.extend(refused.into_iter().map(|f| TargetFailure { message: truncate(f.message, 512), ..f }));
-    trim_front(&mut s.failures, FAILURE_DETAILS);
-    if let Some(rb) = s.rollback.as_mut() {
-        rb.state = RollbackState::Done;
-        rb.finished_at = Some(time(now));
-        rb.restored = restored;
-        rb.skipped = skipped;
-    }
-    s.phase = Phase::RolledBack;
-    s.finished_at = Some(time(now));
-    finish(&mut s, generation, now);
-    let message =
-        format!("restored the previous image of {restored} targets ({skipped} could not be restored)");
-    Transition { status: s, events: vec![Event::normal(reason::ROLLED_BACK, None, message)] }
 }

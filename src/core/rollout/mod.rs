@@ -11,7 +11,7 @@
 //! and a target that already carries the key is not changed again.
 //!
 //! By concern: [`gates`] (planning a revision, the gates before a batch, starting it), [`verify`] (health
-//! and soak of the batch in flight), [`failure`] (the failure budget and policies, rollback), [`summary`]
+//! and soak of the batch in flight), [`failure`] (the failure budget and policies), [`rollback`], [`summary`]
 //! (the summary fields and conditions people read), [`housekeeping`] (what a rollout holds and when it
 //! goes).
 
@@ -20,6 +20,7 @@ mod drift;
 mod failure;
 mod gates;
 mod housekeeping;
+mod rollback;
 mod summary;
 mod verify;
 
@@ -29,16 +30,12 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 pub use self::{
     analysis::due_queries,
-    failure::{denied, restored, unreached},
+    failure::{denied, unreached},
     gates::{NewRevision, blocked, start_revision},
     housekeeping::{before_observing, probes},
+    rollback::{owed, restored},
 };
-use self::{
-    failure::{in_scope, start_rollback},
-    gates::next_batch,
-    summary::finish,
-    verify::verify,
-};
+use self::{failure::in_scope, gates::next_batch, rollback::start_rollback, summary::finish, verify::verify};
 use crate::{
     api::{
         BatchState, BatchStatus, FleetRolloutSpec, FleetRolloutStatus, Phase, PlannedTarget, RevisionInputs,
@@ -82,7 +79,8 @@ pub struct Facts<'a> {
     /// The measurements the edge took this step ([`due_queries`] says which are due).
     pub measured: &'a [crate::core::analysis::Measured],
     /// Member clusters the edge could not reach this step (no answer, or credentials refused), with why.
-    /// Only clusters of the batch in flight are looked at.
+    /// Only clusters of the batch in flight (rolling back: of the targets still owed a restore) are looked
+    /// at.
     pub unreachable: &'a BTreeMap<String, String>,
 }
 
@@ -135,8 +133,15 @@ pub enum Step {
     /// `after`.
     Apply { key: String, image: String, targets: Vec<PlannedTarget>, after: Transition },
     /// Restore each target's previous image, stamping `key` (the intent is already persisted), then call
-    /// [`restored`] with `refused`, the targets the scope rules keep from being restored.
-    Restore { key: String, targets: Vec<PlannedTarget>, refused: Vec<TargetFailure> },
+    /// [`restored`] with `refused`, the targets the scope rules keep from being restored, and `waiting`, the
+    /// member clusters (and why) whose owed targets are not in `targets` because they did not answer, with
+    /// those the restore itself could not reach added.
+    Restore {
+        key: String,
+        targets: Vec<PlannedTarget>,
+        refused: Vec<TargetFailure>,
+        waiting: BTreeMap<String, String>,
+    },
     /// Add the finalizer that makes deleting this node rollout hand its DaemonSet back, before the rollout
     /// takes the DaemonSet over; then ask again.
     HoldDaemonSet,
@@ -178,16 +183,8 @@ fn advance(f: &Facts<'_>) -> Step {
     let mut s = f.status.clone();
     s.observed_generation = Some(f.generation);
     if s.phase == Phase::RollingBack {
-        return match &s.rollback {
-            Some(rb) if rb.state == crate::api::RollbackState::Restoring => {
-                let last = f.status.current_batch.unwrap_or_default();
-                let (reachable, waiting) = failure::answering(f, failure::changed_targets(f));
-                let (targets, mut refused) = in_scope(f, reachable, last);
-                refused.extend(waiting.iter().map(|t| failure::not_answering(f, t, last)));
-                let (targets, left) = failure::restorable(f, targets, last);
-                refused.extend(left);
-                Step::Restore { key: rb.idempotency_key.clone(), targets, refused }
-            }
+        return match s.rollback.clone() {
+            Some(rb) if rb.state == crate::api::RollbackState::Restoring => rollback::restore(f, s, &rb),
             _ => write_if_changed(f, s, Vec::new(), None),
         };
     }

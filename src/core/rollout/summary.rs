@@ -72,7 +72,7 @@ fn message(s: &FleetRolloutStatus, total_batches: u32) -> String {
             }
             None => "waiting for approval".into(),
         },
-        Phase::RollingBack => format!("rolling back {} targets", c.updated),
+        Phase::RollingBack => rolling_back(s),
         Phase::Succeeded => match changed_by_others(s) {
             Some(changed) => format!("succeeded: {tally}; {changed}"),
             None => format!("succeeded: {tally}"),
@@ -93,6 +93,25 @@ fn message(s: &FleetRolloutStatus, total_batches: u32) -> String {
             None => "rolled back".into(),
         },
     }
+}
+
+/// The reasons that make a rollout Degraded (ClusterUnreachable: a rollback waiting for a member cluster).
+const DEGRADING: [&str; 3] =
+    [reason::FAILURE_BUDGET_EXCEEDED, reason::ANALYSIS_FAILED, reason::CLUSTER_UNREACHABLE];
+
+/// A rollback under way, in words: which member clusters it waits for, and what a person can do about it.
+fn rolling_back(s: &FleetRolloutStatus) -> String {
+    let Some(rb) = s.rollback.as_ref().filter(|rb| !rb.unreached.is_empty()) else {
+        return format!("rolling back {} targets", s.counts.updated);
+    };
+    let image = s.revision.as_ref().map_or("", |r| r.inputs.image.as_str());
+    format!(
+        "rolling back: {} targets restored; waiting for cluster(s) {} to answer: their changed targets still \
+         run {image} and are restored once they do; fix the connection or credentials of the cluster(s), or \
+         delete the rollout to leave those targets as they are",
+        rb.restored,
+        rb.unreached.join(", ")
+    )
 }
 
 pub(super) fn set_conditions(
@@ -132,9 +151,7 @@ pub(super) fn set_conditions(
     );
     let (degraded, degraded_reason, degraded_message) = match (blocked, changed.clone()) {
         (Some(b), _) => (true, b.reason.to_string(), b.message.clone()),
-        (None, _) if reason == reason::FAILURE_BUDGET_EXCEEDED || reason == reason::ANALYSIS_FAILED => {
-            (true, reason.clone(), message.clone())
-        }
+        (None, _) if DEGRADING.contains(&reason.as_str()) => (true, reason.clone(), message.clone()),
         (None, Some(changed)) => (true, reason::IMAGE_CHANGED.to_string(), changed),
         (None, None) => (false, "AsExpected".to_string(), String::new()),
     };

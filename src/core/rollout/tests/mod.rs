@@ -13,6 +13,7 @@ mod gates;
 mod gitops;
 mod housekeeping;
 mod revisions;
+mod rollbacks;
 
 use super::{housekeeping::expires_at, *};
 use crate::{
@@ -225,13 +226,28 @@ impl Sim {
                 self.status = denied(after, batch, refused).status;
                 self.writes += 1;
             }
-            Step::Restore { key: k, targets, refused } => {
+            Step::Restore { key: k, targets, refused, waiting } => {
                 let mut restored = 0;
+                let mut waiting = waiting.clone();
                 for t in targets {
+                    // As the edge: a cluster that does not answer is reported, its targets left as they are.
+                    if let Some(why) = self.unreachable.get(&t.cluster) {
+                        waiting.insert(t.cluster.clone(), why.clone());
+                        continue;
+                    }
                     self.change(t, &t.previous_image.clone(), k);
                     restored += 1;
                 }
-                self.status = restored_status(self, restored, refused.clone());
+                self.status = super::restored(
+                    self.now,
+                    self.generation,
+                    &self.status,
+                    restored,
+                    0,
+                    refused.clone(),
+                    &waiting,
+                )
+                .status;
                 self.writes += 1;
             }
             Step::HoldDaemonSet => self.holds_daemonset = true,
@@ -285,8 +301,4 @@ impl Sim {
     pub(super) fn changes_of(&self, target: &str) -> usize {
         self.changes.iter().filter(|(t, _)| t == target).count()
     }
-}
-
-pub(super) fn restored_status(sim: &Sim, restored: u32, refused: Vec<TargetFailure>) -> FleetRolloutStatus {
-    super::restored(sim.now, sim.generation, &sim.status, restored, 0, refused).status
 }
