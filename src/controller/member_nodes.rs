@@ -21,7 +21,7 @@ use crate::{
     core::{
         Blocked, nodes,
         plan::{Discovered, Plan},
-        rollout::{Carrier, TargetState},
+        rollout::{self, Carrier, TargetState},
     },
     edge::{
         member_fleet,
@@ -59,10 +59,10 @@ impl Fleet for MemberNodes {
     ) -> Result<MemberNodesSeen> {
         let mut seen = MemberNodesSeen { read: Read::default(), looked: false };
         let Some(current) = status.current_batch else { return Ok(seen) };
-        // A rollback looks at every target it may restore; otherwise only the batch in flight matters, and
-        // nothing while the rollout waits for a person.
+        // A rollback looks at the targets it still owes a restore; otherwise only the batch in flight
+        // matters, and nothing while the rollout waits for a person.
         let targets: Vec<&PlannedTarget> = match status.phase {
-            Phase::RollingBack => plan.through(current).collect(),
+            Phase::RollingBack => rollout::owed(status, plan),
             p if p.is_terminal() || matches!(p, Phase::WaitingForApproval | Phase::Paused) => {
                 return Ok(seen);
             }

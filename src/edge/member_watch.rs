@@ -151,7 +151,7 @@ async fn watch<K>(
                 // watch is renewed (from its last resourceVersion, no new list), never timed out.
                 let config = watcher::Config::default().any_semantic().timeout(10);
                 let events = watcher::watcher(Api::<K>::all(client), config);
-                let error = follow(events, &cache, &wake, facts).await;
+                let error = follow(events, &cache, &wake, members.fleet_namespace(), facts).await;
                 cache.stale();
                 if let Some(e) = error {
                     if let watcher::Error::InitialListFailed(k) | watcher::Error::WatchStartFailed(k) = &e
@@ -173,17 +173,20 @@ async fn follow<K>(
     events: impl futures::Stream<Item = Result<Event<K>, watcher::Error>>,
     cache: &Cache,
     wake: &UnboundedSender<ObjectRef<FleetRollout>>,
+    fleet_namespace: &str,
     facts: fn(&K) -> WorkloadFacts,
 ) -> Option<watcher::Error>
 where
     K: Resource<DynamicType = ()>,
 {
+    // Anyone who may write a workload in a member may write this annotation: it wakes only rollouts that
+    // can reach members (those of the fleet namespace), and a wake is a reconcile that changes nothing
+    // unless the facts say so.
     let wake_for = |obj: &K| {
-        let Some((ns, name)) = obj.annotations().get(ROLLOUT_ANNOTATION).and_then(|r| r.split_once('/'))
-        else {
-            return;
-        };
-        let _ = wake.unbounded_send(ObjectRef::new(name).within(ns));
+        let named = obj.annotations().get(ROLLOUT_ANNOTATION).and_then(|r| r.split_once('/'));
+        if let Some((ns, name)) = named.filter(|(ns, _)| *ns == fleet_namespace) {
+            let _ = wake.unbounded_send(ObjectRef::new(name).within(ns));
+        }
     };
     let mut listing: HashMap<String, WorkloadFacts> = HashMap::new();
     futures::pin_mut!(events);
@@ -210,4 +213,36 @@ where
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+    use k8s_openapi::api::apps::v1::Deployment;
+    use serde_json::json;
+
+    use super::*;
+
+    fn deployment(ns: &str, name: &str, rollout: &str) -> Deployment {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": ns, "annotations": {ROLLOUT_ANNOTATION: rollout}},
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_member_workload_wakes_only_a_rollout_of_the_fleet_namespace_it_names() {
+        let events = futures::stream::iter([
+            Ok(Event::Apply(deployment("tenant", "web", "fleet/across"))),
+            Ok(Event::Apply(deployment("tenant", "api", "tenant/victim"))),
+            Ok(Event::Delete(deployment("tenant", "db", "kube-system/other"))),
+            Ok(Event::Apply(deployment("tenant", "odd", "no-slash"))),
+        ]);
+        let (wake, mut woken) = futures::channel::mpsc::unbounded();
+        let cache = Cache::default();
+        assert!(follow(events, &cache, &wake, "fleet", workload::deployment_facts).await.is_none());
+        drop(wake);
+        let woken: Vec<ObjectRef<FleetRollout>> = woken.by_ref().collect().await;
+        assert_eq!(woken, [ObjectRef::new("across").within("fleet")]);
+    }
 }

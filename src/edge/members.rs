@@ -164,6 +164,11 @@ impl Members {
     /// with why (sorted by Secret). Cluster API members take their labels from their `Cluster` object
     /// (none when there is no such object or no Cluster API); a member whose `Cluster` cannot be read
     /// is refused rather than given no labels, as a selector would then silently miss it.
+    /// The namespace of the member Secrets, the only one whose rollouts reach members.
+    pub fn fleet_namespace(&self) -> &str {
+        &self.namespace
+    }
+
     /// The client of the cluster the member Secrets are in (the rollouts' own).
     pub fn hub(&self) -> &Client {
         &self.hub
