@@ -61,6 +61,8 @@ pub struct Settings {
     pub self_workloads: Vec<scope::WorkloadRef>,
     /// Whether node rollouts are served (the installation granted the rights they need).
     pub node_rollouts: bool,
+    /// The exec credential plugins member Secrets may name.
+    pub member_exec_commands: Vec<String>,
     /// Where health checks may go besides the targets (`--http-check-allow`), and the API server's
     /// addresses, which they may not reach.
     pub http_check: http_check::Policy,
@@ -260,7 +262,8 @@ pub async fn run(
         rollouts_io: Rollouts::new(client.clone(), &settings.identity, metrics.clone()),
         rollouts: controller.store(),
         members: crate::edge::member_watch::MemberWatches::new(
-            crate::edge::members::Members::new(client.clone(), settings.fleet_namespace.clone()),
+            crate::edge::members::Members::new(client.clone(), settings.fleet_namespace.clone())
+                .with_exec_commands(settings.member_exec_commands.clone()),
             member_wake,
         ),
         client,

@@ -139,7 +139,13 @@ pub struct Members {
     state: Arc<Mutex<State>>,
     /// [`BUILD_TIMEOUT`]; shorter in tests.
     build_timeout: Duration,
+    /// The exec credential plugins a member Secret may name.
+    exec_commands: Arc<[String]>,
 }
+
+/// The exec credential plugins run by default: those that only fetch a token for a cluster.
+pub const EXEC_COMMANDS: &[&str] =
+    &["argocd-k8s-auth", "aws-iam-authenticator", "gke-gcloud-auth-plugin", "kubelogin"];
 
 /// A client being built on a blocking thread (an exec plugin may be running).
 type Building = tokio::task::JoinHandle<kube::Result<Client>>;
@@ -157,13 +163,22 @@ struct State {
 impl Members {
     /// Members described by the Secrets of `fleet_namespace`, read with `hub`.
     pub fn new(hub: Client, fleet_namespace: String) -> Self {
-        Self { hub, namespace: fleet_namespace, state: Arc::default(), build_timeout: BUILD_TIMEOUT }
+        Self {
+            hub,
+            namespace: fleet_namespace,
+            state: Arc::default(),
+            build_timeout: BUILD_TIMEOUT,
+            exec_commands: EXEC_COMMANDS.iter().map(|c| c.to_string()).collect(),
+        }
     }
 
-    /// Every member Secret of the fleet namespace: the members (sorted by name) and the Secrets refused,
-    /// with why (sorted by Secret). Cluster API members take their labels from their `Cluster` object
-    /// (none when there is no such object or no Cluster API); a member whose `Cluster` cannot be read
-    /// is refused rather than given no labels, as a selector would then silently miss it.
+    /// Runs only the exec credential plugins `commands` names (all of the default, [`EXEC_COMMANDS`],
+    /// otherwise).
+    pub fn with_exec_commands(mut self, commands: Vec<String>) -> Self {
+        self.exec_commands = commands.into();
+        self
+    }
+
     /// The namespace of the member Secrets, the only one whose rollouts reach members.
     pub fn fleet_namespace(&self) -> &str {
         &self.namespace
@@ -174,6 +189,10 @@ impl Members {
         &self.hub
     }
 
+    /// Every member Secret of the fleet namespace: the members (sorted by name) and the Secrets refused,
+    /// with why (sorted by Secret). Cluster API members take their labels from their `Cluster` object
+    /// (none when there is no such object or no Cluster API); a member whose `Cluster` cannot be read
+    /// is refused rather than given no labels, as a selector would then silently miss it.
     pub async fn list(&self) -> Result<(Vec<Member>, Vec<Refused>)> {
         let secrets = self.secrets().await?;
         let labels = match secrets.iter().any(|s| secrets::capi_cluster(s).is_some()) {
@@ -205,6 +224,18 @@ impl Members {
                 None => MemberError::NotFound { cluster, namespace: self.namespace.clone() },
             });
         };
+        if let Some(command) = config.exec_command().filter(|c| !self.exec_commands.iter().any(|a| a == c)) {
+            let reason = format!(
+                "its exec plugin {} is not one this installation runs (--member-exec-commands: {})",
+                self::kubeconfig::shown(command),
+                self.exec_commands.join(", ")
+            );
+            return Err(MemberError::Credentials {
+                cluster: cluster.to_string(),
+                secret: member.secret,
+                reason,
+            });
+        }
         let client = self.build(cluster, config).await.map_err(|reason| MemberError::Credentials {
             cluster: cluster.to_string(),
             secret: member.secret.clone(),

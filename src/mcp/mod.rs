@@ -68,6 +68,8 @@ pub struct Options {
     /// authorization servers.
     pub resource: String,
     pub authorization_servers: Vec<String>,
+    /// The exec credential plugins member Secrets may name.
+    pub member_exec_commands: Vec<String>,
     /// Also serve the conformance suite's fixture tools (tests only).
     #[cfg(feature = "conformance")]
     pub conformance_fixtures: bool,
@@ -93,7 +95,8 @@ impl FleetMcp {
             writer,
             client: client.clone(),
             plans: Arc::new(PlanStore::default()),
-            members: Members::new(client.clone(), opts.fleet_namespace.clone()),
+            members: Members::new(client.clone(), opts.fleet_namespace.clone())
+                .with_exec_commands(opts.member_exec_commands.clone()),
             fleet_namespace: opts.fleet_namespace.clone(),
             retention_seconds: i64::try_from(opts.retention.as_secs()).unwrap_or(i64::MAX),
         };

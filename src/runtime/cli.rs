@@ -43,7 +43,7 @@ enum Command {
     /// Run the operator: the controller (when leader) and its HTTP listener (/healthz, /readyz, /metrics, /mcp).
     Operator(Box<OperatorArgs>),
     /// Run only the MCP server (and /healthz, /readyz, /metrics), without the controller.
-    Mcp(McpServeArgs),
+    Mcp(Box<McpServeArgs>),
 }
 
 #[derive(Debug, clap::Args)]
@@ -122,6 +122,17 @@ struct McpArgs {
     #[arg(long, env = "FLEETROLL_TASK_RETENTION", default_value = "24h", value_parser = crate::core::duration::parse)]
     task_retention: Duration,
 
+    /// The exec credential plugins member Secrets may name (comma-separated; "" for none): a command is
+    /// run only when it is one of these, as given (looked up in PATH when a bare name). Whoever may write
+    /// a Secret of the fleet namespace otherwise chooses what the operator runs, with its rights.
+    #[arg(
+        long,
+        env = "FLEETROLL_MEMBER_EXEC_COMMANDS",
+        value_delimiter = ',',
+        default_value = "argocd-k8s-auth,aws-iam-authenticator,gke-gcloud-auth-plugin,kubelogin"
+    )]
+    member_exec_commands: Vec<String>,
+
     /// Also serve the MCP conformance suite's fixture tools (tests only: built with the `conformance`
     /// feature, never into a release).
     #[cfg(feature = "conformance")]
@@ -130,6 +141,11 @@ struct McpArgs {
 }
 
 impl McpArgs {
+    /// `--member-exec-commands=""` allows none.
+    fn exec_commands(&self) -> Vec<String> {
+        self.member_exec_commands.iter().filter(|c| !c.is_empty()).cloned().collect()
+    }
+
     fn options(&self, listen: SocketAddr, fleet_namespace: &str) -> crate::mcp::Options {
         let audience =
             self.mcp_audience.clone().unwrap_or_else(|| format!("http://localhost:{}/mcp", listen.port()));
@@ -147,6 +163,7 @@ impl McpArgs {
             allowed_origins: self.mcp_allowed_origins.clone(),
             resource: audience,
             authorization_servers: self.mcp_authorization_servers.clone(),
+            member_exec_commands: self.exec_commands(),
             #[cfg(feature = "conformance")]
             conformance_fixtures: self.conformance_fixtures,
         }
@@ -274,6 +291,7 @@ impl OperatorArgs {
     fn options(self) -> operator::Options {
         let cluster_domain = self.cluster_domain.trim_matches('.').to_ascii_lowercase();
         let analysis = self.analysis(&cluster_domain);
+        let member_exec_commands = self.mcp.exec_commands();
         operator::Options {
             listen: self.listen.listen(),
             mcp: self.mcp.options(self.listen.listen, &self.fleet_namespace),
@@ -296,6 +314,7 @@ impl OperatorArgs {
                     .collect(),
                 self_workloads: self.self_workloads,
                 node_rollouts: self.node_rollouts,
+                member_exec_commands,
                 http_check: crate::core::http_check::Policy {
                     allowed: self.http_check_allow,
                     api_server: Vec::new(),
@@ -364,72 +383,4 @@ pub fn run() -> ExitCode {
 }
 
 #[cfg(test)]
-mod tests {
-    use clap::Parser;
-
-    use super::{Cli, Command, log_filter};
-
-    fn operator(args: &[&str]) -> crate::runtime::operator::Options {
-        let cli = Cli::try_parse_from(["fleetroll", "operator"].iter().chain(args)).expect("valid arguments");
-        match cli.command {
-            Command::Operator(args) => args.options(),
-            other => panic!("parsed as {other:?}"),
-        }
-    }
-
-    #[test]
-    fn by_default_kube_system_is_protected_node_rollouts_served_and_checks_reach_only_targets() {
-        let s = operator(&[]).settings;
-        assert_eq!(s.protected_namespaces, ["kube-system"]);
-        assert!(s.self_workloads.is_empty());
-        assert!(s.node_rollouts);
-        assert!(s.http_check.allowed.is_empty());
-    }
-
-    #[test]
-    fn the_security_flags_parse_strictly() {
-        let s = operator(&[
-            "--protected-namespaces=",
-            "--self-workload=Deployment/fleet/fleetroll",
-            "--node-rollouts=false",
-            "--http-check-allow=127.0.0.1,10.0.0.0/8",
-            "--http-check-allow=checks.example.com",
-        ])
-        .settings;
-        assert!(s.protected_namespaces.is_empty(), "an empty list protects nothing");
-        assert_eq!(s.self_workloads.len(), 1);
-        assert!(!s.node_rollouts);
-        assert_eq!(s.http_check.allowed.len(), 3);
-        for bad in
-            [&["--self-workload=Pod/x/y"][..], &["--http-check-allow=not a host"], &["--node-rollouts=maybe"]]
-        {
-            assert!(Cli::try_parse_from(["fleetroll", "operator"].iter().chain(bad)).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn metrics_move_to_their_own_listener_only_when_asked() {
-        assert!(operator(&[]).listen.metrics.is_none(), "one listener by default");
-        let o = operator(&["--listen=127.0.0.1:8080", "--metrics-listen=0.0.0.0:9090"]);
-        assert_eq!((o.listen.http.port(), o.listen.metrics.map(|a| a.port())), (8080, Some(9090)));
-        let mcp = Cli::try_parse_from(["fleetroll", "mcp", "--metrics-listen=127.0.0.1:9090"]).expect("mcp");
-        assert!(matches!(mcp.command, Command::Mcp(a) if a.listen.metrics_listen.is_some()));
-    }
-
-    #[test]
-    fn durations_are_written_as_in_the_spec() {
-        let o = operator(&["--lease-duration=1m30s", "--task-retention=2h"]);
-        assert_eq!((o.lease_duration.as_secs(), o.mcp.retention.as_secs()), (90, 7200));
-        let bare =
-            Cli::try_parse_from(["fleetroll", "operator", "--lease-duration=90"]).expect_err("no unit");
-        assert!(bare.to_string().contains("is not a duration"), "{bare}");
-    }
-
-    #[test]
-    fn rmcp_is_held_to_warnings_unless_the_filter_names_it() {
-        assert_eq!(log_filter(None, "info"), "info,rmcp=warn");
-        assert_eq!(log_filter(Some("fleetroll=debug".into()), "info"), "fleetroll=debug,rmcp=warn");
-        assert_eq!(log_filter(Some(" ".into()), "debug"), "debug,rmcp=warn");
-        assert_eq!(log_filter(Some("info,rmcp=debug".into()), "info"), "info,rmcp=debug");
-    }
-}
+mod tests;

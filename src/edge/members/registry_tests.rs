@@ -104,7 +104,8 @@ fn client_of(hub: &Arc<Mutex<Hub>>) -> Client {
 
 fn fleet(secrets: Vec<Secret>) -> (Members, Arc<Mutex<Hub>>) {
     let hub = Arc::new(Mutex::new(Hub { secrets, ..Default::default() }));
-    (Members::new(client_of(&hub), "fleet".into()), hub)
+    let plugins = ["sh", "sleep", "fleetroll-no-such-plugin"].map(String::from).to_vec();
+    (Members::new(client_of(&hub), "fleet".into()).with_exec_commands(plugins), hub)
 }
 
 fn asked(hub: &Arc<Mutex<Hub>>) -> Vec<String> {
@@ -215,6 +216,22 @@ async fn exec_plugins_run_where_their_command_exists_and_failures_show_no_output
     assert!(matches!(failed, MemberError::Credentials { .. }));
     let failed = failed.to_string();
     assert!(failed.contains("exit status: 3") && !failed.contains("env-secret"), "{failed}");
+}
+
+#[tokio::test]
+async fn an_exec_plugin_this_installation_does_not_allow_is_never_run() {
+    let marker = std::env::temp_dir().join(format!("fleetroll-exec-ran-{}", std::process::id()));
+    let secret = exec("sh", &["-c", &format!("touch {}", marker.display())], "");
+    let (allowed, _) = fleet(vec![secret.clone()]);
+    let (default, _) = fleet(vec![secret]);
+    let default = default.with_exec_commands(EXEC_COMMANDS.iter().map(|c| c.to_string()).collect());
+    let refused = failed(default.client("dev").await).to_string();
+    assert!(refused.contains("\"sh\" is not one this installation runs"), "{refused}");
+    assert!(!marker.exists(), "the plugin ran");
+    // The same Secret where sh is allowed: the plugin runs (and fails, printing no credential).
+    let _ = allowed.client("dev").await;
+    assert!(marker.exists(), "the allowed plugin did not run: the check above proves nothing");
+    let _ = std::fs::remove_file(&marker);
 }
 
 #[tokio::test]

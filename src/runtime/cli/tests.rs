@@ -1,0 +1,69 @@
+use clap::Parser;
+
+use super::{Cli, Command, log_filter};
+
+fn operator(args: &[&str]) -> crate::runtime::operator::Options {
+    let cli = Cli::try_parse_from(["fleetroll", "operator"].iter().chain(args)).expect("valid arguments");
+    match cli.command {
+        Command::Operator(args) => args.options(),
+        other => panic!("parsed as {other:?}"),
+    }
+}
+
+#[test]
+fn by_default_kube_system_is_protected_node_rollouts_served_and_checks_reach_only_targets() {
+    let s = operator(&[]).settings;
+    assert_eq!(s.protected_namespaces, ["kube-system"]);
+    assert!(s.self_workloads.is_empty());
+    assert!(s.node_rollouts);
+    assert!(s.http_check.allowed.is_empty());
+    assert_eq!(s.member_exec_commands, crate::edge::members::EXEC_COMMANDS);
+    let none = operator(&["--member-exec-commands="]).settings;
+    assert!(none.member_exec_commands.is_empty(), "an empty list runs no exec plugin");
+}
+
+#[test]
+fn the_security_flags_parse_strictly() {
+    let s = operator(&[
+        "--protected-namespaces=",
+        "--self-workload=Deployment/fleet/fleetroll",
+        "--node-rollouts=false",
+        "--http-check-allow=127.0.0.1,10.0.0.0/8",
+        "--http-check-allow=checks.example.com",
+    ])
+    .settings;
+    assert!(s.protected_namespaces.is_empty(), "an empty list protects nothing");
+    assert_eq!(s.self_workloads.len(), 1);
+    assert!(!s.node_rollouts);
+    assert_eq!(s.http_check.allowed.len(), 3);
+    for bad in
+        [&["--self-workload=Pod/x/y"][..], &["--http-check-allow=not a host"], &["--node-rollouts=maybe"]]
+    {
+        assert!(Cli::try_parse_from(["fleetroll", "operator"].iter().chain(bad)).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn metrics_move_to_their_own_listener_only_when_asked() {
+    assert!(operator(&[]).listen.metrics.is_none(), "one listener by default");
+    let o = operator(&["--listen=127.0.0.1:8080", "--metrics-listen=0.0.0.0:9090"]);
+    assert_eq!((o.listen.http.port(), o.listen.metrics.map(|a| a.port())), (8080, Some(9090)));
+    let mcp = Cli::try_parse_from(["fleetroll", "mcp", "--metrics-listen=127.0.0.1:9090"]).expect("mcp");
+    assert!(matches!(mcp.command, Command::Mcp(a) if a.listen.metrics_listen.is_some()));
+}
+
+#[test]
+fn durations_are_written_as_in_the_spec() {
+    let o = operator(&["--lease-duration=1m30s", "--task-retention=2h"]);
+    assert_eq!((o.lease_duration.as_secs(), o.mcp.retention.as_secs()), (90, 7200));
+    let bare = Cli::try_parse_from(["fleetroll", "operator", "--lease-duration=90"]).expect_err("no unit");
+    assert!(bare.to_string().contains("is not a duration"), "{bare}");
+}
+
+#[test]
+fn rmcp_is_held_to_warnings_unless_the_filter_names_it() {
+    assert_eq!(log_filter(None, "info"), "info,rmcp=warn");
+    assert_eq!(log_filter(Some("fleetroll=debug".into()), "info"), "fleetroll=debug,rmcp=warn");
+    assert_eq!(log_filter(Some(" ".into()), "debug"), "debug,rmcp=warn");
+    assert_eq!(log_filter(Some("info,rmcp=debug".into()), "info"), "info,rmcp=debug");
+}
