@@ -27,7 +27,7 @@ use kube::{
 use serde::de::DeserializeOwned;
 use tracing::{debug, info};
 
-use super::members::{self, Members};
+use super::members::{self, MemberError, Members};
 
 use crate::{
     api::{FleetRollout, ROLLOUT_ANNOTATION, TargetKind, target_key},
@@ -111,22 +111,17 @@ impl MemberWatches {
             return Some(c.clone());
         }
         let cache = Arc::new(Cache::default());
-        let (members, wake, watched) = (self.members.clone(), self.wake.clone(), cache.clone());
-        let cluster = cluster.to_string();
+        let watch = Watch {
+            members: self.members.clone(),
+            key: key.clone(),
+            cache: cache.clone(),
+            caches: self.caches.clone(),
+            wake: self.wake.clone(),
+        };
         match kind {
-            TargetKind::Deployment => {
-                tokio::spawn(watch::<Deployment>(members, cluster, watched, wake, workload::deployment_facts))
-            }
-            TargetKind::StatefulSet => tokio::spawn(watch::<StatefulSet>(
-                members,
-                cluster,
-                watched,
-                wake,
-                workload::statefulset_facts,
-            )),
-            TargetKind::DaemonSet => {
-                tokio::spawn(watch::<DaemonSet>(members, cluster, watched, wake, workload::daemonset_facts))
-            }
+            TargetKind::Deployment => tokio::spawn(watch.run::<Deployment>(workload::deployment_facts)),
+            TargetKind::StatefulSet => tokio::spawn(watch.run::<StatefulSet>(workload::statefulset_facts)),
+            TargetKind::DaemonSet => tokio::spawn(watch.run::<DaemonSet>(workload::daemonset_facts)),
             TargetKind::Node => return None,
         };
         caches.insert(key, cache.clone());
@@ -134,37 +129,61 @@ impl MemberWatches {
     }
 }
 
-/// Keeps `cache` filled from a watch of `cluster`'s workloads of kind `K`, for as long as the process runs.
-async fn watch<K>(
+/// One member's watch of one kind, and where its cache is kept.
+struct Watch {
     members: Members,
-    cluster: String,
+    key: (String, TargetKind),
     cache: Arc<Cache>,
+    caches: Arc<Mutex<Caches>>,
     wake: UnboundedSender<ObjectRef<FleetRollout>>,
-    facts: fn(&K) -> WorkloadFacts,
-) where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-{
-    loop {
-        match members.client(&cluster).await {
-            Ok(client) => {
-                // The server ends each watch within the member client's read timeout (15 s), so an idle
-                // watch is renewed (from its last resourceVersion, no new list), never timed out.
-                let config = watcher::Config::default().any_semantic().timeout(10);
-                let events = watcher::watcher(Api::<K>::all(client), config);
-                let error = follow(events, &cache, &wake, members.fleet_namespace(), facts).await;
-                cache.stale();
-                if let Some(e) = error {
-                    if let watcher::Error::InitialListFailed(k) | watcher::Error::WatchStartFailed(k) = &e
-                        && members::is_unauthorized(k)
-                    {
-                        members.forget(&cluster);
+}
+
+impl Watch {
+    /// Keeps the cache filled from a watch of the member's workloads of kind `K` while the member exists:
+    /// once no Secret names it any more, the watch ends and its cache is dropped (the next rollout that
+    /// looks at that member starts another).
+    async fn run<K>(self, facts: fn(&K) -> WorkloadFacts)
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    {
+        let cluster = self.key.0.as_str();
+        loop {
+            match self.members.client(cluster).await {
+                Ok(client) => {
+                    // The server ends each watch within the member client's read timeout (15 s), so an idle
+                    // watch is renewed (from its last resourceVersion, no new list), never timed out.
+                    let config = watcher::Config::default().any_semantic().timeout(10);
+                    let events = watcher::watcher(Api::<K>::all(client), config);
+                    let fleet_namespace = self.members.fleet_namespace();
+                    let error = follow(events, &self.cache, &self.wake, fleet_namespace, facts).await;
+                    self.cache.stale();
+                    if let Some(e) = error {
+                        if let watcher::Error::InitialListFailed(k) | watcher::Error::WatchStartFailed(k) = &e
+                            && members::is_unauthorized(k)
+                        {
+                            self.members.forget(cluster);
+                        }
+                        info!(cluster, kind = %K::kind(&()), error = %e, "member watch failed; starting again");
                     }
-                    info!(cluster, kind = %K::kind(&()), error = %e, "member watch failed; starting again");
                 }
+                Err(MemberError::NotFound { .. }) => {
+                    info!(cluster, kind = %K::kind(&()), "no Secret names this member any more; its watch ends");
+                    self.retire();
+                    return;
+                }
+                Err(e) => debug!(cluster, error = %e, "no client for the member watch yet"),
             }
-            Err(e) => debug!(cluster, error = %e, "no client for the member watch yet"),
+            tokio::time::sleep(RESTART_AFTER).await;
         }
-        tokio::time::sleep(RESTART_AFTER).await;
+    }
+
+    /// Drops this watch's cache from the map, unless another took its place.
+    fn retire(&self) {
+        self.cache.stale();
+        let mut caches = self.caches.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if caches.get(&self.key).is_some_and(|c| Arc::ptr_eq(c, &self.cache)) {
+            caches.remove(&self.key);
+        }
     }
 }
 
@@ -228,6 +247,21 @@ mod tests {
             "metadata": {"name": name, "namespace": ns, "annotations": {ROLLOUT_ANNOTATION: rollout}},
         }))
         .unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_watch_of_a_member_no_secret_names_ends_and_drops_its_cache() {
+        let (members, _hub) = crate::edge::members::registry_tests::fleet(Vec::new());
+        let (wake, _woken) = futures::channel::mpsc::unbounded();
+        let watches = MemberWatches::new(members, wake);
+        let cache = watches.cache("gone", TargetKind::Deployment).unwrap();
+        let key = ("gone".to_string(), TargetKind::Deployment);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while watches.caches.lock().unwrap().contains_key(&key) {
+            assert!(tokio::time::Instant::now() < deadline, "the watch of a member that is gone still runs");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(!cache.ready(), "a retired cache is never read as current");
     }
 
     #[tokio::test]

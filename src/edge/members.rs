@@ -387,6 +387,6 @@ fn parse_with_labels(
 }
 
 #[cfg(test)]
-mod registry_tests;
+pub(crate) mod registry_tests;
 #[cfg(test)]
 mod tests;

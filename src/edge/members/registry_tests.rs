@@ -22,7 +22,7 @@ const SERVER: &str = "https://member.example.com:6443";
 type Labels = BTreeMap<String, String>;
 
 /// What the fake hub holds and what it was asked.
-struct Hub {
+pub(crate) struct Hub {
     secrets: Vec<Secret>,
     /// The v1beta1 Cluster objects' labels, or the status code listing them answers.
     clusters: Result<Vec<(&'static str, Labels)>, u16>,
@@ -102,7 +102,8 @@ fn client_of(hub: &Arc<Mutex<Hub>>) -> Client {
     Client::new(service, "fleet")
 }
 
-fn fleet(secrets: Vec<Secret>) -> (Members, Arc<Mutex<Hub>>) {
+/// Members of a fake hub holding `secrets` (also for the member watches' tests).
+pub(crate) fn fleet(secrets: Vec<Secret>) -> (Members, Arc<Mutex<Hub>>) {
     let hub = Arc::new(Mutex::new(Hub { secrets, ..Default::default() }));
     let plugins = ["sh", "sleep", "fleetroll-no-such-plugin"].map(String::from).to_vec();
     (Members::new(client_of(&hub), "fleet".into()).with_exec_commands(plugins), hub)
