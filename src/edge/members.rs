@@ -36,6 +36,9 @@ use crate::error::{Error, Result, is_not_found};
 /// How long building a member's client may take: an exec plugin runs then, and one that never returns
 /// must not hold a reconcile (its thread is left behind; kube gives no way to stop it).
 const BUILD_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a cached client is used without asking whether its Secret changed: a rollout step calls a
+/// member several times, and a changed Secret is used within this anyway (at once after a 401).
+const SECRET_RECHECK: Duration = Duration::from_secs(5);
 
 /// A member cluster as its Secret describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,13 +126,16 @@ struct Cached {
     secret: String,
     version: Version,
     client: Client,
+    /// When the Secret was last seen unchanged.
+    checked: tokio::time::Instant,
 }
 
 /// The member clusters of the fleet namespace, read live, and a client per member, cached while its
 /// Secret is unchanged.
 ///
 /// Cost: [`Members::client`] reads the member's Secret's metadata (one GET, no data) before reusing its
-/// client, so that a changed Secret is used at once; on a miss it lists the member Secrets (two LISTs).
+/// client, at most every [`SECRET_RECHECK`], so that a changed Secret is used within that; on a miss it
+/// lists the member Secrets (two LISTs).
 /// A Secret that starts giving an already cached name is noticed by the next [`Members::list`] (which
 /// drops clients whose Secret changed or is refused), or when the cached Secret changes.
 #[derive(Clone)]
@@ -241,7 +247,8 @@ impl Members {
             secret: member.secret.clone(),
             reason,
         })?;
-        let cached = Cached { secret: member.secret, version, client: client.clone() };
+        let checked = tokio::time::Instant::now();
+        let cached = Cached { secret: member.secret, version, client: client.clone(), checked };
         self.lock().clients.insert(cluster.to_string(), cached);
         Ok(client)
     }
@@ -260,9 +267,15 @@ impl Members {
     /// The cached client of `cluster`, if its Secret has not changed since it was built.
     async fn cached(&self, cluster: &str) -> Result<Option<Client>, MemberError> {
         let Some(entry) = self.lock().clients.get(cluster).cloned() else { return Ok(None) };
+        if entry.checked.elapsed() < SECRET_RECHECK {
+            return Ok(Some(entry.client));
+        }
         let api: Api<Secret> = Api::namespaced(self.hub.clone(), &self.namespace);
         let now = api.get_metadata_opt(&entry.secret).await.map_err(|e| self.hub_error(e))?;
         if now.is_some_and(|s| Version::of(&s.metadata) == entry.version) {
+            if let Some(c) = self.lock().clients.get_mut(cluster).filter(|c| c.version == entry.version) {
+                c.checked = tokio::time::Instant::now();
+            }
             return Ok(Some(entry.client));
         }
         let clients = &mut self.lock().clients;

@@ -154,15 +154,23 @@ async fn list_reads_both_conventions_with_the_labels_of_their_clusters() {
 
 #[tokio::test]
 async fn a_client_is_reused_while_its_secret_is_unchanged() {
+    tokio::time::pause();
     let (members, hub) = fleet(vec![token("cluster-dev", "dev")]);
     members.client("dev").await.unwrap();
     assert_eq!(asked(&hub).len(), 2, "two LISTs, Argo CD's and Cluster API's");
     members.client("dev").await.unwrap();
+    assert!(asked(&hub).is_empty(), "just built: used as it is");
+    tokio::time::advance(SECRET_RECHECK).await;
+    members.client("dev").await.unwrap();
     assert_eq!(asked(&hub), ["GET /api/v1/namespaces/fleet/secrets/cluster-dev"], "a metadata GET, no LIST");
+    members.client("dev").await.unwrap();
+    assert!(asked(&hub).is_empty(), "seen unchanged just now");
 
     hub.lock().unwrap().secrets[0].metadata.resource_version = Some("2".into());
+    tokio::time::advance(SECRET_RECHECK).await;
     members.client("dev").await.unwrap();
     assert_eq!(asked(&hub).len(), 3, "the changed Secret is read again");
+    tokio::time::advance(SECRET_RECHECK).await;
     members.client("dev").await.unwrap();
     assert_eq!(asked(&hub).len(), 1);
 
