@@ -3,7 +3,10 @@
 //! order, side by side; then the operator's memory with 10,000 targets spread over the hub (registered as
 //! a member too, as Argo CD registers its own cluster) and the two members.
 
-use std::{path::Path, time::Instant};
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use fleetroll::api::{FleetRollout, OPT_IN_LABEL, OPT_IN_VALUE};
 use k8s_openapi::api::core::v1::Namespace;
@@ -106,6 +109,11 @@ pub async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, names
             .await;
     }
     let op = Operator::start(&fleet_ns, &["--lease-duration", "15s"], &[]);
+    // The process's start is not the rollout's cost: the bare client below is built before its clock too.
+    assert!(
+        op.wait_for_line("became the leader", Duration::from_secs(60)).await,
+        "members: the operator did not lead"
+    );
     let api: Api<FleetRollout> = Api::namespaced(client.clone(), &fleet_ns);
     let image = "example.invalid/bench:members";
     let t0 = Instant::now();
