@@ -61,11 +61,15 @@ pub struct ClustersStatus {
     /// listed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trouble: Vec<ClusterTrouble>,
-    /// Member clusters the selector picked but the plan left out: they could not be reached when it was
-    /// made (at most 10 listed). Their targets are not changed by this revision; change the spec (or
+    /// Member clusters the selector picked but the plan left out: they did not answer when it was made,
+    /// nor in the health timeout planning waited for them (at most 10 listed). Their targets are not changed by this revision; change the spec (or
     /// recreate the rollout) to plan again once they answer.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub left_out: Vec<ClusterTrouble>,
+    /// Since when planning has waited for picked member clusters that do not answer (they are in
+    /// `trouble`). It waits up to health.timeout, then plans without them and lists them in `leftOut`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planning_since: Option<Time>,
 }
 
 /// One wave of the plan and how far it is.

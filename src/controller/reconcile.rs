@@ -22,6 +22,7 @@ use super::{
     fleet::{Batch, Fleet, Nodes, Seen, Workloads},
     member_nodes::{self, MemberNodes},
     members::Members,
+    revision::Planning,
 };
 use crate::{
     api::{
@@ -47,7 +48,7 @@ const RESYNC: Duration = Duration::from_secs(300);
 /// Longest a single reconcile may take.
 const RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Re-try a spec that cannot be acted on (targets or namespaces may appear).
-const BLOCKED_RETRY: Duration = Duration::from_secs(30);
+pub(super) const BLOCKED_RETRY: Duration = Duration::from_secs(30);
 
 /// One reconcile's timing: when it started, and when it saw a batch settle (for the transition metric).
 struct Round {
@@ -131,8 +132,12 @@ async fn step<F: Fleet>(ctx: &Context, fr: Arc<FleetRollout>, round: &mut Round)
     }
     if rollout::needs_new_revision(&fr.spec, &status) {
         return match super::revision::plan_revision::<F>(ctx, &fr, &status, now).await? {
-            Some(t) => settle(ctx, &fr, ctx.rollouts_io.write_status(&fr, t).await).await,
-            None => Ok(Next::Done(Action::requeue(BLOCKED_RETRY))),
+            Planning::Go(t) => settle(ctx, &fr, ctx.rollouts_io.write_status(&fr, t).await).await,
+            Planning::Hold(None, retry) => Ok(Next::Done(Action::requeue(retry))),
+            Planning::Hold(Some(t), retry) => match ctx.rollouts_io.write_status(&fr, t).await {
+                Ok(_) => Ok(Next::Done(Action::requeue(retry))),
+                written => settle(ctx, &fr, written).await,
+            },
         };
     }
     let Some(plan_ref) = status.plan.clone() else {

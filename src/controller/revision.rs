@@ -1,34 +1,49 @@
 //! A new revision: its fleet discovered (in this cluster or across member clusters), its plan frozen
 //! with each target's image from before this rollout, and the status that starts it.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, time::Duration};
 
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use tracing::warn;
 
-use super::{Context, fleet::Fleet};
+use super::{Context, fleet::Fleet, reconcile::BLOCKED_RETRY};
 use crate::{
     api::{FleetRollout, FleetRolloutStatus},
     core::{
         Blocked,
         plan::{self, Discovered},
-        rollout::{self, NewRevision, Transition},
+        rollout::{self, ClusterWait, NewRevision, Transition},
         scope,
     },
     error::Result,
 };
 
-/// Discovers the fleet and freezes the plan of a new revision; None when the spec cannot be acted on and
-/// the status already says so.
+/// How often planning looks again for picked member clusters that do not answer.
+const CLUSTERS_RETRY: Duration = Duration::from_secs(5);
+
+/// What planning a new revision leads to.
+pub(super) enum Planning {
+    /// Write this status (the revision started, or why it cannot), then take the next step.
+    Go(Transition),
+    /// Write this status if there is one, then look again after the delay.
+    Hold(Option<Transition>, Duration),
+}
+
+/// Discovers the fleet and freezes the plan of a new revision.
 pub(super) async fn plan_revision<F: Fleet>(
     ctx: &Context,
     fr: &FleetRollout,
     status: &FleetRolloutStatus,
     now: Timestamp,
-) -> Result<Option<Transition>> {
+) -> Result<Planning> {
     let generation = fr.metadata.generation.unwrap_or(0);
-    let blocked = |why: Blocked| Ok(rollout::blocked(now, generation, status, &why));
+    let blocked = |why: Blocked| {
+        Ok(match rollout::blocked(now, generation, status, &why) {
+            Some(t) => Planning::Go(t),
+            None => Planning::Hold(None, BLOCKED_RETRY),
+        })
+    };
     let discovered = match F::discover(ctx, fr).await? {
         Ok(d) => d,
         Err(why) => return blocked(why),
@@ -42,6 +57,11 @@ pub(super) async fn plan_revision<F: Fleet>(
     let daemon_set = fr.spec.targets.daemon_set.as_deref();
     if let Some(r) = ctx.rules.refuse_plan(rollout, daemon_set, &discovered.candidates) {
         return blocked(Blocked { reason: r.reason, message: r.message });
+    }
+    if let ClusterWait::Wait(t) =
+        rollout::await_clusters(now, generation, &fr.spec, status, &discovered.left_out)
+    {
+        return Ok(Planning::Hold(t.map(|t| *t), CLUSTERS_RETRY));
     }
     let previous = previous_images(ctx, fr, status).await?;
     let Discovered { candidates, waves, refused, left_out } = discovered;
@@ -62,7 +82,7 @@ pub(super) async fn plan_revision<F: Fleet>(
         refused: &refused,
         left_out: &left_out,
     };
-    Ok(Some(rollout::start_revision(now, generation, &fr.spec, status, new)))
+    Ok(Planning::Go(rollout::start_revision(now, generation, &fr.spec, status, new)))
 }
 
 /// A superseded revision's targets keep the image they had before this rollout first changed them. A

@@ -198,18 +198,22 @@ pub fn progress(status: &ClustersStatus) -> String {
             format!("{} {}/{} updated{failed}", w.name, w.updated, w.total)
         })
         .collect();
-    let mut line = format!("waves: {}", waves.join("; "));
+    // Before the plan is made (while planning waits for clusters) there are no waves yet.
+    let mut parts = Vec::new();
+    if !waves.is_empty() {
+        parts.push(format!("waves: {}", waves.join("; ")));
+    }
     if !status.left_out.is_empty() {
         let out: Vec<String> =
             status.left_out.iter().map(|t| format!("{} ({})", t.name, t.message)).collect();
-        line.push_str(&format!("; left out of the plan, not reachable when it was made: {}", out.join(", ")));
+        parts.push(format!("left out of the plan, not reachable when it was made: {}", out.join(", ")));
     }
     if !status.trouble.is_empty() {
         let trouble: Vec<String> =
             status.trouble.iter().map(|t| format!("{} ({}: {})", t.name, t.reason, t.message)).collect();
-        line.push_str(&format!("; clusters in trouble: {}", trouble.join(", ")));
+        parts.push(format!("clusters in trouble: {}", trouble.join(", ")));
     }
-    line
+    parts.join("; ")
 }
 
 /// The wave batch `index` is in.

@@ -60,11 +60,12 @@ pub const CLUSTER_REFUSED: &str = "ClusterRefused";
 pub const CLUSTER_UNREACHABLE: &str = "ClusterUnreachable";
 /// A member cluster answered again; its targets are changed and checked.
 pub const CLUSTER_REACHABLE: &str = "ClusterReachable";
+/// Planning waits for member clusters the selector picks that do not answer (up to the health timeout).
+pub const WAITING_FOR_CLUSTERS: &str = "WaitingForClusters";
 
 // Metric analysis of a batch.
 /// Measuring began: the batch's targets are healthy.
 pub const ANALYSIS_STARTED: &str = "AnalysisStarted";
-/// A measurement was taken (or not, for an error).
 /// Measurements of the batch are due (status reason while it is measured).
 pub const ANALYSIS_RUNNING: &str = "AnalysisRunning";
 /// A measurement was taken (or not, for an error).

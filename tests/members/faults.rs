@@ -1,4 +1,4 @@
-//! Faults across member clusters: a member frozen mid-batch or during a rollback, a token rotated and the
+//! Faults across member clusters: a member frozen at planning, mid-batch or during a rollback, a token rotated and the
 //! old one revoked mid-rollout, the operator SIGKILLed 20 times.
 
 use std::{collections::HashMap, time::Duration};
@@ -71,6 +71,45 @@ async fn a_member_frozen_mid_batch_is_not_taken_for_healthy_and_the_rollout_goes
             .await;
         assert!(!in_trouble(&fr, "member-2"), "member-2 out of trouble once it answers");
         changed_once(&two, &before).await;
+        tidy(&[&one, &two]).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_member_frozen_when_the_rollout_is_created_is_waited_for_and_planned_once_it_thaws() {
+    if !support::members_up() {
+        return;
+    }
+    let _alone = support::FREEZE.write().await;
+    with_fleet("frozen-plan", 0, |fleet| async move {
+        let team = unique("frozen-plan");
+        let one = site("member-1", &team, &team, 1, READY_IMAGE, true).await;
+        let two = site("member-2", &team, &team, 2, READY_IMAGE, true).await;
+        let (before_one, before_two) = (one.state().await, two.state().await);
+        register(&fleet, &[&one, &two], OPERATOR_ACCOUNT).await;
+        let frozen = two.member.freeze();
+        let _op = Operator::start(&fleet.ns, &[], &[]);
+        fleet.rollout("late", spec(NEXT_IMAGE, &team, 2)).await;
+        let fr = fleet
+            .wait_rollout("late", "planning to wait for member-2", DEADLINE, |fr| {
+                fr.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("WaitingForClusters")
+            })
+            .await;
+        let s = fr.status.clone().unwrap();
+        assert_eq!((phase(&fr), s.plan.is_none()), (Phase::Pending, true), "no plan while it waits");
+        assert!(s.message.unwrap_or_default().contains("member-2"), "the message names the cluster");
+        assert!(in_trouble(&fr, "member-2"));
+        assert_eq!(one.state().await, before_one, "nothing changes anywhere while planning waits");
+        frozen.thaw();
+        let fr = fleet
+            .wait_rollout("late", "the rollout to succeed", DEADLINE, |fr| phase(fr) == Phase::Succeeded)
+            .await;
+        let clusters = fr.status.clone().unwrap().clusters.unwrap();
+        assert!(clusters.left_out.is_empty(), "member-2 is in the plan: {:?}", clusters.left_out);
+        assert_eq!(fr.status.unwrap().counts.updated, 3);
+        changed_once(&one, &before_one).await;
+        changed_once(&two, &before_two).await;
         tidy(&[&one, &two]).await;
     })
     .await;

@@ -43,6 +43,60 @@ pub fn blocked(
     })
 }
 
+/// What planning does about picked member clusters that do not answer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ClusterWait {
+    /// Plan now, without the clusters that still do not answer (if any).
+    Plan,
+    /// Wait for them: write this status first, if it changed.
+    Wait(Option<Box<Transition>>),
+}
+
+/// Member clusters the selector picks that do not answer at planning are waited for, up to the health
+/// timeout from the first planning of this generation that missed one: a member down for a moment when a
+/// rollout is created is not left out of it for good, and one that stays down holds it no longer than a
+/// batch would wait for it (it is then left out, and listed in `status.clusters.leftOut`).
+pub fn await_clusters(
+    now: Timestamp,
+    generation: i64,
+    spec: &FleetRolloutSpec,
+    status: &FleetRolloutStatus,
+    unreachable: &[(String, String)],
+) -> ClusterWait {
+    if unreachable.is_empty() {
+        return ClusterWait::Plan;
+    }
+    let waiting = status.observed_generation == Some(generation)
+        && status.reason.as_deref() == Some(reason::WAITING_FOR_CLUSTERS);
+    let previous = status.clusters.as_ref().filter(|_| waiting);
+    let since = previous.and_then(|c| c.planning_since.clone()).unwrap_or_else(|| time(now));
+    let timeout = duration::parse(&spec.health.timeout).unwrap_or(Duration::from_secs(600));
+    let deadline = later(since.0, timeout);
+    if now >= deadline {
+        return ClusterWait::Plan;
+    }
+    let names: Vec<&str> = unreachable.iter().map(|(name, _)| name.as_str()).collect();
+    let message = format!(
+        "planning waits for member clusters that do not answer: {} (until {deadline}; then they are left \
+         out of the plan)",
+        names.join(", ")
+    );
+    let mut s = status.clone();
+    s.observed_generation = Some(generation);
+    s.phase = Phase::Pending;
+    s.reason = Some(reason::WAITING_FOR_CLUSTERS.into());
+    s.message = Some(message.clone());
+    let mut c = status.clusters.clone().unwrap_or_default();
+    c.trouble =
+        clusters::trouble(previous.map_or(&[], |p| &p.trouble), &unreachable.iter().cloned().collect(), now);
+    c.planning_since = Some(since);
+    s.clusters = Some(c);
+    set_conditions(&mut s, generation, now, None);
+    let events =
+        if waiting { Vec::new() } else { vec![Event::warning(reason::WAITING_FOR_CLUSTERS, None, message)] };
+    ClusterWait::Wait((s != *status).then(|| Box::new(Transition { status: s, events })))
+}
+
 /// A revision about to start: its inputs, their hash, and its frozen plan (and where that is stored).
 #[derive(Clone, Debug)]
 pub struct NewRevision<'a> {
@@ -104,7 +158,9 @@ pub fn start_revision(
     if !waves.is_empty() {
         let mut clusters = clusters::planned_status(waves, &plan.batches);
         events.push(Event::normal(reason::PLANNED, None, clusters::describe(&clusters)));
-        clusters.left_out = clusters::trouble(&[], &left_out.iter().cloned().collect(), now);
+        // A cluster planning waited for is out of the plan since the wait began.
+        let waited = status.clusters.as_ref().map_or(&[][..], |c| c.trouble.as_slice());
+        clusters.left_out = clusters::trouble(waited, &left_out.iter().cloned().collect(), now);
         s.clusters = Some(clusters);
     }
     events.extend(refused.iter().map(|m| Event::warning(reason::CLUSTER_REFUSED, None, m.clone())));

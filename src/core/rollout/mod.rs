@@ -31,7 +31,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 pub use self::{
     analysis::due_queries,
     failure::{denied, unreached},
-    gates::{NewRevision, blocked, start_revision},
+    gates::{ClusterWait, NewRevision, await_clusters, blocked, start_revision},
     housekeeping::{before_observing, probes},
     rollback::{owed, restored},
 };

@@ -234,7 +234,7 @@ fn a_rollout_across_clusters_shows_a_bar_per_wave_its_clusters_and_those_in_trou
             message: "connection refused".into(),
             since: Time(Timestamp::from_second(1_800_000_000).unwrap()),
         }],
-        left_out: Vec::new(),
+        ..Default::default()
     });
     fr.status = Some(s);
     let view = render(&fr, None);

@@ -221,23 +221,10 @@ fn a_denied_target_of_a_member_that_then_drops_is_failed_once() {
 #[test]
 fn clusters_left_out_at_planning_stay_in_status_and_in_every_progress_line() {
     let sim = sim("10m");
-    let plan_ref = sim.status.plan.clone().unwrap();
     let left_out = [("d".to_string(), "dial tcp: i/o timeout".to_string())];
-    let t = start_revision(
-        sim.now,
-        1,
-        &sim.spec,
-        &FleetRolloutStatus::default(),
-        NewRevision {
-            inputs: RevisionInputs::of(&sim.spec),
-            spec_hash: "spechash".into(),
-            plan: &sim.plan,
-            plan_ref,
-            waves: &waves(),
-            refused: &["member cluster d could not be reached at planning".to_string()],
-            left_out: &left_out,
-        },
-    );
+    let (w, refused) = (waves(), ["member cluster d could not be reached at planning".to_string()]);
+    let new = NewRevision { refused: &refused, ..new_revision(&sim, &w, &left_out) };
+    let t = start_revision(sim.now, 1, &sim.spec, &FleetRolloutStatus::default(), new);
     let clusters = t.status.clusters.clone().unwrap();
     assert_eq!(
         (clusters.left_out[0].name.as_str(), clusters.left_out[0].reason.as_str()),
@@ -249,4 +236,84 @@ fn clusters_left_out_at_planning_stay_in_status_and_in_every_progress_line() {
         "{line}"
     );
     assert!(t.events.iter().any(|e| e.reason == reason::CLUSTER_REFUSED && e.type_ == EventType::Warning));
+}
+
+/// A revision of the simulated plan, with `left_out` not reached at planning.
+fn new_revision<'a>(
+    sim: &'a Sim,
+    waves: &'a [PlannedWave],
+    left_out: &'a [(String, String)],
+) -> NewRevision<'a> {
+    NewRevision {
+        inputs: RevisionInputs::of(&sim.spec),
+        spec_hash: "spechash".into(),
+        plan: &sim.plan,
+        plan_ref: sim.status.plan.clone().unwrap(),
+        waves,
+        refused: &[],
+        left_out,
+    }
+}
+
+#[test]
+fn planning_waits_for_a_cluster_that_does_not_answer_up_to_the_health_timeout_then_leaves_it_out() {
+    let sim = sim("10m");
+    let t0 = sim.now;
+    let down = [("d".to_string(), "dial tcp: connection refused".to_string())];
+    let unborn = FleetRolloutStatus::default();
+    let ClusterWait::Wait(Some(first)) = await_clusters(t0, 1, &sim.spec, &unborn, &down) else {
+        panic!("a cluster that does not answer at planning is waited for");
+    };
+    let waiting = first.status;
+    assert_eq!(
+        (waiting.phase, waiting.reason.as_deref()),
+        (Phase::Pending, Some(reason::WAITING_FOR_CLUSTERS))
+    );
+    assert!(waiting.message.as_deref().unwrap_or_default().contains("d"), "{:?}", waiting.message);
+    assert!(!conditions::is_true(&waiting.conditions, conditions::STALLED), "kstatus reads InProgress");
+    assert!(
+        first
+            .events
+            .iter()
+            .any(|e| e.reason == reason::WAITING_FOR_CLUSTERS && e.type_ == EventType::Warning)
+    );
+    let clusters = waiting.clusters.clone().unwrap();
+    assert_eq!(clusters.planning_since, Some(time(t0)));
+    assert_eq!(clusters.trouble.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["d"]);
+    assert_eq!(
+        crate::core::clusters::progress(&clusters),
+        "clusters in trouble: d (ClusterUnreachable: dial tcp: connection refused)"
+    );
+
+    // Looked at again within the timeout: still waiting, nothing to write, no second event.
+    let later = |secs: i64| t0.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(secs)).unwrap();
+    assert_eq!(await_clusters(later(5), 1, &sim.spec, &waiting, &down), ClusterWait::Wait(None));
+    assert_eq!(await_clusters(later(599), 1, &sim.spec, &waiting, &down), ClusterWait::Wait(None));
+    // Every cluster answers: plan at once.
+    assert_eq!(await_clusters(later(30), 1, &sim.spec, &waiting, &[]), ClusterWait::Plan);
+    // The timeout has passed: plan without it, out of the plan since planning first missed it.
+    assert_eq!(await_clusters(later(600), 1, &sim.spec, &waiting, &down), ClusterWait::Plan);
+    let w = waves();
+    let started = start_revision(later(600), 1, &sim.spec, &waiting, new_revision(&sim, &w, &down));
+    assert_eq!(started.status.phase, Phase::Progressing);
+    let clusters = started.status.clusters.unwrap();
+    assert_eq!(clusters.planning_since, None);
+    assert_eq!((clusters.left_out[0].name.as_str(), &clusters.left_out[0].since), ("d", &time(t0)));
+}
+
+#[test]
+fn a_new_generation_waits_for_clusters_afresh() {
+    let sim = sim("1m");
+    let down = [("d".to_string(), "i/o timeout".to_string())];
+    let ClusterWait::Wait(Some(first)) =
+        await_clusters(sim.now, 1, &sim.spec, &FleetRolloutStatus::default(), &down)
+    else {
+        panic!("waits");
+    };
+    let now = sim.now.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(120)).unwrap();
+    assert_eq!(await_clusters(now, 1, &sim.spec, &first.status, &down), ClusterWait::Plan);
+    let ClusterWait::Wait(Some(again)) = await_clusters(now, 2, &sim.spec, &first.status, &down) else {
+        panic!("a changed spec waits for its own timeout");
+    };
+    assert_eq!(again.status.clusters.unwrap().planning_since, Some(time(now)));
 }
