@@ -56,11 +56,11 @@ integration: mcp-tools ## integration tests on a real control plane (starts one 
 test: fmt-check lint unit integration ## everything CI runs
 
 bench: mcp-tools ## benchmarks against the floor, side by side; writes bench/results/ (about 25 min)
-	$(CARGO) build --locked --release --tests
+	$(CARGO) build --locked --release --bins --test $@
 	NODES=$(NODES) MEMBERS=$(MEMBERS) $(TESTENV)/with-cluster.sh $(CARGO) test --locked --release --test bench -- --full
 
 chaos: mcp-tools ## fault injection with invariants checked; writes bench/results/chaos.md (about 30 min)
-	$(CARGO) build --locked --release --tests
+	$(CARGO) build --locked --release --bins --test $@
 	NODES=$(NODES) MEMBERS=$(MEMBERS) $(TESTENV)/with-cluster.sh $(CARGO) test --locked --release --test chaos -- --full
 
 mcp-tools: ## install the real MCP clients the tests drive (Python mcp SDK, conformance suite on Node 22)
