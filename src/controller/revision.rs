@@ -13,6 +13,7 @@ use crate::{
     core::{
         Blocked,
         plan::{self, Discovered},
+        reason,
         rollout::{self, ClusterWait, NewRevision, Transition},
         scope,
     },
@@ -58,13 +59,22 @@ pub(super) async fn plan_revision<F: Fleet>(
     if let Some(r) = ctx.rules.refuse_plan(rollout, daemon_set, &discovered.candidates) {
         return blocked(Blocked { reason: r.reason, message: r.message });
     }
-    if let ClusterWait::Wait(t) =
-        rollout::await_clusters(now, generation, &fr.spec, status, &discovered.left_out)
-    {
+    let unanswered: Vec<(String, String)> = discovered
+        .left_out
+        .iter()
+        .filter(|(name, _)| discovered.unanswered.contains(name))
+        .cloned()
+        .collect();
+    if let ClusterWait::Wait(t) = rollout::await_clusters(now, generation, &fr.spec, status, &unanswered) {
         return Ok(Planning::Hold(t.map(|t| *t), CLUSTERS_RETRY));
     }
+    if discovered.candidates.is_empty() {
+        let names: Vec<&str> = unanswered.iter().map(|(name, _)| name.as_str()).collect();
+        let message = format!("no member cluster with targets answered; not answering: {}", names.join(", "));
+        return blocked(Blocked { reason: reason::CLUSTER_UNREACHABLE, message });
+    }
     let previous = previous_images(ctx, fr, status).await?;
-    let Discovered { candidates, waves, refused, left_out } = discovered;
+    let Discovered { candidates, waves, refused, left_out, .. } = discovered;
     let planned = match plan::plan_revision(&fr.spec, candidates, &previous, &waves) {
         Ok(p) => p,
         Err(why) => return blocked(why),

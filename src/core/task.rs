@@ -85,8 +85,9 @@ pub fn describe(s: &Summary) -> String {
     if let Some(m) = &s.message {
         line.push_str(&format!(" — {m}"));
     }
-    if let Some(c) = &s.clusters {
-        line.push_str(&format!(". {}", crate::core::clusters::progress(c)));
+    if let Some(progress) = s.clusters.as_ref().map(crate::core::clusters::progress).filter(|p| !p.is_empty())
+    {
+        line.push_str(&format!(". {progress}"));
     }
     if let Some(p) = &s.pending_approval {
         line.push_str(&format!(

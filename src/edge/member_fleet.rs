@@ -146,7 +146,7 @@ pub(crate) async fn discover(
     .await;
     let mut found = Listed::default();
     let mut reached = Vec::new();
-    let mut left_out = Vec::new();
+    let (mut left_out, mut unanswered) = (Vec::new(), Vec::new());
     for (cluster, listed) in listed {
         match listed {
             Ok(Ok(listed)) => {
@@ -164,8 +164,12 @@ pub(crate) async fn discover(
             Err(why) => {
                 warn!(cluster = %cluster.name, %why, "member cluster not reached at planning");
                 left_out.push((cluster.name.clone(), why.message.clone()));
+                if why.unreachable {
+                    unanswered.push(cluster.name.clone());
+                }
                 notes.push(format!(
-                    "member cluster {} could not be reached at planning ({why}); its targets are not in this plan",
+                    "member cluster {} could not be reached at planning ({why}); its targets are not in this plan \
+                     (a new rollout waits for a cluster that does not answer, up to health.timeout)",
                     cluster.name
                 ));
             }
@@ -175,7 +179,13 @@ pub(crate) async fn discover(
         Ok(w) => w,
         Err(b) => return Ok(Err(b)),
     };
-    Ok(found.candidates(fr).map(|candidates| Discovered { candidates, waves, refused: notes, left_out }))
+    let candidates = match found.candidates(fr) {
+        Ok(c) => c,
+        // The targets may all be in members that did not answer: planning waits for them.
+        Err(_) if !unanswered.is_empty() => Vec::new(),
+        Err(b) => return Ok(Err(b)),
+    };
+    Ok(Ok(Discovered { candidates, waves, refused: notes, left_out, unanswered }))
 }
 
 /// What members hold of a rollout's fleet: workloads (with the namespaces they were looked for in), or the

@@ -13,7 +13,7 @@ use crate::{
     api::{
         ApprovalMode, ApprovalRecord, BATCH_WINDOW, BatchState, BatchStatus, FleetRolloutSpec,
         FleetRolloutStatus, HISTORY, PendingApproval, Phase, PlanRef, Revision, RevisionInputs,
-        SupersededRevision, time,
+        SupersededRevision, TROUBLE_LISTED, time,
     },
     core::{
         Blocked,
@@ -52,33 +52,38 @@ pub enum ClusterWait {
     Wait(Option<Box<Transition>>),
 }
 
-/// Member clusters the selector picks that do not answer at planning are waited for, up to the health
-/// timeout from the first planning of this generation that missed one: a member down for a moment when a
+/// Member clusters the selector picks that do not answer when a rollout is first planned are waited for,
+/// up to the health timeout from when planning first missed one: a member down for a moment when a
 /// rollout is created is not left out of it for good, and one that stays down holds it no longer than a
-/// batch would wait for it (it is then left out, and listed in `status.clusters.leftOut`).
+/// batch would wait for it (it is then left out, and listed in `status.clusters.leftOut`). Only before the
+/// first revision: a rollout already running keeps its status, and an abort is not held.
 pub fn await_clusters(
     now: Timestamp,
     generation: i64,
     spec: &FleetRolloutSpec,
     status: &FleetRolloutStatus,
-    unreachable: &[(String, String)],
+    unanswered: &[(String, String)],
 ) -> ClusterWait {
-    if unreachable.is_empty() {
+    if unanswered.is_empty() || status.revision.is_some() || spec.abort {
         return ClusterWait::Plan;
     }
-    let waiting = status.observed_generation == Some(generation)
-        && status.reason.as_deref() == Some(reason::WAITING_FOR_CLUSTERS);
-    let previous = status.clusters.as_ref().filter(|_| waiting);
-    let since = previous.and_then(|c| c.planning_since.clone()).unwrap_or_else(|| time(now));
-    let timeout = duration::parse(&spec.health.timeout).unwrap_or(Duration::from_secs(600));
-    let deadline = later(since.0, timeout);
+    // Whole seconds, as the status stores time; never later than now (the status is read back: input).
+    let now_s = Timestamp::from_second(now.as_second()).unwrap_or(now);
+    let previous = status.clusters.as_ref();
+    let started = previous.and_then(|c| c.planning_since.as_ref()).map(|t| t.0.min(now_s));
+    let since = started.unwrap_or(now_s);
+    let deadline = later(since, duration::parse(&spec.health.timeout).unwrap_or(Duration::from_secs(600)));
     if now >= deadline {
         return ClusterWait::Plan;
     }
-    let names: Vec<&str> = unreachable.iter().map(|(name, _)| name.as_str()).collect();
+    let mut names: Vec<&str> =
+        unanswered.iter().take(TROUBLE_LISTED).map(|(name, _)| name.as_str()).collect();
+    let more = unanswered.len().saturating_sub(TROUBLE_LISTED);
+    let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+    names.sort_unstable();
     let message = format!(
-        "planning waits for member clusters that do not answer: {} (until {deadline}; then they are left \
-         out of the plan)",
+        "planning waits for member clusters that do not answer: {}{more} (until {deadline}; then they are \
+         left out of the plan)",
         names.join(", ")
     );
     let mut s = status.clone();
@@ -87,13 +92,21 @@ pub fn await_clusters(
     s.reason = Some(reason::WAITING_FOR_CLUSTERS.into());
     s.message = Some(message.clone());
     let mut c = status.clusters.clone().unwrap_or_default();
-    c.trouble =
-        clusters::trouble(previous.map_or(&[], |p| &p.trouble), &unreachable.iter().cloned().collect(), now);
-    c.planning_since = Some(since);
+    let listed = previous.map_or(&[][..], |p| p.trouble.as_slice());
+    c.trouble = clusters::trouble(listed, &unanswered.iter().cloned().collect(), now);
+    // A cluster already listed keeps its first reason: error text that varies is not a status write.
+    for t in &mut c.trouble {
+        if let Some(p) = listed.iter().find(|p| p.name == t.name) {
+            t.message.clone_from(&p.message);
+        }
+    }
+    c.planning_since = Some(time(since));
     s.clusters = Some(c);
     set_conditions(&mut s, generation, now, None);
-    let events =
-        if waiting { Vec::new() } else { vec![Event::warning(reason::WAITING_FOR_CLUSTERS, None, message)] };
+    let events = match started {
+        Some(_) => Vec::new(),
+        None => vec![Event::warning(reason::WAITING_FOR_CLUSTERS, None, message)],
+    };
     ClusterWait::Wait((s != *status).then(|| Box::new(Transition { status: s, events })))
 }
 

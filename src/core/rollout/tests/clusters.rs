@@ -269,7 +269,11 @@ fn planning_waits_for_a_cluster_that_does_not_answer_up_to_the_health_timeout_th
         (waiting.phase, waiting.reason.as_deref()),
         (Phase::Pending, Some(reason::WAITING_FOR_CLUSTERS))
     );
-    assert!(waiting.message.as_deref().unwrap_or_default().contains("d"), "{:?}", waiting.message);
+    assert!(
+        waiting.message.as_deref().unwrap_or_default().contains("answer: d (until"),
+        "{:?}",
+        waiting.message
+    );
     assert!(!conditions::is_true(&waiting.conditions, conditions::STALLED), "kstatus reads InProgress");
     assert!(
         first
@@ -302,18 +306,34 @@ fn planning_waits_for_a_cluster_that_does_not_answer_up_to_the_health_timeout_th
 }
 
 #[test]
-fn a_new_generation_waits_for_clusters_afresh() {
+fn a_spec_edit_keeps_the_wait_and_neither_an_abort_nor_a_running_revision_is_held() {
     let sim = sim("1m");
     let down = [("d".to_string(), "i/o timeout".to_string())];
-    let ClusterWait::Wait(Some(first)) =
-        await_clusters(sim.now, 1, &sim.spec, &FleetRolloutStatus::default(), &down)
-    else {
+    let unborn = FleetRolloutStatus::default();
+    let ClusterWait::Wait(Some(first)) = await_clusters(sim.now, 1, &sim.spec, &unborn, &down) else {
         panic!("waits");
     };
-    let now = sim.now.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(120)).unwrap();
-    assert_eq!(await_clusters(now, 1, &sim.spec, &first.status, &down), ClusterWait::Plan);
-    let ClusterWait::Wait(Some(again)) = await_clusters(now, 2, &sim.spec, &first.status, &down) else {
-        panic!("a changed spec waits for its own timeout");
+    let at = |secs: i64| sim.now.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(secs)).unwrap();
+    // An edit (a new generation) does not restart the clock, nor announce the wait again.
+    let ClusterWait::Wait(Some(edited)) = await_clusters(at(30), 2, &sim.spec, &first.status, &down) else {
+        panic!("still waits after an edit");
     };
-    assert_eq!(again.status.clusters.unwrap().planning_since, Some(time(now)));
+    assert!(edited.events.is_empty());
+    assert_eq!(
+        edited.status.clusters.as_ref().unwrap().planning_since,
+        first.status.clusters.unwrap().planning_since
+    );
+    assert_eq!(await_clusters(at(61), 2, &sim.spec, &edited.status, &down), ClusterWait::Plan);
+    // A start read back from the future is not believed past now.
+    let mut hostile = edited.status.clone();
+    hostile.clusters.as_mut().unwrap().planning_since = Some(time(at(1_000_000)));
+    let ClusterWait::Wait(Some(clamped)) = await_clusters(at(61), 2, &sim.spec, &hostile, &down) else {
+        panic!("waits from now, not from the future");
+    };
+    assert_eq!(clamped.status.clusters.unwrap().planning_since, Some(time(at(61))));
+    // An abort is not held, nor is a rollout that already has a revision.
+    let mut abort = sim.spec.clone();
+    abort.abort = true;
+    assert_eq!(await_clusters(at(1), 2, &abort, &edited.status, &down), ClusterWait::Plan);
+    assert_eq!(await_clusters(sim.now, 1, &sim.spec, &sim.status, &down), ClusterWait::Plan);
 }
