@@ -59,13 +59,8 @@ pub(super) async fn plan_revision<F: Fleet>(
     if let Some(r) = ctx.rules.refuse_plan(rollout, daemon_set, &discovered.candidates) {
         return blocked(Blocked { reason: r.reason, message: r.message });
     }
-    let unanswered: Vec<(String, String)> = discovered
-        .left_out
-        .iter()
-        .filter(|(name, _)| discovered.unanswered.contains(name))
-        .cloned()
-        .collect();
-    if let ClusterWait::Wait(t) = rollout::await_clusters(now, generation, &fr.spec, status, &unanswered) {
+    let unanswered = &discovered.unanswered;
+    if let ClusterWait::Wait(t) = rollout::await_clusters(now, generation, &fr.spec, status, unanswered) {
         return Ok(Planning::Hold(t.map(|t| *t), CLUSTERS_RETRY));
     }
     if discovered.candidates.is_empty() {

@@ -38,9 +38,9 @@ pub(crate) struct Discovered {
     pub refused: Vec<String>,
     /// Member clusters picked but not reachable at planning, with why.
     pub left_out: Vec<(String, String)>,
-    /// Those of `left_out` that did not answer at all (or refused the credentials): planning waits for
-    /// them. The others answered with an error and are left out at once.
-    pub unanswered: Vec<String>,
+    /// Those of `left_out` that did not answer at all (or refused the credentials), with why: planning
+    /// waits for them. The others answered with an error and are left out at once.
+    pub unanswered: Vec<(String, String)>,
 }
 
 impl Discovered {

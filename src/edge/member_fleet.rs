@@ -165,7 +165,7 @@ pub(crate) async fn discover(
                 warn!(cluster = %cluster.name, %why, "member cluster not reached at planning");
                 left_out.push((cluster.name.clone(), why.message.clone()));
                 if why.unreachable {
-                    unanswered.push(cluster.name.clone());
+                    unanswered.push((cluster.name.clone(), why.message.clone()));
                 }
                 notes.push(format!(
                     "member cluster {} could not be reached at planning ({why}); its targets are not in this plan \
