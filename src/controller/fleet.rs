@@ -169,7 +169,8 @@ impl Fleet for Workloads {
     async fn apply(ctx: &Context, fr: &FleetRollout, batch: Batch<'_>) -> Result<Outcome> {
         let rollout = rollout_key(fr);
         let change = change_of(fr, batch.key, &rollout, failpoint::BETWEEN_PATCHES);
-        targets::patch_all(&ctx.client, Some(&ctx.stores), &ctx.metrics, &change, batch.targets, |_| {
+        let cached = |t: &PlannedTarget| ctx.stores.facts(change.kind, &t.namespace, &t.name);
+        targets::patch_all(&ctx.client, &cached, &ctx.metrics, &change, batch.targets, |_| {
             batch.image.to_string()
         })
         .await
@@ -183,10 +184,9 @@ impl Fleet for Workloads {
     ) -> Result<Outcome> {
         let rollout = rollout_key(fr);
         let change = change_of(fr, key, &rollout, failpoint::BETWEEN_RESTORES);
-        targets::patch_all(&ctx.client, Some(&ctx.stores), &ctx.metrics, &change, targets, |t| {
-            t.previous_image.clone()
-        })
-        .await
+        let cached = |t: &PlannedTarget| ctx.stores.facts(change.kind, &t.namespace, &t.name);
+        targets::patch_all(&ctx.client, &cached, &ctx.metrics, &change, targets, |t| t.previous_image.clone())
+            .await
     }
 }
 

@@ -89,10 +89,8 @@ impl Fleet for Members {
     async fn apply(ctx: &Context, fr: &FleetRollout, batch: Batch<'_>) -> Result<Outcome> {
         let rollout = rollout_key(fr);
         let change = change_of(fr, batch.key, &rollout, failpoint::BETWEEN_PATCHES);
-        member_fleet::change(ctx.members.members(), &ctx.metrics, &change, batch.targets, |_| {
-            batch.image.to_string()
-        })
-        .await
+        member_fleet::change(&ctx.members, &ctx.metrics, &change, batch.targets, |_| batch.image.to_string())
+            .await
     }
 
     async fn restore(
@@ -103,10 +101,7 @@ impl Fleet for Members {
     ) -> Result<Outcome> {
         let rollout = rollout_key(fr);
         let change = change_of(fr, key, &rollout, failpoint::BETWEEN_RESTORES);
-        member_fleet::change(ctx.members.members(), &ctx.metrics, &change, targets, |t| {
-            t.previous_image.clone()
-        })
-        .await
+        member_fleet::change(&ctx.members, &ctx.metrics, &change, targets, |t| t.previous_image.clone()).await
     }
 }
 

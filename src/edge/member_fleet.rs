@@ -1,7 +1,8 @@
 //! Workloads in member clusters, read and changed through each member's own client: the fleet of a new
 //! revision across the members `targets.clusters` picks (for the controller and for a preview), the
-//! batch in flight read live, and changes made cluster by cluster. A member that does not answer is
-//! reported as such, never as an error of the whole step: the core decides what it means.
+//! batch in flight read from each member's watch cache (live until it is filled), and changes made
+//! cluster by cluster. A member that does not answer is reported as such, never as an error of the whole
+//! step: the core decides what it means.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -350,15 +351,18 @@ async fn read_namespaces(
 /// Changes (or restores) `targets` cluster by cluster, all clusters at once; a cluster that cannot be
 /// reached is reported in `unreached`, its targets left for the core to retry.
 pub(crate) async fn change(
-    members: &Members,
+    watches: &MemberWatches,
     metrics: &Metrics,
     change: &Change<'_>,
     targets: &[PlannedTarget],
     image_of: impl Fn(&PlannedTarget) -> String + Sync,
 ) -> Result<Outcome> {
     let image_of = &image_of;
-    each_member(members, targets, |client, targets| async move {
-        targets::patch_all(&client, None, metrics, change, &targets, image_of).await
+    each_member(watches.members(), targets, |cluster, client, targets| async move {
+        // The member's watch cache, as the rollout's own cluster's, spares a read before each patch.
+        let cache = watches.cache(cluster, change.kind);
+        let cached = |t: &PlannedTarget| cache.as_ref().filter(|c| c.ready())?.get(&t.namespace, &t.name);
+        targets::patch_all(&client, &cached, metrics, change, &targets, image_of).await
     })
     .await
 }
@@ -366,13 +370,13 @@ pub(crate) async fn change(
 /// Runs `act` on the targets of each member cluster, through its client, all clusters at once, and adds
 /// up what it did; a cluster that cannot be reached is reported in `unreached`, its targets left for the
 /// core to retry.
-pub(crate) async fn each_member<F, Fut>(
+pub(crate) async fn each_member<'a, F, Fut>(
     members: &Members,
-    targets: &[PlannedTarget],
+    targets: &'a [PlannedTarget],
     act: F,
 ) -> Result<Outcome>
 where
-    F: Fn(Client, Vec<PlannedTarget>) -> Fut + Sync,
+    F: Fn(&'a str, Client, Vec<PlannedTarget>) -> Fut + Sync,
     Fut: std::future::Future<Output = Result<Outcome>>,
 {
     let mut by_cluster: BTreeMap<&str, Vec<PlannedTarget>> = BTreeMap::new();
@@ -381,7 +385,7 @@ where
     }
     let act = &act;
     let results = join_all(by_cluster.into_iter().map(|(cluster, targets)| async move {
-        (cluster, with_member(members, cluster, |client| act(client, targets.clone())).await)
+        (cluster, with_member(members, cluster, |client| act(cluster, client, targets.clone())).await)
     }))
     .await;
     let mut outcome = Outcome::default();

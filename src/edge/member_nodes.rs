@@ -158,7 +158,7 @@ pub(crate) async fn change(
     act: Act<'_>,
     targets: &[PlannedTarget],
 ) -> Result<Outcome> {
-    each_member(members, targets, |client, targets| async move {
+    each_member(members, targets, |_, client, targets| async move {
         let mut by_namespace: BTreeMap<String, Vec<PlannedTarget>> = BTreeMap::new();
         for t in targets {
             by_namespace.entry(t.namespace.clone()).or_default().push(t);

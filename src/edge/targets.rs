@@ -170,6 +170,9 @@ impl Outcome {
     }
 }
 
+/// A target's facts as a watch cache holds them; None when it holds none (yet).
+pub type CachedFacts<'a> = &'a (dyn Fn(&PlannedTarget) -> Option<WorkloadFacts> + Sync);
+
 /// One image change to make.
 pub struct Change<'a> {
     pub kind: TargetKind,
@@ -181,11 +184,11 @@ pub struct Change<'a> {
 
 /// Applies `image_of(target)` to each target that does not carry `change.key` yet, with server-side apply.
 /// Safe to repeat: a target that already has the key is skipped, and re-sending the same apply is a no-op.
-/// `stores`: the watch caches of the cluster `client` talks to; None reads each target live (a member
-/// cluster's).
+/// `cached`: a target's facts from the watch cache of the cluster `client` talks to; a target it does not
+/// hold is read live, so a fresh target is not mistaken for a gone one.
 pub async fn patch_all(
     client: &Client,
-    stores: Option<&Stores>,
+    cached: CachedFacts<'_>,
     metrics: &Metrics,
     change: &Change<'_>,
     targets: &[PlannedTarget],
@@ -199,7 +202,7 @@ pub async fn patch_all(
             if i > 0 {
                 failpoint::hit(change.between).await;
             }
-            let result = patch_one(client, stores, metrics, change, &t, &image).await;
+            let result = patch_one(client, cached, metrics, change, &t, &image).await;
             (t, result)
         })
         .buffered(PATCH_CONCURRENCY)
@@ -226,15 +229,14 @@ enum PatchResult {
 
 async fn patch_one(
     client: &Client,
-    stores: Option<&Stores>,
+    cached: CachedFacts<'_>,
     metrics: &Metrics,
     change: &Change<'_>,
     t: &PlannedTarget,
     image: &str,
 ) -> Result<PatchResult> {
-    let facts = match stores.and_then(|s| s.facts(change.kind, &t.namespace, &t.name)) {
+    let facts = match cached(t) {
         Some(f) => Some(f),
-        // Not in the cache (yet): ask the API server, so a fresh target is not mistaken for a gone one.
         None => live_facts(client, change.kind, t).await?,
     };
     let Some(facts) = facts else {

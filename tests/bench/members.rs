@@ -16,7 +16,10 @@ use kube::{
 };
 use serde_json::json;
 
-use crate::{LONG, Report, Sizes, bench_support, bench_support::Observer, common, row, wait_succeeded};
+use crate::{
+    LONG, Report, Sizes, batch_spans, bench_support, bench_support::Observer, common, row, transitions_of,
+    wait_succeeded,
+};
 use common::{
     members::{Member, member, service_account_token, write_argo_secret, write_capi_secret},
     operator::Operator,
@@ -116,6 +119,10 @@ pub async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, names
     );
     let api: Api<FleetRollout> = Api::namespaced(client.clone(), &fleet_ns);
     let image = "example.invalid/bench:members";
+    let mut before = Vec::new();
+    for s in &sites {
+        before.push(bench_support::apiserver_requests(&s.client).await);
+    }
     let t0 = Instant::now();
     api.create(&PostParams::default(), &spec(image, &team, b)).await.unwrap();
     wait_succeeded(&api, "across").await;
@@ -123,7 +130,18 @@ pub async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, names
     for obs in &observers {
         obs.wait("every target on the new image", LONG, |s| bench_support::all_on(s, &keys, image)).await;
     }
+    let fleetroll_time = TimeSpent::of(&observers, &keys, b, image, t0, fleetroll);
     drop(op);
+    // Inside the members, the rollout's own requests: Deployment reads (a watch cache spares them) and
+    // writes (server-side apply), per target.
+    let (mut reads, mut writes) = (0.0, 0.0);
+    for (s, before) in sites.iter().zip(&before) {
+        let after = bench_support::apiserver_requests(&s.client).await;
+        reads += bench_support::delta(before, &after, "GET", "deployments", "");
+        writes += bench_support::delta(before, &after, "APPLY", "deployments", "")
+            + bench_support::delta(before, &after, "PATCH", "deployments", "");
+    }
+    let per_target = |v: f64| v / (2 * n) as f64;
     // The floor: the same batches in the same order (member-1's, then member-2's), no checkpoints.
     let image = "example.invalid/bench:members-bare";
     let t0 = Instant::now();
@@ -134,6 +152,7 @@ pub async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, names
         }
     }
     let bare = t0.elapsed().as_secs_f64();
+    let bare_time = TimeSpent::of(&observers, &keys, b, image, t0, bare);
     for (site, obs) in sites.iter().zip(&observers) {
         let twice = obs.state.lock().unwrap().values().filter(|v| v.generation != 3).count();
         assert_eq!(twice, 0, "members: targets of {} not changed exactly once per run", site.name);
@@ -145,7 +164,60 @@ pub async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, names
         "≤ 1.10",
         Some(ratio <= 1.10),
     ));
+    report.rows.push(row(
+        "members: requests per target inside the members: Deployment reads / writes",
+        format!("{:.2} / {:.2}", per_target(reads), per_target(writes)),
+        "writes 1",
+        Some((per_target(writes) - 1.0).abs() < 1e-9),
+    ));
+    report.rows.push(row(
+        "members: where the time goes, fleetroll / bare client: before the first change, inside batches, \
+         between batches (p50, max), after the last target rolled out",
+        format!("{fleetroll_time} / {bare_time}"),
+        "",
+        None,
+    ));
     tidy(&sites).await;
+}
+
+/// A run's time in parts, seconds, from the Deployments' watch: the batches are member-1's then member-2's.
+struct TimeSpent {
+    before: f64,
+    inside: f64,
+    between: Vec<f64>,
+    after: f64,
+}
+
+impl TimeSpent {
+    fn of(observers: &[Observer], keys: &[String], b: usize, image: &str, t0: Instant, total: f64) -> Self {
+        let batches: Vec<Vec<String>> = keys.chunks(b).map(<[String]>::to_vec).collect();
+        let spans: Vec<(f64, f64)> =
+            observers.iter().flat_map(|obs| batch_spans(obs, &batches, image, t0)).collect();
+        let mut between = transitions_of(&spans);
+        between.sort_by(f64::total_cmp);
+        Self {
+            before: spans.first().map_or(0.0, |s| s.0),
+            inside: spans.iter().map(|(start, end)| end - start).sum(),
+            between,
+            after: total - spans.last().map_or(total, |s| s.1),
+        }
+    }
+}
+
+impl std::fmt::Display for TimeSpent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p50 = bench_support::percentile(&self.between, 50.0);
+        let max = self.between.last().copied().unwrap_or(0.0);
+        write!(
+            f,
+            "{:.2} s, {:.2} s, {:.0} / {:.0} ms, {:.2} s",
+            self.before,
+            self.inside,
+            p50 * 1e3,
+            max * 1e3,
+            self.after
+        )
+    }
 }
 
 pub async fn scale(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: &mut Vec<String>) {
