@@ -197,19 +197,22 @@ pub async fn patch_all(
     // Owned items: a stream of borrowed ones trips the compiler's higher-ranked lifetime checks.
     let work: Vec<(usize, PlannedTarget, String)> =
         targets.iter().enumerate().map(|(i, t)| (i, t.clone(), image_of(t))).collect();
-    let results: Vec<(PlannedTarget, Result<PatchResult>)> = stream::iter(work)
+    // Unordered, so that one slow patch does not hold the slots of those finished after it; the results
+    // are put back in the batch's order, so that the first error and the denials read the same every time.
+    let mut results: Vec<(usize, PlannedTarget, Result<PatchResult>)> = stream::iter(work)
         .map(|(i, t, image)| async move {
             if i > 0 {
                 failpoint::hit(change.between).await;
             }
             let result = patch_one(client, cached, metrics, change, &t, &image).await;
-            (t, result)
+            (i, t, result)
         })
-        .buffered(PATCH_CONCURRENCY)
+        .buffer_unordered(PATCH_CONCURRENCY)
         .collect()
         .await;
+    results.sort_by_key(|(i, ..)| *i);
     let mut outcome = Outcome::default();
-    for (t, r) in results {
+    for (_, t, r) in results {
         match r? {
             PatchResult::Changed => outcome.changed += 1,
             PatchResult::Unchanged => outcome.unchanged += 1,
