@@ -114,6 +114,7 @@ async fn run(sizes: Sizes, only: Option<Vec<String>>) {
     let client = common::client().await;
     common::fleet::ensure_crd(&client).await;
     let started = Instant::now();
+    let speed = bench_support::MachineSpeed::measure();
     eprintln!("bench ({}): starting", sizes.name);
     let mut report = Report { rows: Vec::new(), timeline: Vec::new() };
     let mut namespaces = Vec::new();
@@ -149,7 +150,7 @@ async fn run(sizes: Sizes, only: Option<Vec<String>>) {
     println!("\n{table}");
     let out = bench_support::results_dir(sizes.name == "full" && only.is_none());
     let plotted = plot(&report.timeline, &out.join("timeline.png"));
-    let facts = bench_support::machine_table();
+    let facts = bench_support::machine_table(&speed);
     let doc = format!(
         "# fleetroll benchmark ({} run)\n\nProduced by `make bench` (`cargo test --release --test bench -- --full`) in {:.0} s on \
          the local control plane (kwok nodes). Ratios are measured side by side in the same run.\n\n{table}\n{}\n\n## Machine\n\n{facts}",
@@ -404,7 +405,7 @@ async fn scale(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: 
     let fr = wait_succeeded(&api, "all").await;
     let took = t0.elapsed().as_secs_f64();
     let status_bytes = serde_json::to_vec(&fr.status).unwrap().len();
-    let (rss, cpu) = bench_support::process_usage(op.pid());
+    let (rss, cpu) = common::operator::process_usage(op.pid());
     drop(op);
     let mib = rss as f64 / (1024.0 * 1024.0);
     report.rows.push(row(
@@ -444,7 +445,7 @@ async fn scale(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: 
         wait_succeeded(&api, &format!("group-{g}")).await;
     }
     let took = t0.elapsed().as_secs_f64();
-    let (rss, cpu) = bench_support::process_usage(op.pid());
+    let (rss, cpu) = common::operator::process_usage(op.pid());
     let mib = rss as f64 / (1024.0 * 1024.0);
     report.rows.push(row(
         format!("scale: {r} concurrent rollouts of {t} targets"),

@@ -79,6 +79,7 @@ async fn run(sizes: Sizes, seed: u64) {
     let client = common::client().await;
     common::fleet::ensure_crd(&client).await;
     let started = Instant::now();
+    let speed = bench_support::MachineSpeed::measure();
     clear_old_logs();
     eprintln!("chaos ({}): seed {seed} (FLEETROLL_CHAOS_SEED={seed} replays it)", sizes.name);
     let mut rng = Rng(seed.max(1));
@@ -132,7 +133,7 @@ async fn run(sizes: Sizes, seed: u64) {
     let table = bench_support::table(&rows);
     println!("\n{table}");
     let out = bench_support::results_dir(sizes.name == "full");
-    let facts = bench_support::machine_table();
+    let facts = bench_support::machine_table(&speed);
     std::fs::write(
         out.join("chaos.md"),
         format!(
@@ -519,7 +520,7 @@ async fn fuzz(client: &Client, sizes: &Sizes, rng: &mut Rng, namespaces: &mut Ve
     server.ready().await;
     let url = server.mcp_url();
     let http = reqwest::Client::new();
-    let rss_before = bench_support::process_usage(server.pid()).0;
+    let rss_before = common::operator::process_usage(server.pid()).0;
     let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}});
     let mut wrong = Vec::new();
     let mut kinds = std::collections::BTreeMap::<&str, usize>::new();
@@ -590,7 +591,7 @@ async fn fuzz(client: &Client, sizes: &Sizes, rng: &mut Rng, namespaces: &mut Ve
     let alive = reqwest::get(format!("http://127.0.0.1:{}/healthz", server.port))
         .await
         .is_ok_and(|r| r.status().is_success());
-    let rss_after = bench_support::process_usage(server.pid()).0;
+    let rss_after = common::operator::process_usage(server.pid()).0;
     let grown = rss_after.saturating_sub(rss_before) as f64 / (1024.0 * 1024.0);
     if !wrong.is_empty() {
         eprintln!("unexpected answers (first 10): {:?}", &wrong[..wrong.len().min(10)]);

@@ -242,7 +242,7 @@ pub async fn scale(client: &Client, sizes: &Sizes, report: &mut Report, namespac
     api.create(&PostParams::default(), &fr).await.unwrap();
     let done = wait_succeeded(&api, "across").await;
     let took = t0.elapsed().as_secs_f64();
-    let (rss, cpu) = bench_support::process_usage(op.pid());
+    let (rss, cpu) = crate::common::operator::process_usage(op.pid());
     drop(op);
     let status_bytes = serde_json::to_vec(&done.status).unwrap().len();
     let mib = rss as f64 / (1024.0 * 1024.0);

@@ -232,23 +232,6 @@ pub fn delta(
     after.get(&k).copied().unwrap_or(0.0) - before.get(&k).copied().unwrap_or(0.0)
 }
 
-/// Peak resident memory (VmHWM, bytes) and CPU seconds (user + system) of a process.
-pub fn process_usage(pid: u32) -> (u64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let hwm = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0)
-        * 1024;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, r)| r).split_whitespace().collect();
-    // After the command: state(0) ... utime(11) stime(12), in clock ticks (100 per second on Linux).
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (hwm, (ticks(11) + ticks(12)) / 100.0)
-}
-
 /// Sets every target of `keys` (namespace/name) to `image` with server-side apply, `concurrency` at a time.
 pub async fn patch_images(client: &Client, keys: &[String], image: &str, concurrency: usize) {
     stream::iter(keys.iter().cloned())
@@ -339,9 +322,75 @@ pub fn results_dir(full: bool) -> std::path::PathBuf {
     out
 }
 
-/// The machine facts as a two-column markdown table.
-pub fn machine_table() -> String {
-    let rows: String = machine_facts().iter().map(|(k, v)| format!("| {k} | {v} |\n")).collect();
+/// How fast the machine was during a run. Machines of one kind here have been seen running the same
+/// code 4× slower than usual, which every absolute latency shows and no ratio does: these facts tell such
+/// a run apart, beside the bare client's own times.
+pub struct MachineSpeed {
+    /// The best of three timings of a fixed single-core computation, at the start of the run.
+    calibration: Duration,
+    at_start: Option<Vec<u64>>,
+}
+
+/// The work timed as the calibration: SHA-256 over 64 MiB.
+const CALIBRATION_BYTES: usize = 64 * 1024 * 1024;
+
+impl MachineSpeed {
+    /// Times the calibration and notes the CPU counters; call at the start of a run.
+    pub fn measure() -> MachineSpeed {
+        use sha2::Digest;
+        let block = vec![0x5a_u8; 1024 * 1024];
+        let calibration = (0..3)
+            .map(|_| {
+                let started = Instant::now();
+                let mut hash = sha2::Sha256::new();
+                for _ in 0..CALIBRATION_BYTES / block.len() {
+                    hash.update(&block);
+                }
+                std::hint::black_box(hash.finalize());
+                started.elapsed()
+            })
+            .min()
+            .unwrap_or_default();
+        MachineSpeed { calibration, at_start: cpu_counters() }
+    }
+
+    /// The calibration, and the share of CPU time the hypervisor took for others since the start.
+    fn facts(&self) -> Vec<(String, String)> {
+        let stolen = match (&self.at_start, cpu_counters()) {
+            (Some(start), Some(now)) => {
+                let delta: Vec<u64> = now.iter().zip(start).map(|(n, s)| n.saturating_sub(*s)).collect();
+                let total: u64 = delta.iter().sum();
+                // /proc/stat's cpu line: user nice system idle iowait irq softirq steal ...
+                let steal = delta.get(7).copied().unwrap_or(0);
+                if total == 0 {
+                    "unknown".into()
+                } else {
+                    format!("{:.1}%", 100.0 * steal as f64 / total as f64)
+                }
+            }
+            _ => "unknown".into(),
+        };
+        vec![
+            (
+                format!("calibration: SHA-256 of {} MiB on one core (best of 3)", CALIBRATION_BYTES >> 20),
+                format!("{:.0} ms", self.calibration.as_secs_f64() * 1e3),
+            ),
+            ("CPU time stolen by the hypervisor during the run".into(), stolen),
+        ]
+    }
+}
+
+/// The counters of /proc/stat's first line (all CPUs), in clock ticks.
+fn cpu_counters() -> Option<Vec<u64>> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    line.split_whitespace().map(|v| v.parse().ok()).collect()
+}
+
+/// The machine facts, and how fast the machine was during the run, as a two-column markdown table.
+pub fn machine_table(speed: &MachineSpeed) -> String {
+    let facts = machine_facts().into_iter().chain(speed.facts());
+    let rows: String = facts.map(|(k, v)| format!("| {k} | {v} |\n")).collect();
     format!("| | |\n|---|---|\n{rows}")
 }
 
