@@ -2,7 +2,7 @@
 //! (`make cluster MEMBERS=2`), reached through an Argo CD cluster Secret (member-1) and a Cluster API
 //! kubeconfig Secret (member-2) in the fleet namespace: two waves with a canary cluster; a rollback across
 //! both; a member whose namespace is not opted in; a member frozen mid-batch; a token rotated and the old
-//! one revoked mid-rollout; the operator SIGKILLed 20 times.
+//! one revoked mid-rollout; the operator SIGKILLed 20 times; a member answering without end.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -21,6 +21,8 @@ use support::{DEADLINE, OPERATOR_ACCOUNT, Site, register, site, spec, tidy, uniq
 
 #[path = "members/faults.rs"]
 mod faults;
+#[path = "members/hostile.rs"]
+mod hostile;
 #[path = "members/nodes.rs"]
 mod nodes;
 #[path = "members/previews.rs"]

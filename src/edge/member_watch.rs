@@ -163,7 +163,8 @@ impl Watch {
                         {
                             self.members.forget(cluster);
                         }
-                        info!(cluster, kind = %K::kind(&()), error = %e, "member watch failed; starting again");
+                        let error = describe(&e);
+                        info!(cluster, kind = %K::kind(&()), error, "member watch failed; starting again");
                     }
                 }
                 Err(MemberError::NotFound { .. }) => {
@@ -184,6 +185,20 @@ impl Watch {
         if caches.get(&self.key).is_some_and(|c| Arc::ptr_eq(c, &self.cache)) {
             caches.remove(&self.key);
         }
+    }
+}
+
+/// A failed watch in words for the log, cut as a member's errors are everywhere (a member's Status
+/// message may be megabytes, and a failed watch is tried again every few seconds).
+fn describe(e: &watcher::Error) -> String {
+    match e {
+        watcher::Error::InitialListFailed(k) => format!("the list failed: {}", members::describe(k)),
+        watcher::Error::WatchStartFailed(k) => format!("the watch did not start: {}", members::describe(k)),
+        watcher::Error::WatchFailed(k) => format!("the watch failed: {}", members::describe(k)),
+        watcher::Error::WatchError(status) => {
+            format!("the watch failed: {}", members::describe(&kube::Error::Api(status.clone())))
+        }
+        watcher::Error::NoResourceVersion => e.to_string(),
     }
 }
 

@@ -337,10 +337,18 @@ fn init_tracing(level: &str, format: LogFormat) {
 }
 
 /// The log filter: `RUST_LOG` if set, else the level. rmcp logs three INFO lines for every stateless MCP
-/// request (one per `tasks/get` poll), so it is held to warnings unless the filter names it.
+/// request (one per `tasks/get` poll), so it is held to warnings unless the filter names it. kube's client
+/// logs, as a warning, the whole of an answer it cannot decode (a member's may be 32 MiB, each time it is
+/// asked), so it is held to errors unless the filter names it.
 fn log_filter(rust_log: Option<String>, level: &str) -> String {
-    let spec = rust_log.filter(|s| !s.trim().is_empty()).unwrap_or_else(|| level.to_string());
-    if spec.contains("rmcp") { spec } else { format!("{spec},rmcp=warn") }
+    let mut spec = rust_log.filter(|s| !s.trim().is_empty()).unwrap_or_else(|| level.to_string());
+    if !spec.contains("rmcp") {
+        spec.push_str(",rmcp=warn");
+    }
+    if !spec.contains("kube_client") {
+        spec.push_str(",kube_client::client=error");
+    }
+    spec
 }
 
 fn default_identity() -> String {

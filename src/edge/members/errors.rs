@@ -3,6 +3,7 @@
 
 use kube::client::AuthError;
 
+use super::answers::cut_off;
 use crate::edge::probe::chain;
 
 /// Whether the member refused the client's credentials (401): they were rotated or have expired, so the
@@ -14,12 +15,12 @@ pub fn is_unauthorized(e: &kube::Error) -> bool {
 /// Whether the member could not be reached, as opposed to an answer from it: no connection (refused,
 /// timed out, no such host, a failed TLS handshake), no answer in time, a connection lost midway, or a
 /// gateway before it saying so (502, 503, 504). A failing exec plugin is not one: that is the
-/// credentials, whichever way the member is.
+/// credentials, whichever way the member is. Nor is an answer cut off at its bound: that is an answer.
 pub fn is_unreachable(e: &kube::Error) -> bool {
     match e {
         kube::Error::Api(s) => matches!(s.code, 502..=504),
         kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => {
-            auth_error(e).is_none()
+            auth_error(e).is_none() && cut_off(e).is_none()
         }
         _ => false,
     }
@@ -47,14 +48,17 @@ pub fn describe(e: &kube::Error) -> String {
     if let Some(auth) = auth_error(e) {
         return describe_auth(auth);
     }
+    if let Some(cut) = cut_off(e) {
+        return cut.to_string();
+    }
     match e {
         kube::Error::Api(s) if s.reason == "Failed to parse error data" => {
             // Not the API server's Status: a proxy's or load balancer's page, of any length.
             format!("the member answered {} (not a Kubernetes API answer)", s.code)
         }
         kube::Error::Api(s) => format!("the member answered {} {}: {}", s.code, s.reason, cut(&s.message)),
-        other if is_unreachable(other) => format!("the member cannot be reached: {}", chain(other)),
-        other => chain(other),
+        other if is_unreachable(other) => format!("the member cannot be reached: {}", cut(&chain(other))),
+        other => cut(&chain(other)),
     }
 }
 

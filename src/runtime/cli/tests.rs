@@ -61,9 +61,14 @@ fn durations_are_written_as_in_the_spec() {
 }
 
 #[test]
-fn rmcp_is_held_to_warnings_unless_the_filter_names_it() {
-    assert_eq!(log_filter(None, "info"), "info,rmcp=warn");
-    assert_eq!(log_filter(Some("fleetroll=debug".into()), "info"), "fleetroll=debug,rmcp=warn");
-    assert_eq!(log_filter(Some(" ".into()), "debug"), "debug,rmcp=warn");
-    assert_eq!(log_filter(Some("info,rmcp=debug".into()), "info"), "info,rmcp=debug");
+fn rmcp_and_kube_clients_dumps_are_held_back_unless_the_filter_names_them() {
+    let held = ",rmcp=warn,kube_client::client=error";
+    assert_eq!(log_filter(None, "info"), format!("info{held}"));
+    assert_eq!(log_filter(Some("fleetroll=debug".into()), "info"), format!("fleetroll=debug{held}"));
+    assert_eq!(log_filter(Some(" ".into()), "debug"), format!("debug{held}"));
+    assert_eq!(
+        log_filter(Some("info,rmcp=debug".into()), "info"),
+        "info,rmcp=debug,kube_client::client=error"
+    );
+    assert_eq!(log_filter(Some("info,kube_client=debug".into()), "info"), "info,kube_client=debug,rmcp=warn");
 }
