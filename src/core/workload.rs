@@ -81,6 +81,18 @@ impl WorkloadFacts {
         format!("{}/{}", self.namespace, self.name)
     }
 
+    /// About how many bytes of memory these facts hold: what bounds a cache or a list of them.
+    pub fn weight(&self) -> usize {
+        // A String's own 24 bytes, and about as much again per map entry for the tree it is kept in.
+        let text = |s: &String| 24 + s.len();
+        std::mem::size_of::<Self>()
+            + self.namespace.len()
+            + self.name.len()
+            + self.applied.as_ref().map_or(0, text)
+            + self.labels.iter().map(|(k, v)| 48 + text(k) + text(v)).sum::<usize>()
+            + self.containers.iter().map(|(n, i)| text(n) + text(i)).sum::<usize>()
+    }
+
     fn container_names(&self) -> String {
         self.containers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
     }

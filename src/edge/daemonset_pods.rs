@@ -17,7 +17,7 @@ use kube::{
 };
 use tracing::{debug, info};
 
-use super::targets::Outcome;
+use super::{lists, targets::Outcome};
 use crate::{
     api::{FIELD_MANAGER, FleetRollout, FleetRolloutStatus, Phase, PlannedTarget, Unplanned},
     core::{
@@ -85,12 +85,12 @@ impl View {
         let daemonset = daemonsets(at).get_opt(&daemonset_name(fr)).await?;
         let selector = node_selector(fr).ok().flatten();
         let lp = selector.map_or_else(ListParams::default, |s| ListParams::default().labels(&s.to_string()));
-        let nodes = Api::<Node>::all(client.clone()).list(&lp).await?.items;
+        let nodes = lists::all::<Node>(client, None, &lp).await?;
         let pods = match daemonset.as_ref().and_then(|d| d.spec.selector.clone().try_into().ok()) {
             Some(selector) => {
                 let selector: Selector = selector;
                 let lp = ListParams::default().labels(&selector.to_string());
-                Api::<Pod>::namespaced(client.clone(), at.namespace).list(&lp).await?.items
+                lists::all::<Pod>(client, Some(at.namespace), &lp).await?
             }
             None => Vec::new(),
         };

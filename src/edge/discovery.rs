@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{
-    Api, Client, Resource, ResourceExt,
+    Client, Resource, ResourceExt,
     api::ListParams,
     core::{Selector, SelectorExt},
 };
@@ -22,10 +22,7 @@ use crate::{
     error::Result,
 };
 
-use super::targets::Stores;
-
-/// Workloads per page of a discovery list.
-const LIST_PAGE: u32 = 500;
+use super::{lists, targets::Stores};
 
 fn blocked(reason: &'static str, message: String) -> Blocked {
     Blocked { reason, message }
@@ -167,7 +164,7 @@ pub(crate) async fn list_fleet(
         }
     };
     let listed = match &fr.spec.targets.namespace_selector {
-        Some(_) => Some(Api::<Namespace>::all(client.clone()).list(&ListParams::default()).await?.items),
+        Some(_) => Some(lists::all::<Namespace>(client, None, &ListParams::default()).await?),
         None => None,
     };
     let namespaces = match allowed_namespaces(fr, fleet_namespace, listed.as_deref()) {
@@ -190,41 +187,46 @@ pub(crate) async fn list_workloads(
     selector: &str,
     found: &mut Vec<WorkloadFacts>,
 ) -> Result<()> {
-    let (c, ns) = (client.clone(), namespace);
     match kind {
         TargetKind::Deployment => {
-            list_facts(Api::namespaced(c, ns), selector, workload::deployment_facts, found).await
+            list_facts(client, namespace, selector, workload::deployment_facts, found).await
         }
         TargetKind::StatefulSet => {
-            list_facts(Api::namespaced(c, ns), selector, workload::statefulset_facts, found).await
+            list_facts(client, namespace, selector, workload::statefulset_facts, found).await
         }
         TargetKind::DaemonSet => {
-            list_facts(Api::namespaced(c, ns), selector, workload::daemonset_facts, found).await
+            list_facts(client, namespace, selector, workload::daemonset_facts, found).await
         }
         TargetKind::Node => Ok(()),
     }
 }
 
-/// Lists page by page, keeping only the facts of each workload: a fleet of 10,000 never sits in memory as
-/// full objects (or as one response body of tens of megabytes). The pages are one consistent snapshot.
+/// Lists page by page and item by item, keeping only the facts of each workload: a fleet of 10,000 never
+/// sits in memory as full objects. The pages are one consistent snapshot. Err once the facts found in all
+/// weigh more than [`lists::MAX_FACTS_BYTES`].
 async fn list_facts<K>(
-    api: Api<K>,
+    client: &Client,
+    namespace: &str,
     selector: &str,
     facts: fn(&K) -> WorkloadFacts,
     found: &mut Vec<WorkloadFacts>,
 ) -> Result<()>
 where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K: Resource<DynamicType = ()> + DeserializeOwned,
 {
-    let mut lp = ListParams::default().labels(selector).limit(LIST_PAGE);
-    loop {
-        let page = api.list(&lp).await?;
-        found.extend(page.items.iter().map(facts));
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => lp = lp.continue_token(&token),
-            _ => return Ok(()),
+    let lp = ListParams::default().labels(selector);
+    let mut weight: usize = found.iter().map(WorkloadFacts::weight).sum();
+    lists::each(client, Some(namespace), &lp, |k: K| {
+        let f = facts(&k);
+        weight += f.weight();
+        if weight > lists::MAX_FACTS_BYTES {
+            return Err(lists::too_heavy("in one fleet"));
         }
-    }
+        found.push(f);
+        Ok(())
+    })
+    .await
+    .map(drop)
 }
 
 /// A rollout as it would be planned now.

@@ -14,7 +14,7 @@ use crate::{
     core::{Blocked, nodes, plan::Candidate, reason, rollout::TargetState},
     edge::{
         daemonset_pods::{self, At, View},
-        discovery,
+        discovery, lists,
         member_fleet::{each_member, with_member},
         members::Members,
         targets::Outcome,
@@ -31,7 +31,7 @@ pub(crate) async fn list(
     fleet_namespace: &str,
     fr: &FleetRollout,
 ) -> Result<Result<Vec<Candidate>, Blocked>> {
-    let listed = Api::<Namespace>::all(client.clone()).list(&ListParams::default()).await?.items;
+    let listed = lists::all::<Namespace>(client, None, &ListParams::default()).await?;
     let namespaces = match discovery::allowed_namespaces(fr, fleet_namespace, Some(&listed)) {
         Ok(n) => n,
         Err(b) => return Ok(Err(b)),

@@ -18,36 +18,45 @@ use futures::StreamExt;
 use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use kube::{
-    Api, Resource, ResourceExt,
-    runtime::{
-        reflector::ObjectRef,
-        watcher::{self, Event},
-    },
+    Api, Client, Resource, ResourceExt,
+    api::{ListParams, WatchEvent, WatchParams},
+    runtime::reflector::ObjectRef,
 };
 use serde::de::DeserializeOwned;
 use tracing::{debug, info};
 
-use super::members::{self, MemberError, Members};
+use super::{
+    lists,
+    members::{self, MemberError, Members},
+};
 
 use crate::{
     api::{FleetRollout, ROLLOUT_ANNOTATION, TargetKind, target_key},
     core::workload::{self, WorkloadFacts},
+    error::{Error, Result},
 };
 
 /// How long a failed watch waits before it starts again (a member that is down is not hammered).
 const RESTART_AFTER: Duration = Duration::from_secs(2);
 
-/// The facts of one member's workloads of one kind, by `namespace/name`.
+/// The facts of one member's workloads of one kind, by `namespace/name`, weighing at most
+/// [`lists::MAX_FACTS_BYTES`].
 #[derive(Default)]
 pub struct Cache {
-    facts: RwLock<HashMap<String, WorkloadFacts>>,
+    facts: RwLock<Facts>,
     ready: AtomicBool,
+}
+
+#[derive(Default)]
+struct Facts {
+    all: HashMap<String, WorkloadFacts>,
+    weight: usize,
 }
 
 impl Cache {
     /// A workload's facts; None when it does not exist (only meaningful once [`Cache::ready`]).
     pub fn get(&self, namespace: &str, name: &str) -> Option<WorkloadFacts> {
-        self.facts.read().ok()?.get(&target_key(namespace, name)).cloned()
+        self.facts.read().ok()?.all.get(&target_key(namespace, name)).cloned()
     }
 
     /// Whether the first list is complete, so that a workload missing here does not exist.
@@ -55,9 +64,9 @@ impl Cache {
         self.ready.load(Ordering::Acquire)
     }
 
-    fn replace(&self, all: HashMap<String, WorkloadFacts>) {
+    fn replace(&self, all: HashMap<String, WorkloadFacts>, weight: usize) {
         if let Ok(mut facts) = self.facts.write() {
-            *facts = all;
+            *facts = Facts { all, weight };
         }
         self.ready.store(true, Ordering::Release);
     }
@@ -67,15 +76,24 @@ impl Cache {
         self.ready.store(false, Ordering::Release);
     }
 
-    fn apply(&self, facts: WorkloadFacts) {
-        if let Ok(mut all) = self.facts.write() {
-            all.insert(facts.key(), facts);
+    /// Err: the cache would weigh more than it may.
+    fn apply(&self, facts: WorkloadFacts) -> Result<()> {
+        let Ok(mut held) = self.facts.write() else { return Ok(()) };
+        let before = held.all.get(&facts.key()).map_or(0, WorkloadFacts::weight);
+        let weight = held.weight - before + facts.weight();
+        if weight > lists::MAX_FACTS_BYTES {
+            return Err(lists::too_heavy("in one member's cache"));
         }
+        held.weight = weight;
+        held.all.insert(facts.key(), facts);
+        Ok(())
     }
 
     fn delete(&self, key: &str) {
-        if let Ok(mut all) = self.facts.write() {
-            all.remove(key);
+        if let Ok(mut held) = self.facts.write()
+            && let Some(gone) = held.all.remove(key)
+        {
+            held.weight -= gone.weight();
         }
     }
 }
@@ -139,9 +157,9 @@ struct Watch {
 }
 
 impl Watch {
-    /// Keeps the cache filled from a watch of the member's workloads of kind `K` while the member exists:
-    /// once no Secret names it any more, the watch ends and its cache is dropped (the next rollout that
-    /// looks at that member starts another).
+    /// Keeps the cache filled from a list and then a watch of the member's workloads of kind `K` while the
+    /// member exists: once no Secret names it any more, the watch ends and its cache is dropped (the next
+    /// rollout that looks at that member starts another).
     async fn run<K>(self, facts: fn(&K) -> WorkloadFacts)
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
@@ -150,22 +168,16 @@ impl Watch {
         loop {
             match self.members.client(cluster).await {
                 Ok(client) => {
-                    // The server ends each watch within the member client's read timeout (15 s), so an idle
-                    // watch is renewed (from its last resourceVersion, no new list), never timed out.
-                    let config = watcher::Config::default().any_semantic().timeout(10);
-                    let events = watcher::watcher(Api::<K>::all(client), config);
-                    let fleet_namespace = self.members.fleet_namespace();
-                    let error = follow(events, &self.cache, &self.wake, fleet_namespace, facts).await;
+                    let e = self.list_and_watch(&client, facts).await;
                     self.cache.stale();
-                    if let Some(e) = error {
-                        if let watcher::Error::InitialListFailed(k) | watcher::Error::WatchStartFailed(k) = &e
-                            && members::is_unauthorized(k)
-                        {
-                            self.members.forget(cluster);
-                        }
-                        let error = describe(&e);
-                        info!(cluster, kind = %K::kind(&()), error, "member watch failed; starting again");
+                    if matches!(&e, Error::Kube(k) if members::is_unauthorized(k)) {
+                        self.members.forget(cluster);
                     }
+                    let error = match &e {
+                        Error::Kube(k) => members::describe(k),
+                        other => other.to_string(),
+                    };
+                    info!(cluster, kind = %K::kind(&()), error, "member watch failed; starting again");
                 }
                 Err(MemberError::NotFound { .. }) => {
                     info!(cluster, kind = %K::kind(&()), "no Secret names this member any more; its watch ends");
@@ -175,6 +187,49 @@ impl Watch {
                 Err(e) => debug!(cluster, error = %e, "no client for the member watch yet"),
             }
             tokio::time::sleep(RESTART_AFTER).await;
+        }
+    }
+
+    /// Lists the workloads into the cache (page by page and item by item, as every list of a member is
+    /// read), then follows their changes from that list's version, each event bounded as one object, until
+    /// something fails: its error. kube's own watcher is not used, as it decodes a whole page of a list at
+    /// once.
+    async fn list_and_watch<K>(&self, client: &Client, facts: fn(&K) -> WorkloadFacts) -> Error
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+    {
+        let (mut listing, mut weight) = (HashMap::new(), 0);
+        let listed = lists::each(client, None, &ListParams::default(), |k: K| {
+            let f = facts(&k);
+            weight += f.weight();
+            if weight > lists::MAX_FACTS_BYTES {
+                return Err(lists::too_heavy("in one member's cache"));
+            }
+            listing.insert(f.key(), f);
+            Ok(())
+        })
+        .await;
+        let mut version = match listed {
+            Ok(version) => version.unwrap_or_default(),
+            Err(e) => return e,
+        };
+        self.cache.replace(listing, weight);
+        let api = Api::<K>::all(client.clone());
+        // The server ends each watch within the member client's read timeout (15 s), so an idle watch is
+        // renewed from its last version, never timed out.
+        let params = WatchParams::default().timeout(10);
+        loop {
+            let events = match api.watch(&params, &version).await {
+                Ok(events) => events,
+                Err(e) => return e.into(),
+            };
+            let fleet_namespace = self.members.fleet_namespace();
+            match follow(events, &self.cache, &self.wake, fleet_namespace, facts).await {
+                Ok(Some(latest)) => version = latest,
+                Ok(None) => {}
+                // 410 Gone included: the version is too old to watch from, and the next list starts afresh.
+                Err(e) => return e,
+            }
         }
     }
 
@@ -188,28 +243,14 @@ impl Watch {
     }
 }
 
-/// A failed watch in words for the log, cut as a member's errors are everywhere (a member's Status
-/// message may be megabytes, and a failed watch is tried again every few seconds).
-fn describe(e: &watcher::Error) -> String {
-    match e {
-        watcher::Error::InitialListFailed(k) => format!("the list failed: {}", members::describe(k)),
-        watcher::Error::WatchStartFailed(k) => format!("the watch did not start: {}", members::describe(k)),
-        watcher::Error::WatchFailed(k) => format!("the watch failed: {}", members::describe(k)),
-        watcher::Error::WatchError(status) => {
-            format!("the watch failed: {}", members::describe(&kube::Error::Api(status.clone())))
-        }
-        watcher::Error::NoResourceVersion => e.to_string(),
-    }
-}
-
-/// Applies a watch's events to `cache` until the watch fails (its error) or ends (None).
+/// Applies a watch's events to `cache` until the watch ends (the latest version seen, if any) or fails.
 async fn follow<K>(
-    events: impl futures::Stream<Item = Result<Event<K>, watcher::Error>>,
+    events: impl futures::Stream<Item = Result<WatchEvent<K>, kube::Error>>,
     cache: &Cache,
     wake: &UnboundedSender<ObjectRef<FleetRollout>>,
     fleet_namespace: &str,
     facts: fn(&K) -> WorkloadFacts,
-) -> Option<watcher::Error>
+) -> Result<Option<String>>
 where
     K: Resource<DynamicType = ()>,
 {
@@ -222,31 +263,25 @@ where
             let _ = wake.unbounded_send(ObjectRef::new(name).within(ns));
         }
     };
-    let mut listing: HashMap<String, WorkloadFacts> = HashMap::new();
+    let mut version = None;
     futures::pin_mut!(events);
     while let Some(event) = events.next().await {
-        match event {
-            Ok(Event::Init) => {
-                listing.clear();
-                cache.stale();
-            }
-            Ok(Event::InitApply(obj)) => {
-                let f = facts(&obj);
-                listing.insert(f.key(), f);
-            }
-            Ok(Event::InitDone) => cache.replace(std::mem::take(&mut listing)),
-            Ok(Event::Apply(obj)) => {
-                cache.apply(facts(&obj));
+        match event? {
+            WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
+                cache.apply(facts(&obj))?;
                 wake_for(&obj);
+                version = obj.resource_version().or(version);
             }
-            Ok(Event::Delete(obj)) => {
+            WatchEvent::Deleted(obj) => {
                 cache.delete(&target_key(&obj.namespace().unwrap_or_default(), &obj.name_any()));
                 wake_for(&obj);
+                version = obj.resource_version().or(version);
             }
-            Err(e) => return Some(e),
+            WatchEvent::Bookmark(b) => version = Some(b.metadata.resource_version),
+            WatchEvent::Error(status) => return Err(kube::Error::Api(status).into()),
         }
     }
-    None
+    Ok(version)
 }
 
 #[cfg(test)]
@@ -257,9 +292,10 @@ mod tests {
 
     use super::*;
 
-    fn deployment(ns: &str, name: &str, rollout: &str) -> Deployment {
+    fn deployment(ns: &str, name: &str, rollout: &str, version: &str) -> Deployment {
         serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": ns, "annotations": {ROLLOUT_ANNOTATION: rollout}},
+            "metadata": {"name": name, "namespace": ns, "annotations": {ROLLOUT_ANNOTATION: rollout},
+                         "resourceVersion": version},
         }))
         .unwrap()
     }
@@ -280,16 +316,54 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_member_cache_weighs_no_more_than_it_may_whatever_the_watch_sends() {
+        // Workloads of 1 MiB of labels each, added without end: the watch fails before the cache is past
+        // its weight, and changes and deletions are counted as such.
+        let heavy = |name: &str| {
+            let mut d = deployment("tenant", name, "fleet/across", "1");
+            d.metadata.labels = Some([("big".to_string(), "x".repeat(1024 * 1024))].into());
+            d
+        };
+        let events =
+            futures::stream::iter((0..).map(move |i| Ok(WatchEvent::Added(heavy(&format!("w{i}"))))));
+        let (wake, _woken) = futures::channel::mpsc::unbounded();
+        let cache = Cache::default();
+        let err = follow(events, &cache, &wake, "fleet", workload::deployment_facts).await.unwrap_err();
+        assert!(err.to_string().contains("past 64 MiB of facts in one member's cache"), "{err}");
+        let held = cache.facts.read().unwrap();
+        assert!(
+            held.weight <= lists::MAX_FACTS_BYTES && held.all.len() == 63,
+            "{} {}",
+            held.weight,
+            held.all.len()
+        );
+        assert_eq!(held.weight, held.all.values().map(WorkloadFacts::weight).sum::<usize>());
+        drop(held);
+        // The same workload changed again and again weighs once; a deleted one not at all.
+        let cache = Cache::default();
+        for _ in 0..100 {
+            cache
+                .apply(workload::deployment_facts(&deployment("tenant", "web", "fleet/across", "2")))
+                .unwrap();
+        }
+        let one = cache.facts.read().unwrap().weight;
+        assert_eq!(one, cache.get("tenant", "web").unwrap().weight());
+        cache.delete("tenant/web");
+        assert_eq!(cache.facts.read().unwrap().weight, 0);
+    }
+
+    #[tokio::test]
     async fn a_member_workload_wakes_only_a_rollout_of_the_fleet_namespace_it_names() {
         let events = futures::stream::iter([
-            Ok(Event::Apply(deployment("tenant", "web", "fleet/across"))),
-            Ok(Event::Apply(deployment("tenant", "api", "tenant/victim"))),
-            Ok(Event::Delete(deployment("tenant", "db", "kube-system/other"))),
-            Ok(Event::Apply(deployment("tenant", "odd", "no-slash"))),
+            Ok(WatchEvent::Added(deployment("tenant", "web", "fleet/across", "11"))),
+            Ok(WatchEvent::Modified(deployment("tenant", "api", "tenant/victim", "12"))),
+            Ok(WatchEvent::Deleted(deployment("tenant", "db", "kube-system/other", "13"))),
+            Ok(WatchEvent::Added(deployment("tenant", "odd", "no-slash", "14"))),
         ]);
         let (wake, mut woken) = futures::channel::mpsc::unbounded();
         let cache = Cache::default();
-        assert!(follow(events, &cache, &wake, "fleet", workload::deployment_facts).await.is_none());
+        let followed = follow(events, &cache, &wake, "fleet", workload::deployment_facts).await.unwrap();
+        assert_eq!(followed.as_deref(), Some("14"), "the version of the last event");
         drop(wake);
         let woken: Vec<ObjectRef<FleetRollout>> = woken.by_ref().collect().await;
         assert_eq!(woken, [ObjectRef::new("across").within("fleet")]);

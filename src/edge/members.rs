@@ -9,7 +9,6 @@
 //! operator (as Argo CD does). `insecure` (Argo CD) and `insecure-skip-tls-verify` are honoured, as
 //! Argo CD honours them, and shown on the [`Member`].
 
-mod answers;
 mod argo;
 mod errors;
 mod kubeconfig;
@@ -336,7 +335,8 @@ impl Members {
             ));
         }
         let hint = config.install_hint().map(str::to_string);
-        let mut building = tokio::task::spawn_blocking(move || answers::client(config.into_config()));
+        let mut building =
+            tokio::task::spawn_blocking(move || crate::edge::answers::client(config.into_config()));
         let e = match tokio::time::timeout(timeout, &mut building).await {
             Ok(Ok(Ok(client))) => return Ok(client),
             Ok(Ok(Err(e))) => e,

@@ -2,9 +2,11 @@
 //! stored plans, targets, nodes and pods), and carries out what the core decides (image patches, pod
 //! deletions, status writes, spec controls), and sends analysis queries to metrics backends.
 
+pub(crate) mod answers;
 pub(crate) mod control;
 pub(crate) mod daemonset_pods;
 pub mod discovery;
+pub(crate) mod lists;
 pub(crate) mod live;
 pub(crate) mod member_fleet;
 pub(crate) mod member_nodes;

@@ -294,18 +294,22 @@ async fn apply_patch(
     t: &PlannedTarget,
     body: &serde_json::Value,
 ) -> Option<Result<(), kube::Error>> {
-    async fn apply<K>(api: Api<K>, name: &str, body: &serde_json::Value) -> Result<(), kube::Error>
+    // The answer, the whole object, is read without being decoded into the API's types: nothing of it is
+    // needed, and a member could make it cost kilobytes a `{}`.
+    async fn apply<K>(client: &Client, t: &PlannedTarget, body: &serde_json::Value) -> Result<(), kube::Error>
     where
-        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+        K: kube::Resource<DynamicType = ()>,
     {
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        api.patch(name, &params, &Patch::Apply(body)).await.map(drop)
+        let request = kube::core::Request::new(K::url_path(&(), Some(&t.namespace)))
+            .patch(&t.name, &params, &Patch::Apply(body))
+            .map_err(kube::Error::BuildRequest)?;
+        client.request::<serde::de::IgnoredAny>(request).await.map(drop)
     }
-    let (c, ns, name) = (client.clone(), t.namespace.as_str(), t.name.as_str());
     Some(match kind {
-        TargetKind::Deployment => apply(Api::<Deployment>::namespaced(c, ns), name, body).await,
-        TargetKind::StatefulSet => apply(Api::<StatefulSet>::namespaced(c, ns), name, body).await,
-        TargetKind::DaemonSet => apply(Api::<DaemonSet>::namespaced(c, ns), name, body).await,
+        TargetKind::Deployment => apply::<Deployment>(client, t, body).await,
+        TargetKind::StatefulSet => apply::<StatefulSet>(client, t, body).await,
+        TargetKind::DaemonSet => apply::<DaemonSet>(client, t, body).await,
         TargetKind::Node => return None,
     })
 }

@@ -1,7 +1,9 @@
-//! A hostile member cluster: its API server taken over (it holds member-1's serving certificate, so the
-//! operator's TLS checks pass) and answering every request with a body that never ends. The operator
-//! reads each answer only up to its bound, leaves the member out as one whose answer was refused, and
-//! rolls the rest of the fleet; its memory stays within what the chart gives it.
+//! Hostile member clusters: their API servers taken over (they hold member-1's serving certificate, so the
+//! operator's TLS checks pass). One answers every request with a body that never ends; the other with a
+//! list of 5 million empty objects in 15 MiB (5 million API structs, gigabytes, decoded as kube decodes a
+//! page). The operator reads each answer only up to its bound, splits a list into its items before
+//! decoding any, leaves both members out as ones whose answers were refused, and rolls the rest of the
+//! fleet; its memory stays within what the chart gives it.
 
 use std::sync::{
     Arc,
@@ -27,8 +29,17 @@ const CHART_MEMORY_LIMIT: u64 = 256 * 1024 * 1024;
 /// What the flood sends at a time.
 const CHUNK: usize = 1024 * 1024;
 
+/// What a hostile member answers to every request.
+#[derive(Clone, Copy)]
+enum Answer {
+    /// `200 OK` and a chunked body of spaces (the start of valid JSON) that never ends.
+    Endless,
+    /// `200 OK` and a whole list of 5 million `{}` items.
+    Crafted,
+}
+
 /// A TLS listener on `member`'s address with `member`'s serving certificate that answers each request
-/// with `200 OK` and a chunked body of spaces (the start of valid JSON) that never ends.
+/// with `answer`.
 struct Flood {
     port: u16,
     /// Bytes of bodies written to the operator so far.
@@ -36,7 +47,7 @@ struct Flood {
 }
 
 impl Flood {
-    async fn start(member: &Member) -> Flood {
+    async fn start(member: &Member, answer: Answer) -> Flood {
         let pki = member.dir.join("pki");
         let certs: Vec<CertificateDer> =
             CertificateDer::pem_file_iter(pki.join("apiserver.crt")).unwrap().map(Result::unwrap).collect();
@@ -55,9 +66,12 @@ impl Flood {
         let port = listener.local_addr().unwrap().port();
         let sent = Arc::new(AtomicU64::new(0));
         let counted = sent.clone();
+        let items = vec!["{}"; 5_000_000].join(",");
+        let crafted =
+            Arc::new(format!(r#"{{"kind":"List","apiVersion":"v1","metadata":{{}},"items":[{items}]}}"#));
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let (acceptor, counted) = (acceptor.clone(), counted.clone());
+                let (acceptor, counted, crafted) = (acceptor.clone(), counted.clone(), crafted.clone());
                 tokio::spawn(async move {
                     let Ok(mut tls) = acceptor.accept(stream).await else { return };
                     // The request's head, then the flood, until the operator hangs up.
@@ -68,6 +82,18 @@ impl Flood {
                             Ok(0) | Err(_) => return,
                             Ok(n) => head.extend_from_slice(&buf[..n]),
                         }
+                    }
+                    if let Answer::Crafted = answer {
+                        let length = crafted.len();
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+                        );
+                        if tls.write_all(head.as_bytes()).await.is_ok()
+                            && tls.write_all(crafted.as_bytes()).await.is_ok()
+                        {
+                            counted.fetch_add(length as u64, Ordering::Relaxed);
+                        }
+                        return;
                     }
                     let answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
                     if tls.write_all(answer).await.is_err() {
@@ -90,7 +116,7 @@ impl Flood {
 }
 
 #[tokio::test]
-async fn a_member_answering_without_end_is_cut_off_left_out_and_the_rest_of_the_fleet_rolls() {
+async fn members_answering_without_end_or_with_crafted_lists_are_left_out_and_the_rest_of_the_fleet_rolls() {
     if !support::members_up() {
         return;
     }
@@ -100,12 +126,16 @@ async fn a_member_answering_without_end_is_cut_off_left_out_and_the_rest_of_the_
         let one = site("member-1", &team, &team, 2, READY_IMAGE, true).await;
         let before = one.state().await;
         register(&fleet, &[&one], OPERATOR_ACCOUNT).await;
-        // The prod wave's only cluster is the flood.
-        let flood = Flood::start(&one.member).await;
+        // The prod wave's only clusters are the hostile ones.
         let host = one.member.server.rsplit_once(':').unwrap().0.to_string();
-        let taken_over =
-            Member { name: "flood".into(), server: format!("{host}:{}", flood.port), ..one.member.clone() };
-        write_argo_secret(&fleet.client, &fleet.ns, &taken_over, "not-a-token", &[("env", "prod")]).await;
+        let mut floods = Vec::new();
+        for (name, answer) in [("flood", Answer::Endless), ("crafted", Answer::Crafted)] {
+            let flood = Flood::start(&one.member, answer).await;
+            let server = format!("{host}:{}", flood.port);
+            let taken_over = Member { name: name.into(), server, ..one.member.clone() };
+            write_argo_secret(&fleet.client, &fleet.ns, &taken_over, "not-a-token", &[("env", "prod")]).await;
+            floods.push(flood);
+        }
 
         let op = Operator::start(&fleet.ns, &[], &[]);
         fleet.rollout("flooded", spec(NEXT_IMAGE, &team, 1)).await;
@@ -115,16 +145,26 @@ async fn a_member_answering_without_end_is_cut_off_left_out_and_the_rest_of_the_
             })
             .await;
         let (rss, _) = process_usage(op.pid());
-        let sent = flood.sent();
+        let sent: u64 = floods.iter().map(Flood::sent).sum();
 
-        let clusters = fr.status.as_ref().and_then(|s| s.clusters.as_ref()).unwrap();
-        let left_out = clusters.left_out.iter().find(|t| t.name == "flood");
-        let message = left_out.map(|t| t.message.as_str()).unwrap_or_default();
-        assert!(message.contains("MiB") && message.contains("cut off"), "{:?}", clusters.left_out);
-        // Cut off, so read past its bound; and the operator held no more than its chart allows at any time.
+        // The operator held no more than its chart allows at any time.
         assert!(rss > 0, "the operator's peak RSS could not be read");
-        assert!(rss < CHART_MEMORY_LIMIT, "peak RSS {} MiB after a flood of {} MiB", rss >> 20, sent >> 20);
-        eprintln!("flood: {} MiB sent, operator peak RSS {} MiB", sent >> 20, rss >> 20);
+        assert!(
+            rss < CHART_MEMORY_LIMIT,
+            "peak RSS {} MiB after {} MiB of hostile answers",
+            rss >> 20,
+            sent >> 20
+        );
+        let clusters = fr.status.as_ref().and_then(|s| s.clusters.as_ref()).unwrap();
+        let said = |name: &str| {
+            let left_out = clusters.left_out.iter().find(|t| t.name == name);
+            left_out.map(|t| t.message.clone()).unwrap_or_default()
+        };
+        let endless = said("flood");
+        assert!(endless.contains("MiB in all, so it was cut off"), "{:?}", clusters.left_out);
+        let crafted = said("crafted");
+        assert!(crafted.contains("past 500 items in one page of a list"), "{:?}", clusters.left_out);
+        eprintln!("hostile members: {} MiB sent, operator peak RSS {} MiB", sent >> 20, rss >> 20);
 
         // member-1's targets each changed once.
         for (name, (image, generation)) in one.state().await {

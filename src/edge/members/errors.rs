@@ -3,7 +3,7 @@
 
 use kube::client::AuthError;
 
-use super::answers::cut_off;
+use crate::edge::answers::cut_off;
 use crate::edge::probe::chain;
 
 /// Whether the member refused the client's credentials (401): they were rotated or have expired, so the
