@@ -27,6 +27,9 @@ use crate::{
     },
 };
 
+mod kept;
+pub(crate) use kept::{kept_node, kept_pod, node_weight, pod_weight};
+
 /// The DaemonSet's update strategy before fleetroll took over its updates (JSON).
 pub const SAVED_STRATEGY_ANNOTATION: &str = "fleetroll.dev/saved-update-strategy";
 /// The DaemonSet's pod template before fleetroll first changed it (JSON), for a rollback.

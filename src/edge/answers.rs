@@ -21,10 +21,11 @@ const MIB: usize = 1024 * 1024;
 
 /// An answer about one object, each event of a watch, and each item of a list. The API server takes no
 /// object larger than 3 MiB, and the objects fleetroll reads (workloads, Nodes, Pods, Namespaces) hold a
-/// few dozen to a few hundred JSON objects outside their managed fields. Decoded into the API's types a
-/// JSON object costs at most 3.3 KiB (a `Volume`; twice that as a vector grows), a value in managed fields
-/// about a hundred bytes: at most about 30 MiB for an answer, whatever a member puts in it.
-pub const OBJECT: Bound = Bound { bytes: 4 * MIB, values: 64 * 1024, objects: 2048, per_line: false };
+/// few dozen to a few hundred JSON objects outside their managed fields, a few hundred to a few thousand
+/// values. Decoded into the API's types a JSON object costs at most 3.3 KiB (a `Volume`; twice that as a
+/// vector grows), a value of managed fields at most about 630 bytes (a map of one entry): at most about
+/// 50 MiB for one answer, whatever a member puts in it.
+pub const OBJECT: Bound = Bound { bytes: 4 * MIB, values: 32 * 1024, objects: 4096, per_line: false };
 /// A page of a list. Lists ([`crate::edge::lists`]) split a page into its items before anything is
 /// decoded, and check each as [`OBJECT`], so only a page's bytes count here; pages are of
 /// [`crate::edge::lists::PAGE`] items.

@@ -85,12 +85,12 @@ impl View {
         let daemonset = daemonsets(at).get_opt(&daemonset_name(fr)).await?;
         let selector = node_selector(fr).ok().flatten();
         let lp = selector.map_or_else(ListParams::default, |s| ListParams::default().labels(&s.to_string()));
-        let nodes = lists::all::<Node>(client, None, &lp).await?;
+        let nodes = lists::kept(client, None, &lp, nodes::kept_node, nodes::node_weight).await?;
         let pods = match daemonset.as_ref().and_then(|d| d.spec.selector.clone().try_into().ok()) {
             Some(selector) => {
                 let selector: Selector = selector;
                 let lp = ListParams::default().labels(&selector.to_string());
-                lists::all::<Pod>(client, Some(at.namespace), &lp).await?
+                lists::kept(client, Some(at.namespace), &lp, nodes::kept_pod, nodes::pod_weight).await?
             }
             None => Vec::new(),
         };

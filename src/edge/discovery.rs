@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::{api::core::v1::Namespace, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 use kube::{
     Client, Resource, ResourceExt,
     api::ListParams,
@@ -164,7 +164,7 @@ pub(crate) async fn list_fleet(
         }
     };
     let listed = match &fr.spec.targets.namespace_selector {
-        Some(_) => Some(lists::all::<Namespace>(client, None, &ListParams::default()).await?),
+        Some(_) => Some(namespaces(client).await?),
         None => None,
     };
     let namespaces = match allowed_namespaces(fr, fleet_namespace, listed.as_deref()) {
@@ -177,6 +177,19 @@ pub(crate) async fn list_fleet(
         list_workloads(client, fr.spec.targets.kind, ns, &selector, &mut found).await?;
     }
     Ok(Ok((found, namespaces)))
+}
+
+/// Every namespace, with its name and labels only (all a rollout's scope reads of them).
+pub(crate) async fn namespaces(client: &Client) -> Result<Vec<Namespace>> {
+    let keep = |n: Namespace| Namespace {
+        metadata: ObjectMeta { name: n.metadata.name, labels: n.metadata.labels, ..ObjectMeta::default() },
+        ..Namespace::default()
+    };
+    let weight = |n: &Namespace| {
+        let labels = n.labels().iter().map(|(k, v)| 96 + k.len() + v.len()).sum::<usize>();
+        std::mem::size_of::<Namespace>() + n.name_any().len() + labels
+    };
+    lists::kept(client, None, &ListParams::default(), keep, weight).await
 }
 
 /// The workloads of `kind` in `namespace` matching `selector` (a label selector string), as facts.

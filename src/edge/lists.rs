@@ -1,9 +1,10 @@
 //! Lists read page by page and decoded item by item. kube decodes a whole page into the API's types at
 //! once, where an empty `{}` becomes kilobytes. Here a page is first split into its items (slices of the
 //! answer, a few bytes each to hold), and each item is checked against the bound of one object
-//! ([`answers::check_item`]), decoded, handed on and dropped. So whatever answers, a list costs at most one
-//! page's bytes and one item's objects at a time; and it ends after [`MAX_ITEMS`] items, as a member may
-//! answer with continue tokens for ever.
+//! ([`answers::check_item`]), decoded, handed on (to keep only what its reader needs) and dropped. So
+//! whatever answers, reading a list costs at most one page's bytes and one item's objects at a time, and
+//! what is kept of it is bounded by weight; it ends after [`MAX_ITEMS`] items, as a member may answer with
+//! continue tokens for ever.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use kube::{Client, Resource, api::ListParams, core::Request};
@@ -16,8 +17,8 @@ use crate::{edge::answers, error::Result};
 pub const PAGE: u32 = 500;
 /// The most items one list may give: more than any fleet's, far fewer than memory holds.
 pub const MAX_ITEMS: usize = 100_000;
-/// The most the facts kept of one list, or of one member's cache, may weigh
-/// ([`crate::core::workload::WorkloadFacts::weight`]): 100,000 workloads of a few hundred bytes each.
+/// The most what is kept of one list, or of one member's cache, may weigh (the facts of 100,000 workloads
+/// of a few hundred bytes each, [`crate::core::workload::WorkloadFacts::weight`]).
 pub const MAX_FACTS_BYTES: usize = 64 * 1024 * 1024;
 
 /// A page as it arrives: its items still JSON.
@@ -96,13 +97,26 @@ where
     }
 }
 
-/// Every object [`each`] gives, in a vector.
-pub async fn all<K>(client: &Client, namespace: Option<&str>, lp: &ListParams) -> Result<Vec<K>>
+/// What [`each`] gives, each object cut to what its reader needs (`keep`), in a vector that weighs at
+/// most [`MAX_FACTS_BYTES`] (`weight`): a list kept whole would hold every field of every object, as many
+/// as a member cares to send.
+pub async fn kept<K>(
+    client: &Client,
+    namespace: Option<&str>,
+    lp: &ListParams,
+    keep: fn(K) -> K,
+    weight: fn(&K) -> usize,
+) -> Result<Vec<K>>
 where
     K: Resource<DynamicType = ()> + DeserializeOwned,
 {
-    let mut found = Vec::new();
+    let (mut found, mut held) = (Vec::new(), 0);
     each(client, namespace, lp, |k| {
+        let k = keep(k);
+        held += weight(&k);
+        if held > MAX_FACTS_BYTES {
+            return Err(too_heavy("in one list"));
+        }
         found.push(k);
         Ok(())
     })
@@ -114,7 +128,7 @@ fn too_long(limit: usize, scope: &'static str) -> crate::error::Error {
     kube::Error::Service(Box::new(answers::TooLarge::items(limit, scope))).into()
 }
 
-/// The error for facts past [`MAX_FACTS_BYTES`] (`scope`: in one fleet, in one member's cache).
+/// The error for what is kept past [`MAX_FACTS_BYTES`] (`scope`: in one list, fleet, member's cache).
 pub fn too_heavy(scope: &'static str) -> crate::error::Error {
     kube::Error::Service(Box::new(answers::TooLarge::bytes(MAX_FACTS_BYTES, scope))).into()
 }
@@ -144,16 +158,20 @@ mod tests {
     }
 
     fn page(names: &[&str], next: &str) -> String {
+        versioned(names, next, "7")
+    }
+
+    fn versioned(names: &[&str], next: &str, version: &str) -> String {
         let items: Vec<_> =
             names.iter().map(|n| json!({"metadata": {"name": n, "labels": {"a": "b"}}})).collect();
-        json!({"kind": "NamespaceList", "apiVersion": "v1", "metadata": {"resourceVersion": "7", "continue": next},
-               "items": items})
-        .to_string()
+        let metadata = json!({"resourceVersion": version, "continue": next});
+        json!({"kind": "NamespaceList", "apiVersion": "v1", "metadata": metadata, "items": items}).to_string()
     }
 
     #[tokio::test]
     async fn pages_are_followed_and_items_decoded_one_by_one() {
-        let (client, asked) = serving(vec![page(&["a", "b"], "next-token"), page(&["c"], "")]);
+        let (client, asked) =
+            serving(vec![versioned(&["a", "b"], "next-token", "7"), versioned(&["c"], "", "9")]);
         let mut names = Vec::new();
         let version = each(&client, None, &ListParams::default().labels("team=x"), |n: Namespace| {
             names.push(n.metadata.name.unwrap_or_default());
@@ -162,7 +180,7 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(names, ["a", "b", "c"]);
-        assert_eq!(version.as_deref(), Some("7"));
+        assert_eq!(version.as_deref(), Some("7"), "the pages are the first page's snapshot");
         let asked = asked.lock().unwrap().clone();
         assert_eq!(asked.len(), 2);
         assert!(
@@ -172,9 +190,13 @@ mod tests {
         );
         assert!(asked[0].contains("labelSelector=team%3Dx"), "{}", asked[0]);
         assert!(asked[1].contains("continue=next-token"), "{}", asked[1]);
-        // An empty list may say `items: null`.
-        let (client, _) = serving(vec![r#"{"metadata":{},"items":null}"#.into()]);
-        assert!(all::<Namespace>(&client, None, &ListParams::default()).await.unwrap().is_empty());
+        // An empty list may say `items: null`, or nothing of items.
+        for empty in [r#"{"metadata":{},"items":null}"#, r#"{"metadata":{}}"#] {
+            let (client, _) = serving(vec![empty.into()]);
+            let lp = ListParams::default();
+            let none = kept(&client, None, &lp, std::convert::identity, |_: &Namespace| 1).await.unwrap();
+            assert!(none.is_empty(), "{empty}");
+        }
     }
 
     #[tokio::test]
@@ -183,7 +205,9 @@ mod tests {
         let names: Vec<String> = (0..PAGE).map(|i| format!("n{i}")).collect();
         let full: Vec<&str> = names.iter().map(String::as_str).collect();
         let (client, asked) = serving(vec![page(&full, "again")]);
-        let err = all::<Namespace>(&client, None, &ListParams::default()).await.unwrap_err();
+        let err = kept(&client, None, &ListParams::default(), std::convert::identity, |_: &Namespace| 1)
+            .await
+            .unwrap_err();
         assert_eq!(
             crate::edge::members::describe(&kube_error(err)),
             "the answer went past 100000 items in one list, so it was cut off"
@@ -193,12 +217,14 @@ mod tests {
         let long: Vec<String> = (0..=PAGE).map(|i| format!("n{i}")).collect();
         let long: Vec<&str> = long.iter().map(String::as_str).collect();
         let (client, _) = serving(vec![page(&long, "")]);
-        let err = all::<Namespace>(&client, None, &ListParams::default()).await.unwrap_err();
+        let err = kept(&client, None, &ListParams::default(), std::convert::identity, |_: &Namespace| 1)
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("past 500 items in one page of a list"), "{err}");
 
-        // One item of 3,000 empty objects (3,000 API structs once decoded), after a small one.
+        // One item of 5,000 empty objects (5,000 API structs once decoded), after a small one.
         let crafted =
-            format!(r#"{{"metadata":{{"name":"x","ownerReferences":[{}]}}}}"#, ["{}"; 3000].join(","));
+            format!(r#"{{"metadata":{{"name":"x","ownerReferences":[{}]}}}}"#, ["{}"; 5000].join(","));
         let body = format!(r#"{{"metadata":{{}},"items":[{{"metadata":{{"name":"a"}}}},{crafted}]}}"#);
         let (client, _) = serving(vec![body]);
         let mut seen = 0;
@@ -208,8 +234,21 @@ mod tests {
         })
         .await
         .unwrap_err();
-        assert!(err.to_string().contains("past 2048 JSON objects in one item of a list"), "{err}");
+        assert!(err.to_string().contains("past 4096 JSON objects in one item of a list"), "{err}");
         assert_eq!(seen, 1, "the item before it was handed on, the crafted one never decoded");
+    }
+
+    #[tokio::test]
+    async fn what_is_kept_of_a_list_weighs_no_more_than_it_may() {
+        let names: Vec<String> = (0..PAGE).map(|i| format!("n{i}")).collect();
+        let full: Vec<&str> = names.iter().map(String::as_str).collect();
+        let (client, asked) = serving(vec![page(&full, "again")]);
+        // Each item kept as 1 MiB: the 65th is refused, on the first page.
+        let heavy = |_: &Namespace| 1 << 20;
+        let err =
+            kept(&client, None, &ListParams::default(), std::convert::identity, heavy).await.unwrap_err();
+        assert!(err.to_string().contains("past 64 MiB of facts in one list"), "{err}");
+        assert_eq!(asked.lock().unwrap().len(), 1);
     }
 
     fn kube_error(e: crate::error::Error) -> kube::Error {

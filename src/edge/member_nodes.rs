@@ -7,14 +7,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::{Api, Client, ResourceExt, api::ListParams};
+use kube::{Api, Client, ResourceExt};
 
 use crate::{
     api::{FleetRollout, FleetRolloutStatus, PlannedTarget},
     core::{Blocked, nodes, plan::Candidate, reason, rollout::TargetState},
     edge::{
         daemonset_pods::{self, At, View},
-        discovery, lists,
+        discovery,
         member_fleet::{each_member, with_member},
         members::Members,
         targets::Outcome,
@@ -31,7 +31,7 @@ pub(crate) async fn list(
     fleet_namespace: &str,
     fr: &FleetRollout,
 ) -> Result<Result<Vec<Candidate>, Blocked>> {
-    let listed = lists::all::<Namespace>(client, None, &ListParams::default()).await?;
+    let listed = discovery::namespaces(client).await?;
     let namespaces = match discovery::allowed_namespaces(fr, fleet_namespace, Some(&listed)) {
         Ok(n) => n,
         Err(b) => return Ok(Err(b)),

@@ -36,8 +36,12 @@ use crate::{
     error::{Error, Result},
 };
 
-/// How long a failed watch waits before it starts again (a member that is down is not hammered).
+/// How long a failed watch waits before it starts again (a member that is down is not hammered), doubled
+/// after each failure in a row up to [`RESTART_AT_MOST_AFTER`].
 const RESTART_AFTER: Duration = Duration::from_secs(2);
+const RESTART_AT_MOST_AFTER: Duration = Duration::from_secs(60);
+/// The least time between two watches of one member and kind, however soon the member ends them.
+const RENEW_AT_MOST_EVERY: Duration = Duration::from_secs(1);
 
 /// The facts of one member's workloads of one kind, by `namespace/name`, weighing at most
 /// [`lists::MAX_FACTS_BYTES`].
@@ -165,10 +169,17 @@ impl Watch {
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     {
         let cluster = self.key.0.as_str();
+        let mut wait = RESTART_AFTER;
         loop {
             match self.members.client(cluster).await {
                 Ok(client) => {
                     let e = self.list_and_watch(&client, facts).await;
+                    // A watch that listed and ran until now starts again soon; one that keeps failing, later.
+                    wait = if self.cache.ready() {
+                        RESTART_AFTER
+                    } else {
+                        (wait * 2).min(RESTART_AT_MOST_AFTER)
+                    };
                     self.cache.stale();
                     if matches!(&e, Error::Kube(k) if members::is_unauthorized(k)) {
                         self.members.forget(cluster);
@@ -186,7 +197,7 @@ impl Watch {
                 }
                 Err(e) => debug!(cluster, error = %e, "no client for the member watch yet"),
             }
-            tokio::time::sleep(RESTART_AFTER).await;
+            tokio::time::sleep(wait).await;
         }
     }
 
@@ -209,8 +220,13 @@ impl Watch {
             Ok(())
         })
         .await;
+        // Watching from no version would replay every object as new, and miss the deletions in between.
         let mut version = match listed {
-            Ok(version) => version.unwrap_or_default(),
+            Ok(Some(version)) => version,
+            Ok(None) => {
+                let missing = "the member's list has no resourceVersion to watch from";
+                return kube::Error::Service(missing.into()).into();
+            }
             Err(e) => return e,
         };
         self.cache.replace(listing, weight);
@@ -219,6 +235,7 @@ impl Watch {
         // renewed from its last version, never timed out.
         let params = WatchParams::default().timeout(10);
         loop {
+            let started = tokio::time::Instant::now();
             let events = match api.watch(&params, &version).await {
                 Ok(events) => events,
                 Err(e) => return e.into(),
@@ -226,7 +243,8 @@ impl Watch {
             let fleet_namespace = self.members.fleet_namespace();
             match follow(events, &self.cache, &self.wake, fleet_namespace, facts).await {
                 Ok(Some(latest)) => version = latest,
-                Ok(None) => {}
+                // A watch the member ends at once, with nothing in it, is not asked again at once.
+                Ok(None) => tokio::time::sleep_until(started + RENEW_AT_MOST_EVERY).await,
                 // 410 Gone included: the version is too old to watch from, and the next list starts afresh.
                 Err(e) => return e,
             }
@@ -270,14 +288,17 @@ where
             WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
                 cache.apply(facts(&obj))?;
                 wake_for(&obj);
-                version = obj.resource_version().or(version);
+                version = obj.resource_version().filter(|v| !v.is_empty()).or(version);
             }
             WatchEvent::Deleted(obj) => {
                 cache.delete(&target_key(&obj.namespace().unwrap_or_default(), &obj.name_any()));
                 wake_for(&obj);
-                version = obj.resource_version().or(version);
+                version = obj.resource_version().filter(|v| !v.is_empty()).or(version);
             }
-            WatchEvent::Bookmark(b) => version = Some(b.metadata.resource_version),
+            WatchEvent::Bookmark(b) if !b.metadata.resource_version.is_empty() => {
+                version = Some(b.metadata.resource_version)
+            }
+            WatchEvent::Bookmark(_) => {}
             WatchEvent::Error(status) => return Err(kube::Error::Api(status).into()),
         }
     }

@@ -1,9 +1,10 @@
 //! Hostile member clusters: their API servers taken over (they hold member-1's serving certificate, so the
-//! operator's TLS checks pass). One answers every request with a body that never ends; the other with a
-//! list of 5 million empty objects in 15 MiB (5 million API structs, gigabytes, decoded as kube decodes a
-//! page). The operator reads each answer only up to its bound, splits a list into its items before
-//! decoding any, leaves both members out as ones whose answers were refused, and rolls the rest of the
-//! fleet; its memory stays within what the chart gives it.
+//! operator's TLS checks pass). One answers every request with a body that never ends; one with a list of
+//! 5 million empty objects in 15 MiB (5 million API structs, gigabytes, decoded as kube decodes a page);
+//! one with a page of 500 namespaces of 4,000 empty owner references each (each within the bound of one
+//! object, 600 MB kept whole). The operator reads each answer only up to its bound, splits a list into its
+//! items before decoding any, keeps only what it needs of each, leaves the members out, and rolls the rest
+//! of the fleet; its memory stays within what the chart gives it.
 
 use std::sync::{
     Arc,
@@ -36,6 +37,8 @@ enum Answer {
     Endless,
     /// `200 OK` and a whole list of 5 million `{}` items.
     Crafted,
+    /// `200 OK` and a whole list of 500 namespaces, each with 4,000 `{}` owner references.
+    Heavy,
 }
 
 /// A TLS listener on `member`'s address with `member`'s serving certificate that answers each request
@@ -66,7 +69,15 @@ impl Flood {
         let port = listener.local_addr().unwrap().port();
         let sent = Arc::new(AtomicU64::new(0));
         let counted = sent.clone();
-        let items = vec!["{}"; 5_000_000].join(",");
+        let items = match answer {
+            Answer::Heavy => {
+                let references = vec!["{}"; 4000].join(",");
+                let item =
+                    |i| format!(r#"{{"metadata":{{"name":"heavy-{i}","ownerReferences":[{references}]}}}}"#);
+                (0..500).map(item).collect::<Vec<_>>().join(",")
+            }
+            _ => vec!["{}"; 5_000_000].join(","),
+        };
         let crafted =
             Arc::new(format!(r#"{{"kind":"List","apiVersion":"v1","metadata":{{}},"items":[{items}]}}"#));
         tokio::spawn(async move {
@@ -83,7 +94,7 @@ impl Flood {
                             Ok(n) => head.extend_from_slice(&buf[..n]),
                         }
                     }
-                    if let Answer::Crafted = answer {
+                    if let Answer::Crafted | Answer::Heavy = answer {
                         let length = crafted.len();
                         let head = format!(
                             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
@@ -116,7 +127,7 @@ impl Flood {
 }
 
 #[tokio::test]
-async fn members_answering_without_end_or_with_crafted_lists_are_left_out_and_the_rest_of_the_fleet_rolls() {
+async fn members_answering_without_end_or_with_crafted_lists_cost_a_bounded_memory_and_the_fleet_rolls() {
     if !support::members_up() {
         return;
     }
@@ -129,7 +140,8 @@ async fn members_answering_without_end_or_with_crafted_lists_are_left_out_and_th
         // The prod wave's only clusters are the hostile ones.
         let host = one.member.server.rsplit_once(':').unwrap().0.to_string();
         let mut floods = Vec::new();
-        for (name, answer) in [("flood", Answer::Endless), ("crafted", Answer::Crafted)] {
+        let hostile = [("flood", Answer::Endless), ("crafted", Answer::Crafted), ("heavy", Answer::Heavy)];
+        for (name, answer) in hostile {
             let flood = Flood::start(&one.member, answer).await;
             let server = format!("{host}:{}", flood.port);
             let taken_over = Member { name: name.into(), server, ..one.member.clone() };
@@ -164,6 +176,8 @@ async fn members_answering_without_end_or_with_crafted_lists_are_left_out_and_th
         assert!(endless.contains("MiB in all, so it was cut off"), "{:?}", clusters.left_out);
         let crafted = said("crafted");
         assert!(crafted.contains("past 500 items in one page of a list"), "{:?}", clusters.left_out);
+        // The heavy page was read whole (its namespaces, named and labelled by nothing, give no target).
+        assert!(floods[2].sent() > 0, "the heavy member was not read");
         eprintln!("hostile members: {} MiB sent, operator peak RSS {} MiB", sent >> 20, rss >> 20);
 
         // member-1's targets each changed once.

@@ -112,10 +112,10 @@ fn objects_are_counted_outside_managed_fields_which_decode_as_plain_json() {
     }
     let err = objects(2).take(b"[{},{},{}]").unwrap_err();
     assert_eq!(err.to_string(), "the answer went past 2 JSON objects in all, so it was cut off");
-    let item = format!("[{}]", ["{}"; 2049].join(","));
+    let item = format!("[{}]", ["{}"; 4097].join(","));
     assert_eq!(
         check_item(&item).unwrap_err().to_string(),
-        "the answer went past 2048 JSON objects in one item of a list, so it was cut off"
+        "the answer went past 4096 JSON objects in one item of a list, so it was cut off"
     );
 }
 
