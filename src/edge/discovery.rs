@@ -172,12 +172,15 @@ pub(crate) async fn list_fleet(
         Err(b) => return Ok(Err(b)),
     };
     let selector = selector.to_string();
-    let mut found = Vec::new();
+    let (mut found, mut weight) = (Vec::new(), 0);
     for ns in &namespaces {
-        list_workloads(client, fr.spec.targets.kind, ns, &selector, &mut found).await?;
+        list_workloads(client, fr.spec.targets.kind, ns, &selector, (&mut found, &mut weight)).await?;
     }
     Ok(Ok((found, namespaces)))
 }
+
+/// Facts found so far, and what they weigh in all ([`WorkloadFacts::weight`]).
+pub(crate) type Found<'a> = (&'a mut Vec<WorkloadFacts>, &'a mut usize);
 
 /// Every namespace, with its name and labels only (all a rollout's scope reads of them).
 pub(crate) async fn namespaces(client: &Client) -> Result<Vec<Namespace>> {
@@ -192,13 +195,14 @@ pub(crate) async fn namespaces(client: &Client) -> Result<Vec<Namespace>> {
     lists::kept(client, None, &ListParams::default(), keep, weight).await
 }
 
-/// The workloads of `kind` in `namespace` matching `selector` (a label selector string), as facts.
+/// The workloads of `kind` in `namespace` matching `selector` (a label selector string), as facts added
+/// to `found`, with what they weigh in all.
 pub(crate) async fn list_workloads(
     client: &Client,
     kind: TargetKind,
     namespace: &str,
     selector: &str,
-    found: &mut Vec<WorkloadFacts>,
+    found: Found<'_>,
 ) -> Result<()> {
     match kind {
         TargetKind::Deployment => {
@@ -222,17 +226,16 @@ async fn list_facts<K>(
     namespace: &str,
     selector: &str,
     facts: fn(&K) -> WorkloadFacts,
-    found: &mut Vec<WorkloadFacts>,
+    (found, weight): Found<'_>,
 ) -> Result<()>
 where
     K: Resource<DynamicType = ()> + DeserializeOwned,
 {
     let lp = ListParams::default().labels(selector);
-    let mut weight: usize = found.iter().map(WorkloadFacts::weight).sum();
     lists::each(client, Some(namespace), &lp, |k: K| {
         let f = facts(&k);
-        weight += f.weight();
-        if weight > lists::MAX_FACTS_BYTES {
+        *weight += f.weight();
+        if *weight > lists::MAX_FACTS_BYTES {
             return Err(lists::too_heavy("in one fleet"));
         }
         found.push(f);

@@ -335,14 +335,14 @@ async fn read_namespaces(
     selector: String,
     list: bool,
 ) -> Result<(Vec<WorkloadFacts>, Vec<(String, BTreeMap<String, String>)>)> {
-    let mut facts = Vec::new();
+    let (mut facts, mut weight) = (Vec::new(), 0);
     let mut labels = Vec::new();
     for ns in namespaces {
         if let Some(n) = Api::<Namespace>::all(client.clone()).get_opt(ns).await? {
             labels.push((ns.to_string(), n.labels().clone()));
         }
         if list {
-            discovery::list_workloads(&client, kind, ns, &selector, &mut facts).await?;
+            discovery::list_workloads(&client, kind, ns, &selector, (&mut facts, &mut weight)).await?;
         }
     }
     Ok((facts, labels))
