@@ -323,38 +323,47 @@ pub fn results_dir(full: bool) -> std::path::PathBuf {
 }
 
 /// How fast the machine was during a run. Machines of one kind here have been seen running the same
-/// code 4× slower than usual, which every absolute latency shows and no ratio does: these facts tell such
-/// a run apart, beside the bare client's own times.
+/// code 3-4× slower than usual, which every absolute latency shows and no ratio does: these facts tell
+/// such a run apart, beside the bare client's own times. SHA-256 alone does not (the CPU does it in
+/// hardware at full speed on such a machine), so the calibration is the work an API server does most,
+/// JSON, and etcd's, fsync.
 pub struct MachineSpeed {
-    /// The best of three timings of a fixed single-core computation, at the start of the run.
+    /// The best of three timings of a fixed single-core JSON workload, at the start of the run.
     calibration: Duration,
+    /// fsync latency, p50 and p99, at the start.
+    fsync_at_start: (Duration, Duration),
     at_start: Option<Vec<u64>>,
 }
 
-/// The work timed as the calibration: SHA-256 over 64 MiB.
-const CALIBRATION_BYTES: usize = 64 * 1024 * 1024;
+/// The work timed as the calibration: a Deployment-sized JSON document encoded and decoded this often.
+const CALIBRATION_ROUNDS: usize = 20_000;
 
 impl MachineSpeed {
-    /// Times the calibration and notes the CPU counters; call at the start of a run.
+    /// Times the calibration and fsync, and notes the CPU counters; call at the start of a run.
     pub fn measure() -> MachineSpeed {
-        use sha2::Digest;
-        let block = vec![0x5a_u8; 1024 * 1024];
+        let doc = json!({"metadata": {"name": "web", "labels": {"app": "web", "tier": "front"},
+            "annotations": {"fleetroll.dev/applied": "uid/1/0"}},
+            "spec": {"replicas": 3, "template": {"spec": {"containers": (0..8).map(|i| json!({
+                "name": format!("c{i}"), "image": "registry.example/app:1.2.3",
+                "env": (0..8).map(|e| json!({"name": format!("E{e}"), "value": "x".repeat(20)})).collect::<Vec<_>>()
+            })).collect::<Vec<_>>()}}},
+            "status": {"replicas": 3, "readyReplicas": 3, "conditions": [{"type": "Available", "status": "True"}]}});
         let calibration = (0..3)
             .map(|_| {
                 let started = Instant::now();
-                let mut hash = sha2::Sha256::new();
-                for _ in 0..CALIBRATION_BYTES / block.len() {
-                    hash.update(&block);
+                for _ in 0..CALIBRATION_ROUNDS {
+                    let text = serde_json::to_string(&doc).unwrap();
+                    std::hint::black_box(serde_json::from_str::<serde_json::Value>(&text).unwrap());
                 }
-                std::hint::black_box(hash.finalize());
                 started.elapsed()
             })
             .min()
             .unwrap_or_default();
-        MachineSpeed { calibration, at_start: cpu_counters() }
+        MachineSpeed { calibration, fsync_at_start: fsync_latency(), at_start: cpu_counters() }
     }
 
-    /// The calibration, and the share of CPU time the hypervisor took for others since the start.
+    /// The calibration, fsync at the start and the end, and the share of CPU time the hypervisor took for
+    /// others since the start.
     fn facts(&self) -> Vec<(String, String)> {
         let stolen = match (&self.at_start, cpu_counters()) {
             (Some(start), Some(now)) => {
@@ -370,14 +379,41 @@ impl MachineSpeed {
             }
             _ => "unknown".into(),
         };
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let fsync = |(p50, p99): (Duration, Duration)| format!("{:.2} ms / {:.2} ms", ms(p50), ms(p99));
         vec![
             (
-                format!("calibration: SHA-256 of {} MiB on one core (best of 3)", CALIBRATION_BYTES >> 20),
-                format!("{:.0} ms", self.calibration.as_secs_f64() * 1e3),
+                format!(
+                    "calibration: {CALIBRATION_ROUNDS} JSON encodes and decodes of a Deployment on one core (best of 3)"
+                ),
+                format!("{:.0} ms", ms(self.calibration)),
+            ),
+            (
+                "fsync of 4 KiB, p50 / p99: at the start, at the end".into(),
+                format!("{}, {}", fsync(self.fsync_at_start), fsync(fsync_latency())),
             ),
             ("CPU time stolen by the hypervisor during the run".into(), stolen),
         ]
     }
+}
+
+/// fsync latency of 4 KiB writes in target/ (p50, p99 of 50), as etcd pays it on every write.
+fn fsync_latency() -> (Duration, Duration) {
+    use std::io::Write;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/fsync-probe");
+    let Ok(mut file) = std::fs::File::create(&path) else { return Default::default() };
+    let mut times: Vec<Duration> = (0..50)
+        .filter_map(|_| {
+            file.write_all(&[0x5a; 4096]).ok()?;
+            let started = Instant::now();
+            file.sync_data().ok()?;
+            Some(started.elapsed())
+        })
+        .collect();
+    let _ = std::fs::remove_file(&path);
+    times.sort();
+    let at = |q: usize| times.get((times.len().saturating_sub(1)) * q / 100).copied().unwrap_or_default();
+    (at(50), at(99))
 }
 
 /// The counters of /proc/stat's first line (all CPUs), in clock ticks.
