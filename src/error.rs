@@ -69,13 +69,42 @@ pub fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
+/// The longest part of a refusal's message kept: a batch holds one per target until it ends, and a
+/// member (or a webhook) may answer megabytes.
+const DENIAL_MESSAGE_MAX: usize = 512;
+
 /// The API server's words when it refused a change for good: RBAC (403), or an admission webhook or
-/// policy (400, 403, 422). Retrying would not help; the change fails with this message.
+/// policy (400, 403, 422). Retrying would not help; the change fails with this message, cut to
+/// [`DENIAL_MESSAGE_MAX`] bytes.
 pub fn denial(e: &kube::Error) -> Option<String> {
     match e {
         kube::Error::Api(s) if matches!(s.code, 400 | 403 | 422) => {
-            Some(format!("the API server refused the change ({} {}): {}", s.code, s.reason, s.message))
+            let message = &s.message[..s.message.floor_char_boundary(DENIAL_MESSAGE_MAX)];
+            let more = if message.len() < s.message.len() { "..." } else { "" };
+            let reason = &s.reason[..s.reason.floor_char_boundary(64)];
+            Some(format!("the API server refused the change ({} {reason}): {message}{more}", s.code))
         }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(code: u16, message: &str) -> kube::Error {
+        kube::Error::Api(kube::core::Status::failure(message, "Forbidden").with_code(code).boxed())
+    }
+
+    #[test]
+    fn a_denial_keeps_the_servers_words_cut_to_a_bound_whatever_it_sent() {
+        let said = denial(&refused(403, "no, by policy")).unwrap();
+        assert_eq!(said, "the API server refused the change (403 Forbidden): no, by policy");
+        // Megabytes from a member or a webhook, multi-byte characters across the bound.
+        let huge = "é".repeat(2 * 1024 * 1024);
+        let said = denial(&refused(422, &huge)).unwrap();
+        assert!(said.len() < DENIAL_MESSAGE_MAX + 64, "{}", said.len());
+        assert!(said.ends_with("é..."), "{said}");
+        assert_eq!(denial(&refused(500, "webhook down")), None, "a 500 is retried, not a denial");
     }
 }
