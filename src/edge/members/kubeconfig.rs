@@ -231,11 +231,25 @@ pub(super) fn check_exec(field: &str, exec: &ExecConfig) -> Result<(), String> {
     {
         return Err(format!("{field} holds a NUL byte"));
     }
-    let names = exec.env.iter().flatten().filter_map(|e| e.get("name"));
-    if names.into_iter().any(|n| n.is_empty() || n.contains('=')) {
+    let names: Vec<&String> = exec.env.iter().flatten().filter_map(|e| e.get("name")).collect();
+    if names.iter().any(|n| n.is_empty() || n.contains('=')) {
         return Err(format!("{field}.env has a name that is empty or holds '='"));
     }
+    // The allow-list names a command; these would choose which file runs under that name, or what it
+    // loads, and so run anything the Secret's writer likes.
+    if let Some(n) = names.iter().find(|n| is_loader_variable(n)) {
+        return Err(format!(
+            "{field}.env sets {}, which would choose which program runs or what it loads: refused",
+            shown(n)
+        ));
+    }
     Ok(())
+}
+
+/// Environment variables that decide which program a bare command name runs, or what the dynamic loader
+/// puts into it.
+fn is_loader_variable(name: &str) -> bool {
+    name == "PATH" || name.starts_with("LD_") || name.starts_with("DYLD_") || name == "GCONV_PATH"
 }
 
 /// An https URL with a host and nothing a credential or a surprise could hide in (user information, a

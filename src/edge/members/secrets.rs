@@ -18,7 +18,7 @@ pub const CAPI_SECRET_TYPE: &str = "cluster.x-k8s.io/secret";
 pub const CAPI_CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
 /// The largest `config` (Argo CD) or `value` (Cluster API kubeconfig) accepted.
 pub const MAX_CONFIG_BYTES: usize = 64 * 1024;
-/// The largest `name` or `server` value read (the name must then be a DNS label).
+/// The largest `name` or `server` value read (the name must then be at most [`MAX_NAME_BYTES`]).
 const MAX_SHORT_BYTES: usize = 2048;
 
 /// Which convention a Secret follows, if any.
@@ -124,20 +124,18 @@ fn capi_member(keys: &Keys) -> Found {
     Ok((config, server, insecure))
 }
 
-/// A member's name goes into messages, labels and status: an RFC 1123 label (lower-case letters,
-/// digits and '-', at most 63, starting and ending with a letter or digit).
+/// The longest cluster name accepted (a DNS subdomain's bound: an EKS ARN or a GKE context name fits).
+const MAX_NAME_BYTES: usize = 253;
+
+/// A member's name goes into target keys (`cluster/namespace/name`), messages, status and terminals:
+/// printable ASCII without spaces, at most [`MAX_NAME_BYTES`]. Argo CD's own names are taken as they are
+/// (`argocd cluster add` names a cluster after its kubeconfig context: an EKS ARN, `gke_project_zone_name`).
 fn check_name(name: &str) -> Result<(), String> {
-    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-    let valid = !name.is_empty()
-        && name.len() <= 63
-        && name.chars().all(|c| alnum(c) || c == '-')
-        && name.starts_with(alnum)
-        && name.ends_with(alnum);
-    match valid {
+    match !name.is_empty() && name.len() <= MAX_NAME_BYTES && name.bytes().all(|b| b.is_ascii_graphic()) {
         true => Ok(()),
         false => Err(format!(
-            "gives the cluster name {}, which is not a DNS label (at most 63 lower-case letters, digits and \
-             '-', starting and ending with a letter or digit)",
+            "gives the cluster name {}, which is not printable ASCII without spaces of at most {MAX_NAME_BYTES} \
+             characters",
             kubeconfig::shown(name)
         )),
     }

@@ -205,6 +205,16 @@ fn an_exec_provider_becomes_a_non_interactive_exec_plugin() {
         ),
         (json!({"apiVersion": "client.authentication.k8s.io/v1"}), "execProviderConfig names no command"),
         (json!({"command": "x\u{0}y", "apiVersion": "client.authentication.k8s.io/v1"}), "NUL"),
+        // The allow-list names a command: nothing may choose which file runs under that name.
+        (
+            json!({"command": "kubelogin", "apiVersion": "client.authentication.k8s.io/v1", "env": {"PATH": "/tmp"}}),
+            "env sets \"PATH\", which would choose which program runs",
+        ),
+        (
+            json!({"command": "kubelogin", "apiVersion": "client.authentication.k8s.io/v1",
+                   "env": {"LD_PRELOAD": "/tmp/x.so"}}),
+            "env sets \"LD_PRELOAD\"",
+        ),
     ] {
         let reason = refused(&argo("s", "prod", SERVER, &json!({"execProviderConfig": exec})));
         assert!(reason.contains(expected), "{reason}");
@@ -275,13 +285,22 @@ fn insecure_is_honoured_and_shown_but_not_beside_a_ca() {
 }
 
 #[test]
-fn a_cluster_name_must_be_a_dns_label() {
-    for bad in ["Prod", "prod_eu", "-prod", "prod-", "arn:aws:eks:eu-west-1:1:cluster/prod", &"a".repeat(64)]
+fn a_cluster_name_is_printable_ascii_and_bounded() {
+    // Argo CD names clusters after kubeconfig contexts: taken as they are.
+    for good in
+        ["prod", "Prod_EU", "arn:aws:eks:eu-west-1:123456789012:cluster/prod", "gke_shop_europe-west1-b_prod"]
     {
-        let r = parse(&argo("s", bad, SERVER, &json!({})), None).unwrap_err();
-        assert!(r.reason.contains("not a DNS label"), "{bad}: {}", r.reason);
-        assert_eq!(r.cluster.as_deref(), Some(bad));
+        let (m, _) = member(&argo("s", good, SERVER, &json!({})));
+        assert_eq!(m.name, good);
     }
+    for bad in ["prod eu", "pröd", &"a".repeat(254)] {
+        let r = parse(&argo("s", bad, SERVER, &json!({})), None).unwrap_err();
+        assert!(r.reason.contains("not printable ASCII without spaces"), "{bad}: {}", r.reason);
+    }
+    let r = parse(&argo("s", "prod eu", SERVER, &json!({})), None).unwrap_err();
+    assert_eq!(r.cluster.as_deref(), Some("prod eu"));
+    let escape = parse(&argo("s", "prod\u{1b}[2J", SERVER, &json!({})), None).unwrap_err();
+    assert!(escape.reason.contains("control characters"), "{}", escape.reason);
     let mut nameless = argo("s", "prod", SERVER, &json!({}));
     nameless.data.as_mut().unwrap().remove("name");
     assert_eq!(

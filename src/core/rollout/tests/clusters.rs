@@ -143,7 +143,13 @@ fn replaying_every_step_of_a_rollout_across_clusters_changes_nothing_twice() {
 
 #[test]
 fn status_stays_under_64_kib_at_fifty_clusters_of_two_hundred_targets() {
-    let names: Vec<String> = (0..50).map(|i| format!("member-cluster-region-{:02}", i)).collect();
+    // The longest names a member Secret may give (253 characters), ARN-like.
+    let names: Vec<String> = (0..50)
+        .map(|i| {
+            let arn = format!("arn:aws:eks:eu-west-1:123456789012:cluster/region-{i:02}-");
+            format!("{arn}{}", "x".repeat(253 - arn.len()))
+        })
+        .collect();
     let fleet: Vec<(&str, usize)> = names.iter().map(|n| (n.as_str(), 200)).collect();
     let waves = vec![
         PlannedWave { name: "canary".into(), clusters: vec![names[0].clone()], max_concurrency: None },
