@@ -171,9 +171,9 @@ impl Watch {
         let cluster = self.key.0.as_str();
         let mut wait = RESTART_AFTER;
         loop {
-            match self.members.client(cluster).await {
-                Ok(client) => {
-                    let e = self.list_and_watch(&client, facts).await;
+            match self.members.current(cluster).await {
+                Ok((client, version)) => {
+                    let e = self.list_and_watch(&client, &version, facts).await;
                     // A watch that listed and ran until now starts again soon; one that keeps failing, later.
                     wait = if self.cache.ready() {
                         RESTART_AFTER
@@ -203,9 +203,14 @@ impl Watch {
 
     /// Lists the workloads into the cache (page by page and item by item, as every list of a member is
     /// read), then follows their changes from that list's version, each event bounded as one object, until
-    /// something fails: its error. kube's own watcher is not used, as it decodes a whole page of a list at
-    /// once.
-    async fn list_and_watch<K>(&self, client: &Client, facts: fn(&K) -> WorkloadFacts) -> Error
+    /// something fails, or the member's Secret is no longer `secret` (it may point at another cluster
+    /// now): its error. kube's own watcher is not used, as it decodes a whole page of a list at once.
+    async fn list_and_watch<K>(
+        &self,
+        client: &Client,
+        secret: &members::SecretVersion,
+        facts: fn(&K) -> WorkloadFacts,
+    ) -> Error
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
     {
@@ -236,6 +241,9 @@ impl Watch {
         let params = WatchParams::default().timeout(10);
         loop {
             let started = tokio::time::Instant::now();
+            if let Some(changed) = self.secret_changed(secret).await {
+                return changed;
+            }
             let events = match api.watch(&params, &version).await {
                 Ok(events) => events,
                 Err(e) => return e.into(),
@@ -248,6 +256,16 @@ impl Watch {
                 // 410 Gone included: the version is too old to watch from, and the next list starts afresh.
                 Err(e) => return e,
             }
+        }
+    }
+
+    /// Why the watch must start again with another client, if the member's Secret is not `secret` any
+    /// more (changed, gone or unreadable).
+    async fn secret_changed(&self, secret: &members::SecretVersion) -> Option<Error> {
+        match self.members.current(&self.key.0).await {
+            Ok((_, now)) if &now == secret => None,
+            Ok(_) => Some(Error::Config("the member's Secret changed".into())),
+            Err(e) => Some(Error::Config(e.to_string())),
         }
     }
 

@@ -1,12 +1,12 @@
 //! Member clusters, from the Secrets users already have: Argo CD cluster Secrets (labelled
 //! `argocd.argoproj.io/secret-type: cluster`) and Cluster API kubeconfig Secrets (`<cluster>-kubeconfig`,
 //! their labels on the `Cluster` object). Only Secrets of the operator's fleet namespace are read, live;
-//! each is hostile input: bounded, https only, no file paths, no proxy, names that are DNS labels, a
+//! each is hostile input: bounded, https only, no file paths, no proxy, names of printable ASCII, a
 //! name given twice refused. A member's client is cached while its Secret is unchanged, and rebuilt
 //! after a 401 ([`Members::forget`]), so rotated credentials are used without a restart.
 //!
-//! Trust: whoever may write Secrets in the fleet namespace chooses what an exec plugin runs, inside the
-//! operator (as Argo CD does). `insecure` (Argo CD) and `insecure-skip-tls-verify` are honoured, as
+//! Trust: whoever may write Secrets in the fleet namespace chooses what an allowed exec plugin is asked,
+//! inside the operator (as Argo CD does). `insecure` (Argo CD) and `insecure-skip-tls-verify` are honoured, as
 //! Argo CD honours them, and shown on the [`Member`].
 
 mod argo;
@@ -43,7 +43,8 @@ const SECRET_RECHECK: Duration = Duration::from_secs(5);
 /// A member cluster as its Secret describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Member {
-    /// The cluster's name: Argo CD's `name` key, or Cluster API's cluster name. A DNS label.
+    /// The cluster's name: Argo CD's `name` key, or Cluster API's cluster name. Printable ASCII without
+    /// spaces, at most 253 characters.
     pub name: String,
     /// What rollouts select it by: the Argo CD Secret's labels (Argo CD's own left out), or the
     /// Cluster API `Cluster` object's.
@@ -102,12 +103,12 @@ pub enum MemberError {
 
 /// The identity of one version of a Secret: a cached client is reused while it is unchanged.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Version {
+pub struct SecretVersion {
     uid: String,
     resource_version: String,
 }
 
-impl Version {
+impl SecretVersion {
     fn of(meta: &ObjectMeta) -> Self {
         Self {
             uid: meta.uid.clone().unwrap_or_default(),
@@ -118,13 +119,13 @@ impl Version {
 
 /// What one Secret gives: a member with its configuration and the Secret's version, nothing, or a
 /// refusal.
-type Parsed = Result<Option<(Member, (MemberConfig, Version))>, Refused>;
+type Parsed = Result<Option<(Member, (MemberConfig, SecretVersion))>, Refused>;
 
 /// A client and the Secret version it was built from.
 #[derive(Clone)]
 struct Cached {
     secret: String,
-    version: Version,
+    version: SecretVersion,
     client: Client,
     /// When the Secret was last seen unchanged.
     checked: tokio::time::Instant,
@@ -214,13 +215,19 @@ impl Members {
     /// A client for member `cluster`, reusing the cached one while its Secret is unchanged. Err when no
     /// Secret gives that name, its Secret is refused, or no client can be built from it.
     pub async fn client(&self, cluster: &str) -> Result<Client, MemberError> {
-        if let Some(client) = self.cached(cluster).await? {
-            return Ok(client);
+        self.current(cluster).await.map(|(client, _)| client)
+    }
+
+    /// [`Members::client`], with the version of the Secret it was built from: whoever holds a client for
+    /// long (a watch) asks again now and then, and starts afresh once the version differs.
+    pub async fn current(&self, cluster: &str) -> Result<(Client, SecretVersion), MemberError> {
+        if let Some(current) = self.cached(cluster).await? {
+            return Ok(current);
         }
         let secrets = self.secrets().await?;
         let parsed = secrets
             .iter()
-            .map(|s| parse(s, None).map(|found| found.map(|(m, c)| (m, (c, Version::of(&s.metadata))))))
+            .map(|s| parse(s, None).map(|found| found.map(|(m, c)| (m, (c, SecretVersion::of(&s.metadata))))))
             .collect();
         let (members, refused) = secrets::group(parsed);
         let Some((member, (config, version))) = members.into_iter().find(|(m, _)| m.name == cluster) else {
@@ -248,9 +255,10 @@ impl Members {
             reason,
         })?;
         let checked = tokio::time::Instant::now();
-        let cached = Cached { secret: member.secret, version, client: client.clone(), checked };
+        let cached =
+            Cached { secret: member.secret, version: version.clone(), client: client.clone(), checked };
         self.lock().clients.insert(cluster.to_string(), cached);
-        Ok(client)
+        Ok((client, version))
     }
 
     /// Drops the cached client of `cluster` (after a 401 from it): the next [`Members::client`] builds
@@ -265,18 +273,18 @@ impl Members {
     }
 
     /// The cached client of `cluster`, if its Secret has not changed since it was built.
-    async fn cached(&self, cluster: &str) -> Result<Option<Client>, MemberError> {
+    async fn cached(&self, cluster: &str) -> Result<Option<(Client, SecretVersion)>, MemberError> {
         let Some(entry) = self.lock().clients.get(cluster).cloned() else { return Ok(None) };
         if entry.checked.elapsed() < SECRET_RECHECK {
-            return Ok(Some(entry.client));
+            return Ok(Some((entry.client, entry.version)));
         }
         let api: Api<Secret> = Api::namespaced(self.hub.clone(), &self.namespace);
         let now = api.get_metadata_opt(&entry.secret).await.map_err(|e| self.hub_error(e))?;
-        if now.is_some_and(|s| Version::of(&s.metadata) == entry.version) {
+        if now.is_some_and(|s| SecretVersion::of(&s.metadata) == entry.version) {
             if let Some(c) = self.lock().clients.get_mut(cluster).filter(|c| c.version == entry.version) {
                 c.checked = tokio::time::Instant::now();
             }
-            return Ok(Some(entry.client));
+            return Ok(Some((entry.client, entry.version)));
         }
         let clients = &mut self.lock().clients;
         if clients.get(cluster).is_some_and(|c| c.version == entry.version) {
@@ -286,8 +294,8 @@ impl Members {
     }
 
     /// Drops cached clients whose Secret is no longer the one that gives their member.
-    fn keep_current<T>(&self, members: &[(Member, (T, Version))]) {
-        let current: HashMap<&str, (&str, &Version)> =
+    fn keep_current<T>(&self, members: &[(Member, (T, SecretVersion))]) {
+        let current: HashMap<&str, (&str, &SecretVersion)> =
             members.iter().map(|(m, (_, v))| (m.name.as_str(), (m.secret.as_str(), v))).collect();
         self.lock()
             .clients
@@ -397,7 +405,7 @@ fn parse_with_labels(
         }),
         (None, _) => parse(secret, None),
     }?;
-    Ok(found.map(|(m, c)| (m, (c, Version::of(&secret.metadata)))))
+    Ok(found.map(|(m, c)| (m, (c, SecretVersion::of(&secret.metadata)))))
 }
 
 #[cfg(test)]
