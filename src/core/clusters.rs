@@ -20,6 +20,8 @@ use crate::{
 pub struct Cluster {
     pub name: String,
     pub labels: BTreeMap<String, String>,
+    /// Its API server's URL, as its Secret gives it.
+    pub server: String,
 }
 
 /// One wave of a plan: its clusters, in order, and how many of them a batch may reach.
@@ -49,7 +51,42 @@ pub fn select<'a>(clusters: &'a [Cluster], pick: &LabelSelector) -> Result<Vec<&
             ),
         });
     }
+    if let Some((a, b)) = same_server(&chosen) {
+        return Err(Blocked {
+            reason: reason::DUPLICATE_CLUSTER,
+            message: format!(
+                "member clusters {} and {} are the same API server ({}): one cluster picked under two names \
+                 would be rolled twice; narrow targets.clusters.selector to one of them",
+                a.name, b.name, a.server
+            ),
+        });
+    }
     Ok(chosen)
+}
+
+/// Two clusters whose Secrets name the same API server (scheme, host, port and path alike), if any.
+fn same_server<'a>(clusters: &[&'a Cluster]) -> Option<(&'a Cluster, &'a Cluster)> {
+    let mut seen: HashMap<String, &Cluster> = HashMap::new();
+    for c in clusters {
+        if let Some(first) = seen.insert(server_identity(&c.server), c) {
+            return Some((first, c));
+        }
+    }
+    None
+}
+
+/// A server URL as the API server it reaches: `HTTPS://Example.com:443/` and `https://example.com` alike.
+fn server_identity(server: &str) -> String {
+    match url::Url::parse(server) {
+        Ok(u) => format!(
+            "{}://{}:{}{}",
+            u.scheme(),
+            u.host_str().unwrap_or_default(),
+            u.port_or_known_default().unwrap_or_default(),
+            u.path().trim_end_matches('/')
+        ),
+        Err(_) => server.to_string(),
+    }
 }
 
 /// Puts each cluster in the first wave that selects it, and those no wave selects in a last wave,
@@ -187,15 +224,32 @@ pub enum Count {
     Failed,
 }
 
+/// How many clusters of a wave a progress line names, with their counts.
+const CLUSTERS_IN_PROGRESS: usize = 5;
+
 /// Where a rollout across member clusters stands, in one line for people and models: each wave's
-/// progress, then the clusters in trouble.
+/// progress with its first clusters', then the clusters in trouble.
 pub fn progress(status: &ClustersStatus) -> String {
     let waves: Vec<String> = status
         .waves
         .iter()
         .map(|w| {
             let failed = if w.failed > 0 { format!(", {} failed", w.failed) } else { String::new() };
-            format!("{} {}/{} updated{failed}", w.name, w.updated, w.total)
+            let listed: Vec<&ClusterCount> = status.members.iter().filter(|m| m.wave == w.name).collect();
+            let mut each: Vec<String> = listed
+                .iter()
+                .take(CLUSTERS_IN_PROGRESS)
+                .map(|m| {
+                    let failed = if m.failed > 0 { format!(", {} failed", m.failed) } else { String::new() };
+                    format!("{} {}/{}{failed}", m.name, m.updated, m.total)
+                })
+                .collect();
+            let more = w.clusters.saturating_sub(count(each.len()));
+            if more > 0 {
+                each.push(format!("{more} more"));
+            }
+            let each = if each.is_empty() { String::new() } else { format!(" ({})", each.join(", ")) };
+            format!("{} {}/{} updated{failed}{each}", w.name, w.updated, w.total)
         })
         .collect();
     // Before the plan is made (while planning waits for clusters) there are no waves yet.
@@ -216,9 +270,15 @@ pub fn progress(status: &ClustersStatus) -> String {
     parts.join("; ")
 }
 
+/// Whether batch `index` is in wave `w`. A wave without targets has no batch (status is read back from
+/// the cluster: its batch range says nothing).
+fn holds(w: &WaveStatus, index: u32) -> bool {
+    w.total > 0 && (w.first_batch..=w.last_batch).contains(&index)
+}
+
 /// The wave batch `index` is in.
 pub fn wave_of(status: &ClustersStatus, index: u32) -> Option<&WaveStatus> {
-    status.waves.iter().find(|w| (w.first_batch..=w.last_batch).contains(&index))
+    status.waves.iter().find(|w| holds(w, index))
 }
 
 /// Adds `delta` (one per target) to a count of each target's cluster (when listed) and of the wave of
@@ -231,7 +291,7 @@ pub fn tally<'a>(
     delta: i32,
 ) {
     let add = |n: &mut u32| *n = n.saturating_add_signed(delta);
-    let wave = status.waves.iter().position(|w| (w.first_batch..=w.last_batch).contains(&batch));
+    let wave = status.waves.iter().position(|w| holds(w, batch));
     for cluster in targets {
         if let Some(member) = status.members.iter_mut().find(|m| m.name == cluster) {
             add(if which == Count::Failed { &mut member.failed } else { &mut member.updated });

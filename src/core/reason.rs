@@ -54,6 +54,8 @@ pub const ANALYSIS_ADDRESS_REFUSED: &str = "AnalysisAddressRefused";
 pub const INVALID_ANALYSIS: &str = "InvalidAnalysis";
 /// targets.clusters: no member cluster matches the selector (or none is registered).
 pub const NO_CLUSTERS: &str = "NoClustersMatch";
+/// targets.clusters picks one API server under two names (two Secrets for one cluster).
+pub const DUPLICATE_CLUSTER: &str = "DuplicateCluster";
 /// A member cluster's Secret cannot be used (malformed, duplicated, or naming a non-https server).
 pub const CLUSTER_REFUSED: &str = "ClusterRefused";
 /// A member cluster did not answer (or refused the operator's credentials) for the health timeout.

@@ -38,11 +38,13 @@ pub(crate) struct Failure {
     pub message: String,
     pub unreachable: bool,
     unauthorized: bool,
+    /// No Secret of the fleet namespace names the member (any more).
+    pub unknown: bool,
 }
 
 impl Failure {
     fn unreachable(message: String) -> Self {
-        Self { message, unreachable: true, unauthorized: false }
+        Self { message, unreachable: true, unauthorized: false, unknown: false }
     }
 
     fn of(e: &Error) -> Self {
@@ -50,9 +52,11 @@ impl Failure {
             Error::Kube(k) => {
                 let unauthorized = members::is_unauthorized(k);
                 let unreachable = members::is_unreachable(k) || unauthorized;
-                Self { message: members::describe(k), unreachable, unauthorized }
+                Self { message: members::describe(k), unreachable, unauthorized, unknown: false }
             }
-            other => Self { message: other.to_string(), unreachable: false, unauthorized: false },
+            other => {
+                Self { message: other.to_string(), unreachable: false, unauthorized: false, unknown: false }
+            }
         }
     }
 }
@@ -68,8 +72,9 @@ async fn client(members: &Members, cluster: &str) -> Result<Client, Failure> {
     members.client(cluster).await.map_err(|e| match e {
         MemberError::Hub(e) => {
             let message = format!("the member Secrets could not be read: {e}");
-            Failure { message, unreachable: false, unauthorized: false }
+            Failure { message, unreachable: false, unauthorized: false, unknown: false }
         }
+        e @ MemberError::NotFound { .. } => Failure { unknown: true, ..Failure::unreachable(e.to_string()) },
         e => Failure::unreachable(e.to_string()),
     })
 }
@@ -131,8 +136,10 @@ pub(crate) async fn discover(
     }
     let (found, refused) = members.list().await?;
     let mut notes: Vec<String> = refused.iter().map(ToString::to_string).collect();
-    let known: Vec<Cluster> =
-        found.iter().map(|m| Cluster { name: m.name.clone(), labels: m.labels.clone() }).collect();
+    let known: Vec<Cluster> = found
+        .iter()
+        .map(|m| Cluster { name: m.name.clone(), labels: m.labels.clone(), server: m.server.clone() })
+        .collect();
     let pick = fr.spec.targets.clusters.clone().unwrap_or_default().selector;
     let chosen = match clusters::select(&known, &pick) {
         Ok(c) => c,
@@ -176,14 +183,21 @@ pub(crate) async fn discover(
             }
         }
     }
-    let waves = match waves_of(fr, &reached, &mut notes) {
-        Ok(w) => w,
-        Err(b) => return Ok(Err(b)),
-    };
     let candidates = match found.candidates(fr) {
         Ok(c) => c,
         // The targets may all be in members that did not answer: planning waits for them.
         Err(_) if !unanswered.is_empty() => Vec::new(),
+        Err(b) => return Ok(Err(b)),
+    };
+    // Only clusters with targets are in a wave: a canary cluster with none must not leave its wave
+    // standing empty in the plan (the next wave would go first without a word).
+    let (with_targets, without): (Vec<&Cluster>, Vec<&Cluster>) =
+        reached.into_iter().partition(|c| candidates.iter().any(|t| t.cluster == c.name));
+    for c in without {
+        notes.push(format!("member cluster {} has no target: nothing in it matches the rollout", c.name));
+    }
+    let waves = match waves_of(fr, &with_targets, &mut notes) {
+        Ok(w) => w,
         Err(b) => return Ok(Err(b)),
     };
     Ok(Ok(Discovered { candidates, waves, refused: notes, left_out, unanswered }))

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{Api, Client, ResourceExt};
+use tracing::warn;
 
 use crate::{
     api::{FleetRollout, FleetRolloutStatus, PlannedTarget},
@@ -179,8 +180,10 @@ pub(crate) async fn change(
 }
 
 /// Hands back the DaemonSet of every (cluster, namespace) of `targets` this rollout holds (see
-/// [`daemonset_pods::release`]). A member that does not answer is an error: its DaemonSet stays with this
-/// rollout until it answers, and the caller tries again.
+/// [`daemonset_pods::release`]), every member at once. A member that does not answer is an error naming
+/// it, once every other member has been handed back: its DaemonSet stays with this rollout until it
+/// answers, and the caller tries again. A member no Secret names any more is passed over with a warning:
+/// it can never be reached again, and waiting for it would keep the rollout from being deleted.
 pub(crate) async fn release(
     members: &Members,
     fr: &FleetRollout,
@@ -191,8 +194,8 @@ pub(crate) async fn release(
     for t in targets {
         places.entry(t.cluster.as_str()).or_default().insert(t.namespace.as_str());
     }
-    for (cluster, namespaces) in places {
-        with_member(members, cluster, |client| {
+    let released = join_all(places.into_iter().map(|(cluster, namespaces)| async move {
+        let released = with_member(members, cluster, |client| {
             let namespaces = namespaces.clone();
             async move {
                 for namespace in namespaces {
@@ -206,12 +209,22 @@ pub(crate) async fn release(
                 Ok(())
             }
         })
-        .await
-        .map_err(|why| {
-            Error::Target(format!(
-                "member cluster {cluster}: {why}; its DaemonSet is handed back once it answers"
-            ))
-        })?;
+        .await;
+        match released {
+            Err(why) if why.unknown => {
+                warn!(cluster, %why, "member DaemonSets not handed back: no Secret names the cluster any more");
+                Ok(())
+            }
+            other => other.map_err(|why| format!("member cluster {cluster}: {why}")),
+        }
+    }))
+    .await;
+    let held: Vec<String> = released.into_iter().filter_map(Result::err).collect();
+    match held.is_empty() {
+        true => Ok(()),
+        false => Err(Error::Target(format!(
+            "{}; their DaemonSets are handed back once they answer",
+            held.join("; ")
+        ))),
     }
-    Ok(())
 }

@@ -5,6 +5,7 @@ fn cluster(name: &str, labels: &[(&str, &str)]) -> Cluster {
     Cluster {
         name: name.into(),
         labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        server: format!("https://{name}.example.com:6443"),
     }
 }
 
@@ -54,6 +55,33 @@ fn the_selector_picks_clusters_by_their_labels_in_name_order() {
         ..Default::default()
     };
     assert_eq!(select(&all, &bad).unwrap_err().reason, reason::INVALID_SELECTOR);
+}
+
+#[test]
+fn one_api_server_picked_under_two_names_blocks_the_plan() {
+    let mut all = fleet();
+    // The canary cluster registered again, by Cluster API, under another name and spelling of its URL.
+    all.push(Cluster {
+        server: "HTTPS://Canary.Example.com:6443/".into(),
+        ..cluster("canary-capi", &[("env", "dev")])
+    });
+    let twice = select(&all, &LabelSelector::default()).unwrap_err();
+    assert_eq!(twice.reason, reason::DUPLICATE_CLUSTER);
+    assert!(twice.message.contains("canary and canary-capi are the same API server"), "{}", twice.message);
+    // Picking one of them is fine; so are two clusters behind one host on different paths (a proxy).
+    assert_eq!(select(&all, &matching(&[("env", "canary")])).unwrap().len(), 1);
+    let proxied = |name: &str| Cluster {
+        server: format!("https://rancher.example.com/k8s/clusters/{name}"),
+        ..cluster(name, &[("env", "edge")])
+    };
+    let edge = [proxied("c-1"), proxied("c-2")];
+    assert_eq!(select(&edge, &LabelSelector::default()).unwrap().len(), 2);
+    // The same default port, said or not.
+    let implicit = [
+        Cluster { server: "https://api.example.com".into(), ..cluster("a", &[]) },
+        Cluster { server: "https://api.example.com:443".into(), ..cluster("b", &[]) },
+    ];
+    assert_eq!(select(&implicit, &LabelSelector::default()).unwrap_err().reason, reason::DUPLICATE_CLUSTER);
 }
 
 #[test]
@@ -127,6 +155,7 @@ fn planned_status_counts_targets_per_wave_and_cluster_and_tally_keeps_them() {
         describe(&status),
         "waves: canary: a (2 targets, batches 1-2); rest: b, c (3 targets, batches 3-3)"
     );
+    assert_eq!(progress(&status), "waves: canary 0/2 updated (a 0/2); rest 0/3 updated (b 0/2, c 0/1)");
 
     tally(&mut status, 2, ["b", "b", "c"], Count::Updated, 1);
     tally(&mut status, 2, ["c"], Count::Failed, 1);
@@ -138,6 +167,26 @@ fn planned_status_counts_targets_per_wave_and_cluster_and_tally_keeps_them() {
     tally(&mut status, 2, ["unlisted"], Count::Updated, 1);
     assert_eq!(status.waves[1].updated, 3);
     assert_eq!(status.members[0].failed, 0, "counts saturate, never wrap");
+    assert_eq!(
+        progress(&status),
+        "waves: canary 0/2 updated (a 0/2); rest 3/3 updated, 1 failed (b 1/2, c 1/1, 1 failed)"
+    );
+}
+
+#[test]
+fn a_wave_without_targets_is_credited_with_no_batch() {
+    // A status whose first wave has a cluster but no target (written by an older plan, or hostile): its
+    // batch range is 0-0, which must not take batch 0 from the wave that holds it.
+    let waves = vec![
+        PlannedWave { name: "canary".into(), clusters: vec!["empty".into()], max_concurrency: None },
+        PlannedWave { name: "prod".into(), clusters: vec!["b".into()], max_concurrency: None },
+    ];
+    let mut status = planned_status(&waves, &[vec![target("b", "1")], vec![target("b", "2")]]);
+    assert_eq!(status.waves[0].total, 0);
+    assert_eq!(wave_of(&status, 0).map(|w| w.name.as_str()), Some("prod"));
+    tally(&mut status, 0, ["b"], Count::Updated, 1);
+    assert_eq!((status.waves[0].updated, status.waves[1].updated), (0, 1));
+    assert_eq!(progress(&status), "waves: canary 0/0 updated (1 more); prod 1/2 updated (b 1/2)");
 }
 
 #[test]
