@@ -7,8 +7,8 @@ use serde::Serialize;
 
 use super::{args::Output, print};
 use crate::{
-    api::FleetRollout,
-    core::plan::Plan,
+    api::{ClusterCount, ClustersStatus, FleetRollout, WaveStatus},
+    core::{clusters, plan::Plan},
     edge::{control, discovery, plans::PlanStore},
 };
 
@@ -21,6 +21,19 @@ struct PlanView {
     batches: Vec<BatchView>,
     /// True when this is what the rollout would get (nothing frozen or written yet).
     preview: bool,
+    /// Across member clusters: the waves, with their batches and clusters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waves: Option<Vec<WaveStatus>>,
+    /// Across member clusters: the targets per cluster.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    clusters: Option<Vec<ClusterCount>>,
+    /// What the plan leaves out, and why: member Secrets refused, clusters that did not answer or have no
+    /// target, waves left empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    left_out: Vec<String>,
+    /// The waves in one line (text output only).
+    #[serde(skip)]
+    waves_line: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -40,8 +53,28 @@ struct QueryView {
     query: String,
 }
 
-fn plan_view(fr: &FleetRollout, plan: &Plan, preview: bool) -> PlanView {
+/// What a plan says of member clusters besides its batches: the waves and counts, and what it leaves out.
+#[derive(Default)]
+struct Across {
+    clusters: Option<ClustersStatus>,
+    left_out: Vec<String>,
+}
+
+impl Across {
+    /// A frozen plan's, from the rollout's status.
+    fn of_status(fr: &FleetRollout) -> Self {
+        let clusters = fr.status.as_ref().and_then(|s| s.clusters.clone());
+        let left_out = clusters.iter().flat_map(|c| &c.left_out).map(|t| {
+            format!("member cluster {} did not answer when the plan was made: {}", t.name, t.message)
+        });
+        Across { left_out: left_out.collect(), clusters }
+    }
+}
+
+fn plan_view(fr: &FleetRollout, plan: &Plan, preview: bool, across: Across) -> PlanView {
     let metrics = fr.spec.analysis.as_ref().map_or(&[][..], |a| a.metrics.as_slice());
+    let waves_line = across.clusters.as_ref().filter(|c| !c.waves.is_empty()).map(clusters::describe);
+    let (waves, members) = across.clusters.map(|c| (c.waves, c.members)).unzip();
     PlanView {
         plan_hash: plan.hash.clone(),
         total_targets: plan.total_targets(),
@@ -60,6 +93,10 @@ fn plan_view(fr: &FleetRollout, plan: &Plan, preview: bool) -> PlanView {
             })
             .collect(),
         preview,
+        waves,
+        clusters: members,
+        left_out: across.left_out,
+        waves_line,
     }
 }
 
@@ -82,9 +119,12 @@ pub(super) async fn plan(
         (None, None) => return Err("name a FleetRollout, or give a manifest with -f".into()),
     };
     let view = match frozen {
-        Some(plan) => plan_view(&fr, &plan, false),
+        Some(plan) => plan_view(&fr, &plan, false, Across::of_status(&fr)),
         None => match discovery::preview(client, fleet_namespace, &fr).await.map_err(|e| e.to_string())? {
-            Ok(preview) => plan_view(&fr, &preview.plan, true),
+            Ok(preview) => {
+                let across = Across { clusters: preview.clusters, left_out: preview.notes };
+                plan_view(&fr, &preview.plan, true, across)
+            }
             Err(blocked) => {
                 return Err(format!(
                     "this rollout could not be planned ({}): {}",
@@ -135,6 +175,9 @@ fn plan_text(fr: &FleetRollout, view: &PlanView) -> String {
         fr.spec.image,
         view.plan_hash
     );
+    if let Some(waves) = &view.waves_line {
+        out.push_str(&format!("  {waves}\n"));
+    }
     for b in &view.batches {
         out.push_str(&format!(
             "  batch {:>3}  ({:>3})  {}\n",
@@ -146,6 +189,9 @@ fn plan_text(fr: &FleetRollout, view: &PlanView) -> String {
             let whose = q.target.as_ref().map(|t| format!(" ({t})")).unwrap_or_default();
             out.push_str(&format!("             {}{whose}: {}\n", q.metric, q.query));
         }
+    }
+    for why in &view.left_out {
+        out.push_str(&format!("Left out: {why}\n"));
     }
     if view.preview {
         out.push_str("Nothing was written.\n");
@@ -181,7 +227,7 @@ mod tests {
             hash: "abc".into(),
             batches: vec![vec![target("shop", "a")], vec![target("shop", "b"), target("team", "c")]],
         };
-        let preview = plan_text(&fr, &plan_view(&fr, &plan, true));
+        let preview = plan_text(&fr, &plan_view(&fr, &plan, true, Across::default()));
         assert_eq!(
             preview,
             "FleetRollout shop/web would roll 3 targets in 2 batches to web:v2 (plan abc):\n\
@@ -189,9 +235,61 @@ mod tests {
              \x20 batch   2  (  2)  shop/b, team/c\n\
              Nothing was written.\n"
         );
-        let frozen = plan_text(&fr, &plan_view(&fr, &plan, false));
+        let frozen = plan_text(&fr, &plan_view(&fr, &plan, false, Across::default()));
         assert!(frozen.starts_with("FleetRollout shop/web rolls 3 targets"), "{frozen}");
         assert!(!frozen.contains("Nothing was written"), "{frozen}");
+    }
+
+    #[test]
+    fn across_member_clusters_the_plan_shows_its_waves_and_what_it_left_out() {
+        let fr: FleetRollout = serde_json::from_value(json!({
+            "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout",
+            "metadata": {"name": "web", "namespace": "fleet"},
+            "spec": {"image": "web:v2", "targets": {"kind": "Deployment", "selector": {},
+                     "clusters": {"selector": {}}}},
+            "status": {"clusters": {"leftOut": [{"name": "edge-7", "reason": "ClusterUnreachable",
+                     "message": "no answer within 20s", "since": "2026-12-01T00:00:00Z"}]}}
+        }))
+        .unwrap();
+        let member =
+            |cluster: &str, name: &str| PlannedTarget { cluster: cluster.into(), ..target("shop", name) };
+        let plan = Plan {
+            hash: "abc".into(),
+            batches: vec![vec![member("canary", "a")], vec![member("eu-1", "a"), member("eu-1", "b")]],
+        };
+        let waves = [
+            crate::core::clusters::PlannedWave {
+                name: "canary".into(),
+                clusters: vec!["canary".into()],
+                max_concurrency: None,
+            },
+            crate::core::clusters::PlannedWave {
+                name: "eu".into(),
+                clusters: vec!["eu-1".into()],
+                max_concurrency: None,
+            },
+        ];
+        let across = Across {
+            clusters: Some(crate::core::clusters::planned_status(&waves, &plan.batches)),
+            left_out: vec!["member cluster lab has no target: nothing in it matches the rollout".into()],
+        };
+        let preview = plan_text(&fr, &plan_view(&fr, &plan, true, across));
+        assert!(
+            preview.contains(
+                "  waves: canary: canary (1 targets, batches 1-1); eu: eu-1 (2 targets, batches 2-2)\n\
+                 \x20 batch   1  (  1)  canary/shop/a\n"
+            ),
+            "{preview}"
+        );
+        assert!(preview.contains("Left out: member cluster lab has no target"), "{preview}");
+        // A frozen plan's come from status.
+        let view = plan_view(&fr, &plan, false, Across::of_status(&fr));
+        assert_eq!(
+            view.left_out,
+            ["member cluster edge-7 did not answer when the plan was made: no answer within 20s"]
+        );
+        let json = serde_json::to_value(plan_view(&fr, &plan, true, Across::default())).unwrap();
+        assert!(json.get("waves").is_none() && json.get("leftOut").is_none(), "{json}");
     }
 
     #[test]
@@ -207,7 +305,7 @@ mod tests {
         .unwrap();
         let plan =
             Plan { hash: "abc".into(), batches: vec![vec![target("shop", "a.v2"), target("shop", "b")]] };
-        let text = plan_text(&fr, &plan_view(&fr, &plan, true));
+        let text = plan_text(&fr, &plan_view(&fr, &plan, true, Across::default()));
         assert!(text.contains("             errors: e{d=~\"a\\\\.v2|b\"}\n"), "{text}");
         assert!(text.contains("             up (shop/b): up{d=\"b\"}\n"), "{text}");
     }
