@@ -1,8 +1,9 @@
 //! Rollouts across member clusters, against a hub and two member control planes of the test environment
 //! (`make cluster MEMBERS=2`), reached through an Argo CD cluster Secret (member-1) and a Cluster API
 //! kubeconfig Secret (member-2) in the fleet namespace: two waves with a canary cluster; a rollback across
-//! both; a member whose namespace is not opted in; a member frozen mid-batch; a token rotated and the old
-//! one revoked mid-rollout; the operator SIGKILLed 20 times; a member answering without end.
+//! both; approvals and a metric per cluster gating each member's batch; a member whose namespace is not
+//! opted in; a member frozen mid-batch; a token rotated and the old one revoked mid-rollout; the operator
+//! SIGKILLed 20 times; a member answering without end.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -21,6 +22,8 @@ use support::{DEADLINE, OPERATOR_ACCOUNT, Site, register, site, spec, tidy, uniq
 
 #[path = "members/faults.rs"]
 mod faults;
+#[path = "members/gates.rs"]
+mod gates;
 #[path = "members/hostile.rs"]
 mod hostile;
 #[path = "members/nodes.rs"]
@@ -154,6 +157,77 @@ async fn a_member_namespace_not_opted_in_there_blocks_the_plan_and_nothing_chang
 }
 
 #[tokio::test]
+async fn a_canary_cluster_without_targets_leaves_its_wave_out_and_one_server_under_two_names_is_refused() {
+    if !support::members_up() {
+        return;
+    }
+    let _shared = support::FREEZE.read().await;
+    with_fleet("wavesout", 0, |fleet| async move {
+        let team = unique("wavesout");
+        let one = site("member-1", &team, &team, 0, READY_IMAGE, true).await;
+        let two = site("member-2", &team, &team, 2, READY_IMAGE, true).await;
+        register(&fleet, &[&one, &two], OPERATOR_ACCOUNT).await;
+        let _op = Operator::start(&fleet.ns, &[], &[]);
+
+        // The canary cluster has the namespace but no matching workload: its wave is left out, said so.
+        fleet.rollout("prod-only", spec(NEXT_IMAGE, &team, 2)).await;
+        let fr = fleet
+            .wait_rollout("prod-only", "the rollout to succeed", DEADLINE, |fr| phase(fr) == Phase::Succeeded)
+            .await;
+        let clusters = fr.status.clone().unwrap().clusters.expect("status.clusters");
+        let waves: Vec<(&str, u32, u32, u32, u32)> = clusters
+            .waves
+            .iter()
+            .map(|w| (w.name.as_str(), w.first_batch, w.last_batch, w.total, w.updated))
+            .collect();
+        assert_eq!(waves, [("prod", 0, 0, 2, 2)]);
+        let events = fleet.wait_events("prod-only", &["ClusterRefused"], DEADLINE).await;
+        assert!(
+            events
+                .iter()
+                .any(|(_, note)| note.contains("wave canary reaches no member cluster with targets")),
+            "{events:?}"
+        );
+
+        // member-2 registered again, as `argocd cluster add` names a cluster from an EKS context.
+        let token =
+            common::members::service_account_token(&two.admin, OPERATOR_ACCOUNT.0, OPERATOR_ACCOUNT.1).await;
+        let arn = "arn:aws:eks:eu-west-1:123456789012:cluster/member-2";
+        let again = common::members::Member { name: arn.into(), ..two.member.clone() };
+        let labels = [("env", "prod"), ("registered-by", "argocd")];
+        common::members::write_argo_secret(&fleet.client, &fleet.ns, &again, &token, &labels).await;
+        let before = two.state().await;
+        fleet.rollout("twice", spec(READY_IMAGE, &team, 2)).await;
+        let fr = fleet
+            .wait_rollout("twice", "the plan to be refused", DEADLINE, |fr| {
+                condition(fr, "Degraded").is_some_and(|c| c.reason == "DuplicateCluster")
+            })
+            .await;
+        let message = condition(&fr, "Degraded").unwrap().message.clone();
+        assert!(
+            message.contains(arn) && message.contains("and member-2 are the same API server"),
+            "{message}"
+        );
+        assert_eq!(two.state().await, before, "nothing changes while the plan is refused");
+
+        // Picking one of the two names rolls the cluster once, under that name.
+        let mut one_name = spec(READY_IMAGE, &team, 2);
+        one_name["targets"]["clusters"]["selector"] = json!({"matchLabels": {"registered-by": "argocd"}});
+        fleet.patch_spec("twice", json!({"targets": one_name["targets"]})).await;
+        let fr = fleet
+            .wait_rollout("twice", "the rollout to succeed", DEADLINE, |fr| phase(fr) == Phase::Succeeded)
+            .await;
+        let plan = fleet.plan(&fr).await;
+        assert_eq!(plan.batches[0][0].key(), format!("{arn}/{team}/web-00"));
+        for (name, (image, generation)) in two.state().await {
+            assert_eq!((image.as_str(), generation), (READY_IMAGE, before[&name].1 + 1), "{name}");
+        }
+        tidy(&[&one, &two]).await;
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn an_agent_previews_and_rolls_across_members_through_an_mcp_task() {
     if !support::members_up() {
         return;
@@ -195,7 +269,10 @@ async fn an_agent_previews_and_rolls_across_members_through_an_mcp_task() {
         assert_eq!(done["status"], "completed", "{done}");
         let result = &done["result"];
         let text = result["content"][0]["text"].as_str().unwrap_or_default();
-        assert!(text.contains("waves: canary 2/2 updated; prod 2/2 updated"), "{text}");
+        assert!(
+            text.contains("waves: canary 2/2 updated (member-1 2/2); prod 2/2 updated (member-2 2/2)"),
+            "{text}"
+        );
         let clusters = &result["structuredContent"]["clusters"]["members"];
         assert_eq!(
             (clusters[0]["name"].as_str(), clusters[1]["updated"].as_u64()),

@@ -236,12 +236,14 @@ pub async fn write_argo_secret(
     let config = json!({"bearerToken": token, "tlsClientConfig": {"caData": member.ca_data()}}).to_string();
     let mut all = label_map(labels);
     all.insert(ARGO_SECRET_TYPE.0.to_string(), ARGO_SECRET_TYPE.1.to_string());
+    // The cluster's name may be no object name (an EKS ARN): the Secret's is made of it.
+    let object_name: String = format!("cluster-{}", member.name)
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+        .take(63)
+        .collect();
     let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(format!("cluster-{}", member.name)),
-            labels: Some(all),
-            ..Default::default()
-        },
+        metadata: ObjectMeta { name: Some(object_name), labels: Some(all), ..Default::default() },
         type_: Some("Opaque".to_string()),
         data: Some(data(&[("name", &member.name), ("server", &member.server), ("config", &config)])),
         ..Default::default()
