@@ -97,7 +97,7 @@ impl Rollouts {
         let recorder = self.recorder.clone();
         let reference = fr.object_ref(&());
         tokio::spawn(async move {
-            for e in events {
+            for e in merged(events) {
                 let event = KubeEvent {
                     type_: match e.type_ {
                         EventType::Normal => KubeEventType::Normal,
@@ -114,6 +114,35 @@ impl Rollouts {
             }
         });
     }
+}
+
+/// The most an Event's note may hold: events.k8s.io/v1 refuses a longer one (and the event with it).
+const NOTE_MAX_BYTES: usize = 1024;
+
+/// One event per type, reason and batch, their messages joined in order, each cut to what the API takes.
+/// kube's Recorder makes the events of one rollout with the same type, reason and action one series that
+/// keeps its first note, so a second event of a step (a second cluster left out, say) would only be
+/// counted, never read.
+fn merged(events: Vec<Event>) -> Vec<Event> {
+    let mut out: Vec<Event> = Vec::new();
+    for e in events {
+        let same = |o: &&mut Event| o.type_ == e.type_ && o.reason == e.reason && o.batch == e.batch;
+        match out.iter_mut().find(same) {
+            Some(first) => {
+                first.message.push_str("; ");
+                first.message.push_str(&e.message);
+            }
+            None => out.push(e),
+        }
+    }
+    for e in &mut out {
+        if e.message.len() > NOTE_MAX_BYTES {
+            let cut = e.message.floor_char_boundary(NOTE_MAX_BYTES - 3);
+            e.message.truncate(cut);
+            e.message.push_str("...");
+        }
+    }
+    out
 }
 
 /// Whether the rollout carries [`FINALIZER`].
@@ -143,5 +172,38 @@ pub(super) async fn set_finalizer(
         // Deleted and finalized meanwhile: nothing left to hold.
         Err(e) if is_not_found(&e) && !on => Ok(None),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_a_recorder_would_merge_are_joined_and_every_note_fits_the_api() {
+        let events = vec![
+            Event::warning("ClusterRefused", None, "member cluster a has no target".into()),
+            Event::normal("Planned", None, "waves: canary".into()),
+            Event::warning("ClusterRefused", None, "wave canary reaches no member cluster".into()),
+            Event::warning("ClusterRefused", Some(1), "in a batch: a series of its own".into()),
+            Event::warning("TargetFailed", Some(1), "é".repeat(2000)),
+        ];
+        let merged = merged(events);
+        let shown: Vec<(&str, Option<u32>, &str)> =
+            merged.iter().map(|e| (e.reason, e.batch, e.message.as_str())).collect();
+        assert_eq!(
+            shown[..3],
+            [
+                (
+                    "ClusterRefused",
+                    None,
+                    "member cluster a has no target; wave canary reaches no member cluster"
+                ),
+                ("Planned", None, "waves: canary"),
+                ("ClusterRefused", Some(1), "in a batch: a series of its own"),
+            ]
+        );
+        let long = &merged[3].message;
+        assert!(long.len() <= NOTE_MAX_BYTES && long.ends_with("é..."), "{}", long.len());
     }
 }
