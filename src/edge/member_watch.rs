@@ -195,7 +195,10 @@ impl Watch {
                     self.retire();
                     return;
                 }
-                Err(e) => debug!(cluster, error = %e, "no client for the member watch yet"),
+                Err(e) => {
+                    debug!(cluster, error = %e, "no client for the member watch yet");
+                    wait = (wait * 2).min(RESTART_AT_MOST_AFTER);
+                }
             }
             tokio::time::sleep(wait).await;
         }
@@ -260,10 +263,15 @@ impl Watch {
     }
 
     /// Why the watch must start again with another client, if the member's Secret is not `secret` any
-    /// more (changed, gone or unreadable).
+    /// more (changed, gone, or refused now). A hub that cannot say for now ends nothing: every member's
+    /// cache would be dropped and listed again at each hub hiccup.
     async fn secret_changed(&self, secret: &members::SecretVersion) -> Option<Error> {
         match self.members.current(&self.key.0).await {
             Ok((_, now)) if &now == secret => None,
+            Err(MemberError::Hub(e)) => {
+                debug!(cluster = %self.key.0, error = %e, "member Secret not looked at: the hub did not answer");
+                None
+            }
             Ok(_) => Some(Error::Config("the member's Secret changed".into())),
             Err(e) => Some(Error::Config(e.to_string())),
         }
