@@ -92,28 +92,35 @@ impl Fleet for MemberNodes {
     }
 
     async fn release(ctx: &Context, fr: &FleetRollout, finished: bool) -> Result<()> {
-        let Some(plan_ref) = fr.status.as_ref().and_then(|s| s.plan.clone()) else { return Ok(()) };
-        let targets: Vec<PlannedTarget> = match ctx.plans.load(&ctx.client, fr, &plan_ref).await? {
-            Ok(loaded) => loaded.plan.batches.iter().flatten().cloned().collect(),
-            // Without a plan to trust, which members' DaemonSets it holds is not known: said, not guessed.
-            Err(why) => {
-                warn!(reason = why.reason, message = %why.message, "member DaemonSets not handed back: no plan");
-                return Ok(());
-            }
-        };
-        member_nodes::release(ctx.members.members(), fr, &targets, finished).await
+        release(ctx, fr, finished, false).await
     }
 }
 
+/// Hands back the member DaemonSets the rollout holds (see [`member_nodes::release`]), as the rollout ends
+/// or is `deleted`.
+async fn release(ctx: &Context, fr: &FleetRollout, finished: bool, deleted: bool) -> Result<()> {
+    let Some(plan_ref) = fr.status.as_ref().and_then(|s| s.plan.clone()) else { return Ok(()) };
+    let targets: Vec<PlannedTarget> = match ctx.plans.load(&ctx.client, fr, &plan_ref).await? {
+        Ok(loaded) => loaded.plan.batches.iter().flatten().cloned().collect(),
+        // Without a plan to trust, which members' DaemonSets it holds is not known: said, not guessed.
+        Err(why) => {
+            warn!(reason = why.reason, message = %why.message, "member DaemonSets not handed back: no plan");
+            return Ok(());
+        }
+    };
+    member_nodes::release(ctx.members.members(), fr, &targets, finished, deleted).await
+}
+
 /// A node rollout across members being deleted: hands back every member DaemonSet it holds (template too,
-/// unless it finished), then lets the rollout go. A member that does not answer keeps it until it does.
+/// unless it finished), then lets the rollout go. A member that does not answer keeps it until it does; one
+/// no Secret names any more is passed over.
 pub(super) async fn finalize(ctx: &Context, fr: &FleetRollout) -> Result<()> {
     if !rollouts::holds_daemonset(fr) {
         return Ok(());
     }
     let finished =
         fr.status.as_ref().is_some_and(|s| matches!(s.phase, Phase::Succeeded | Phase::RolledBack));
-    MemberNodes::release(ctx, fr, finished).await?;
+    release(ctx, fr, finished, true).await?;
     ctx.rollouts_io.set_finalizer(fr, false).await?;
     info!("handed the member DaemonSets back; the rollout may go");
     Ok(())

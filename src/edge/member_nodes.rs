@@ -182,13 +182,15 @@ pub(crate) async fn change(
 /// Hands back the DaemonSet of every (cluster, namespace) of `targets` this rollout holds (see
 /// [`daemonset_pods::release`]), every member at once. A member that does not answer is an error naming
 /// it, once every other member has been handed back: its DaemonSet stays with this rollout until it
-/// answers, and the caller tries again. A member no Secret names any more is passed over with a warning:
-/// it can never be reached again, and waiting for it would keep the rollout from being deleted.
+/// answers, and the caller tries again. When the rollout is being `deleted`, a member no Secret names any
+/// more is passed over with a warning: it can never be reached again, and waiting for it would keep the
+/// rollout from being deleted (at the end of a rollout it is waited for, as its Secret may be replaced).
 pub(crate) async fn release(
     members: &Members,
     fr: &FleetRollout,
     targets: &[PlannedTarget],
     finished: bool,
+    deleted: bool,
 ) -> Result<()> {
     let mut places: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for t in targets {
@@ -211,7 +213,7 @@ pub(crate) async fn release(
         })
         .await;
         match released {
-            Err(why) if why.unknown => {
+            Err(why) if why.unknown && deleted => {
                 warn!(cluster, %why, "member DaemonSets not handed back: no Secret names the cluster any more");
                 Ok(())
             }
