@@ -22,6 +22,8 @@ pub struct Cluster {
     pub labels: BTreeMap<String, String>,
     /// Its API server's URL, as its Secret gives it.
     pub server: String,
+    /// The TLS server name its Secret asks for, if any: one endpoint may route to several API servers by it.
+    pub tls_server_name: Option<String>,
 }
 
 /// One wave of a plan: its clusters, in order, and how many of them a batch may reach.
@@ -64,11 +66,13 @@ pub fn select<'a>(clusters: &'a [Cluster], pick: &LabelSelector) -> Result<Vec<&
     Ok(chosen)
 }
 
-/// Two clusters whose Secrets name the same API server (scheme, host, port and path alike), if any.
+/// Two clusters whose Secrets name the same API server (scheme, host, port, path and TLS server name
+/// alike), if any.
 fn same_server<'a>(clusters: &[&'a Cluster]) -> Option<(&'a Cluster, &'a Cluster)> {
-    let mut seen: HashMap<String, &Cluster> = HashMap::new();
+    let mut seen: HashMap<(String, Option<String>), &Cluster> = HashMap::new();
     for c in clusters {
-        if let Some(first) = seen.insert(server_identity(&c.server), c) {
+        let server_name = c.tls_server_name.as_ref().map(|n| n.to_ascii_lowercase());
+        if let Some(first) = seen.insert((server_identity(&c.server), server_name), c) {
             return Some((first, c));
         }
     }

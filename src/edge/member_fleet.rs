@@ -138,7 +138,12 @@ pub(crate) async fn discover(
     let mut notes: Vec<String> = refused.iter().map(ToString::to_string).collect();
     let known: Vec<Cluster> = found
         .iter()
-        .map(|m| Cluster { name: m.name.clone(), labels: m.labels.clone(), server: m.server.clone() })
+        .map(|m| Cluster {
+            name: m.name.clone(),
+            labels: m.labels.clone(),
+            server: m.server.clone(),
+            tls_server_name: m.tls_server_name.clone(),
+        })
         .collect();
     let pick = fr.spec.targets.clusters.clone().unwrap_or_default().selector;
     let chosen = match clusters::select(&known, &pick) {

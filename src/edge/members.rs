@@ -55,6 +55,9 @@ pub struct Member {
     pub secret: String,
     /// Its API server's URL, as the Secret gives it (https).
     pub server: String,
+    /// The name its server's certificate is checked against, when not the URL's host (an endpoint that
+    /// routes by TLS server name).
+    pub tls_server_name: Option<String>,
     /// Whether its server's certificate goes unverified (the Secret asks for it).
     pub insecure: bool,
 }

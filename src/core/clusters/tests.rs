@@ -6,6 +6,7 @@ fn cluster(name: &str, labels: &[(&str, &str)]) -> Cluster {
         name: name.into(),
         labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         server: format!("https://{name}.example.com:6443"),
+        tls_server_name: None,
     }
 }
 
@@ -76,6 +77,13 @@ fn one_api_server_picked_under_two_names_blocks_the_plan() {
     };
     let edge = [proxied("c-1"), proxied("c-2")];
     assert_eq!(select(&edge, &LabelSelector::default()).unwrap().len(), 2);
+    // One endpoint routing to two API servers by TLS server name.
+    let routed = |name: &str| Cluster {
+        server: "https://gateway.example.com".into(),
+        tls_server_name: Some(format!("{name}.clusters.internal")),
+        ..cluster(name, &[])
+    };
+    assert_eq!(select(&[routed("x"), routed("y")], &LabelSelector::default()).unwrap().len(), 2);
     // The same default port, said or not.
     let implicit = [
         Cluster { server: "https://api.example.com".into(), ..cluster("a", &[]) },

@@ -93,7 +93,9 @@ pub fn parse(
         }
         Kind::ClusterApi(_) => (Source::ClusterApi, cluster_labels.cloned().unwrap_or_default()),
     };
-    Ok(Some((Member { name, labels, source, secret: secret_name, server, insecure }, config)))
+    let tls_server_name = config.config().tls_server_name.clone();
+    let member = Member { name, labels, source, secret: secret_name, server, tls_server_name, insecure };
+    Ok(Some((member, config)))
 }
 
 fn clone_pair((k, v): (&String, &String)) -> (String, String) {

@@ -123,6 +123,7 @@ fn an_argo_secret_with_a_bearer_token_and_a_ca_is_a_member_with_its_labels() {
             source: Source::ArgoCd,
             secret: "cluster-prod".into(),
             server: SERVER.into(),
+            tls_server_name: None,
             insecure: false,
         }
     );
@@ -141,7 +142,8 @@ fn an_argo_secret_with_a_bearer_token_and_a_ca_is_a_member_with_its_labels() {
 fn client_certificates_and_basic_auth_are_mapped_and_never_shown() {
     let tls =
         json!({"certData": b64(CERT.as_bytes()), "keyData": b64(KEY.as_bytes()), "serverName": "api.prod"});
-    let (_, c) = member(&argo("s", "prod", SERVER, &json!({"tlsClientConfig": tls})));
+    let (m, c) = member(&argo("s", "prod", SERVER, &json!({"tlsClientConfig": tls})));
+    assert_eq!(m.tls_server_name.as_deref(), Some("api.prod"), "the member says whom it reaches");
     assert!(
         c.config().auth_info.client_certificate_data.is_some()
             && c.config().auth_info.client_key_data.is_some()
