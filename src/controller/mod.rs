@@ -61,8 +61,8 @@ pub struct Settings {
     pub self_workloads: Vec<scope::WorkloadRef>,
     /// Whether node rollouts are served (the installation granted the rights they need).
     pub node_rollouts: bool,
-    /// The exec credential plugins member Secrets may name.
-    pub member_exec_commands: Vec<String>,
+    /// What member Secrets' exec credential plugins may be.
+    pub member_exec: crate::edge::members::ExecPolicy,
     /// Where health checks may go besides the targets (`--http-check-allow`), and the API server's
     /// addresses, which they may not reach.
     pub http_check: http_check::Policy,
@@ -263,7 +263,7 @@ pub async fn run(
         rollouts: controller.store(),
         members: crate::edge::member_watch::MemberWatches::new(
             crate::edge::members::Members::new(client.clone(), settings.fleet_namespace.clone())
-                .with_exec_commands(settings.member_exec_commands.clone()),
+                .with_exec(settings.member_exec.clone()),
             member_wake,
         ),
         client,

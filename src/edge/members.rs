@@ -149,13 +149,69 @@ pub struct Members {
     state: Arc<Mutex<State>>,
     /// [`BUILD_TIMEOUT`]; shorter in tests.
     build_timeout: Duration,
-    /// The exec credential plugins a member Secret may name.
-    exec_commands: Arc<[String]>,
+    /// What a member Secret's exec credential plugin may be.
+    exec: Arc<ExecPolicy>,
 }
 
 /// The exec credential plugins run by default: those that only fetch a token for a cluster.
 pub const EXEC_COMMANDS: &[&str] =
     &["argocd-k8s-auth", "aws-iam-authenticator", "gke-gcloud-auth-plugin", "kubelogin"];
+
+/// The environment variables an exec plugin may be given by default (`*` ends a prefix): those the default
+/// plugins document for picking a cloud identity. Others can make an allowed plugin run other code
+/// (`CLOUDSDK_PYTHON_ARGS` for gcloud, `AWS_CONFIG_FILE` with a `credential_process`, `BASH_ENV`).
+pub const EXEC_ENV: &[&str] = &[
+    "AAD_*",
+    "AZURE_*",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_PROFILE",
+    "AWS_ROLE_ARN",
+    "AWS_ROLE_SESSION_NAME",
+    "AWS_STS_REGIONAL_ENDPOINTS",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+];
+
+/// What a member Secret's exec credential plugin may be: one of `commands`, given only variables `env`
+/// names (exactly, or by a prefix ending in `*`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecPolicy {
+    pub commands: Vec<String>,
+    pub env: Vec<String>,
+}
+
+impl Default for ExecPolicy {
+    fn default() -> Self {
+        let owned = |list: &[&str]| list.iter().map(|c| c.to_string()).collect();
+        Self { commands: owned(EXEC_COMMANDS), env: owned(EXEC_ENV) }
+    }
+}
+
+impl ExecPolicy {
+    /// Why `config`'s exec plugin may not run here, if it may not.
+    fn refusal(&self, config: &MemberConfig) -> Option<String> {
+        let command = config.exec_command()?;
+        if !self.commands.iter().any(|a| a == command) {
+            return Some(format!(
+                "its exec plugin {} is not one this installation runs (--member-exec-commands: {})",
+                self::kubeconfig::shown(command),
+                self.commands.join(", ")
+            ));
+        }
+        let allowed = |name: &str| {
+            self.env.iter().any(|a| match a.strip_suffix('*') {
+                Some(prefix) => name.starts_with(prefix),
+                None => a == name,
+            })
+        };
+        let name = config.exec_env_names().find(|n| !allowed(n))?;
+        Some(format!(
+            "its exec plugin's env sets {}, which this installation lets no Secret set (--member-exec-env: {})",
+            self::kubeconfig::shown(name),
+            self.env.join(", ")
+        ))
+    }
+}
 
 /// A client being built on a blocking thread (an exec plugin may be running).
 type Building = tokio::task::JoinHandle<kube::Result<Client>>;
@@ -178,14 +234,13 @@ impl Members {
             namespace: fleet_namespace,
             state: Arc::default(),
             build_timeout: BUILD_TIMEOUT,
-            exec_commands: EXEC_COMMANDS.iter().map(|c| c.to_string()).collect(),
+            exec: Arc::default(),
         }
     }
 
-    /// Runs only the exec credential plugins `commands` names (all of the default, [`EXEC_COMMANDS`],
-    /// otherwise).
-    pub fn with_exec_commands(mut self, commands: Vec<String>) -> Self {
-        self.exec_commands = commands.into();
+    /// Runs only the exec credential plugins `exec` allows ([`ExecPolicy::default`] otherwise).
+    pub fn with_exec(mut self, exec: ExecPolicy) -> Self {
+        self.exec = Arc::new(exec);
         self
     }
 
@@ -240,12 +295,7 @@ impl Members {
                 None => MemberError::NotFound { cluster, namespace: self.namespace.clone() },
             });
         };
-        if let Some(command) = config.exec_command().filter(|c| !self.exec_commands.iter().any(|a| a == c)) {
-            let reason = format!(
-                "its exec plugin {} is not one this installation runs (--member-exec-commands: {})",
-                self::kubeconfig::shown(command),
-                self.exec_commands.join(", ")
-            );
+        if let Some(reason) = self.exec.refusal(&config) {
             return Err(MemberError::Credentials {
                 cluster: cluster.to_string(),
                 secret: member.secret,

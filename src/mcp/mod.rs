@@ -21,6 +21,9 @@ mod preview;
 mod task;
 mod tools;
 
+/// What member Secrets' exec credential plugins may be (for [`Options`]).
+pub use crate::edge::members::ExecPolicy;
+
 use std::{sync::Arc, time::Duration};
 
 use axum::{Json, Router, extract::State, middleware, routing::get};
@@ -68,8 +71,8 @@ pub struct Options {
     /// authorization servers.
     pub resource: String,
     pub authorization_servers: Vec<String>,
-    /// The exec credential plugins member Secrets may name.
-    pub member_exec_commands: Vec<String>,
+    /// What member Secrets' exec credential plugins may be.
+    pub member_exec: ExecPolicy,
     /// Also serve the conformance suite's fixture tools (tests only).
     #[cfg(feature = "conformance")]
     pub conformance_fixtures: bool,
@@ -96,7 +99,7 @@ impl FleetMcp {
             client: client.clone(),
             plans: Arc::new(PlanStore::default()),
             members: Members::new(client.clone(), opts.fleet_namespace.clone())
-                .with_exec_commands(opts.member_exec_commands.clone()),
+                .with_exec(opts.member_exec.clone()),
             fleet_namespace: opts.fleet_namespace.clone(),
             retention_seconds: i64::try_from(opts.retention.as_secs()).unwrap_or(i64::MAX),
         };

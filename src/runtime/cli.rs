@@ -133,6 +133,17 @@ struct McpArgs {
     )]
     member_exec_commands: Vec<String>,
 
+    /// The environment variables a member Secret's exec plugin may be given (comma-separated, `*` ending a
+    /// prefix; "" for none): others can make an allowed plugin run other code (gcloud's
+    /// CLOUDSDK_PYTHON_ARGS, say). PATH, LD_* and DYLD_* are refused whatever this allows.
+    #[arg(
+        long,
+        env = "FLEETROLL_MEMBER_EXEC_ENV",
+        value_delimiter = ',',
+        default_value = "AAD_*,AZURE_*,AWS_REGION,AWS_DEFAULT_REGION,AWS_PROFILE,AWS_ROLE_ARN,AWS_ROLE_SESSION_NAME,AWS_STS_REGIONAL_ENDPOINTS,GOOGLE_APPLICATION_CREDENTIALS"
+    )]
+    member_exec_env: Vec<String>,
+
     /// Also serve the MCP conformance suite's fixture tools (tests only: built with the `conformance`
     /// feature, never into a release).
     #[cfg(feature = "conformance")]
@@ -141,9 +152,13 @@ struct McpArgs {
 }
 
 impl McpArgs {
-    /// `--member-exec-commands=""` allows none.
-    fn exec_commands(&self) -> Vec<String> {
-        self.member_exec_commands.iter().filter(|c| !c.is_empty()).cloned().collect()
+    /// `--member-exec-commands=""` and `--member-exec-env=""` allow none.
+    fn exec(&self) -> crate::edge::members::ExecPolicy {
+        let given = |list: &[String]| list.iter().filter(|c| !c.is_empty()).cloned().collect();
+        crate::edge::members::ExecPolicy {
+            commands: given(&self.member_exec_commands),
+            env: given(&self.member_exec_env),
+        }
     }
 
     fn options(&self, listen: SocketAddr, fleet_namespace: &str) -> crate::mcp::Options {
@@ -163,7 +178,7 @@ impl McpArgs {
             allowed_origins: self.mcp_allowed_origins.clone(),
             resource: audience,
             authorization_servers: self.mcp_authorization_servers.clone(),
-            member_exec_commands: self.exec_commands(),
+            member_exec: self.exec(),
             #[cfg(feature = "conformance")]
             conformance_fixtures: self.conformance_fixtures,
         }
@@ -291,7 +306,7 @@ impl OperatorArgs {
     fn options(self) -> operator::Options {
         let cluster_domain = self.cluster_domain.trim_matches('.').to_ascii_lowercase();
         let analysis = self.analysis(&cluster_domain);
-        let member_exec_commands = self.mcp.exec_commands();
+        let member_exec = self.mcp.exec();
         operator::Options {
             listen: self.listen.listen(),
             mcp: self.mcp.options(self.listen.listen, &self.fleet_namespace),
@@ -314,7 +329,7 @@ impl OperatorArgs {
                     .collect(),
                 self_workloads: self.self_workloads,
                 node_rollouts: self.node_rollouts,
-                member_exec_commands,
+                member_exec,
                 http_check: crate::core::http_check::Policy {
                     allowed: self.http_check_allow,
                     api_server: Vec::new(),

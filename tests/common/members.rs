@@ -242,6 +242,7 @@ pub async fn write_argo_secret(
         .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
         .take(63)
         .collect();
+    let object_name = object_name.trim_end_matches('-').to_string();
     let secret = Secret {
         metadata: ObjectMeta { name: Some(object_name), labels: Some(all), ..Default::default() },
         type_: Some("Opaque".to_string()),

@@ -47,6 +47,12 @@ impl MemberConfig {
         self.config.auth_info.exec.as_ref().and_then(|e| e.command.as_deref())
     }
 
+    /// The names of the environment variables the exec plugin is given.
+    pub fn exec_env_names(&self) -> impl Iterator<Item = &str> {
+        let env = self.config.auth_info.exec.as_ref().and_then(|e| e.env.as_ref());
+        env.into_iter().flatten().filter_map(|e| e.get("name")).map(String::as_str)
+    }
+
     /// What the Secret says to install when the exec plugin's command is missing.
     pub fn install_hint(&self) -> Option<&str> {
         self.config.auth_info.exec.as_ref().and_then(|e| e.install_hint.as_deref())
@@ -222,21 +228,23 @@ pub(super) fn check_exec(field: &str, exec: &ExecConfig) -> Result<(), String> {
         Some(v) if EXEC_API_VERSIONS.contains(&v) => {}
         _ => return Err(format!("{field}.apiVersion must be one of {}", EXEC_API_VERSIONS.join(", "))),
     }
+    // A line break in a value would let a file that shows the environment (/proc/self/environ) read as a
+    // config file of the plugin's, written by the Secret.
     let args = exec.args.iter().flatten();
     let env = exec.env.iter().flatten().flat_map(|e| e.iter()).flat_map(|(k, v)| [k, v]);
     if std::iter::once(command)
         .chain(args.map(String::as_str))
         .chain(env.map(String::as_str))
-        .any(|s| s.contains('\0'))
+        .any(|s| s.chars().any(char::is_control))
     {
-        return Err(format!("{field} holds a NUL byte"));
+        return Err(format!("{field} holds a control character (a NUL byte, a line break)"));
     }
     let names: Vec<&String> = exec.env.iter().flatten().filter_map(|e| e.get("name")).collect();
     if names.iter().any(|n| n.is_empty() || n.contains('=')) {
         return Err(format!("{field}.env has a name that is empty or holds '='"));
     }
-    // The allow-list names a command; these would choose which file runs under that name, or what it
-    // loads, and so run anything the Secret's writer likes.
+    // Whatever variables an installation allows (--member-exec-env), these would choose which file runs
+    // under an allowed command's name, or what it loads, and so run anything the Secret's writer likes.
     if let Some(n) = names.iter().find(|n| is_loader_variable(n)) {
         return Err(format!(
             "{field}.env sets {}, which would choose which program runs or what it loads: refused",

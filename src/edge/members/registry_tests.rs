@@ -106,7 +106,8 @@ fn client_of(hub: &Arc<Mutex<Hub>>) -> Client {
 pub(crate) fn fleet(secrets: Vec<Secret>) -> (Members, Arc<Mutex<Hub>>) {
     let hub = Arc::new(Mutex::new(Hub { secrets, ..Default::default() }));
     let plugins = ["sh", "sleep", "fleetroll-no-such-plugin"].map(String::from).to_vec();
-    (Members::new(client_of(&hub), "fleet".into()).with_exec_commands(plugins), hub)
+    let exec = ExecPolicy { commands: plugins, env: vec!["PLUGIN_*".into()] };
+    (Members::new(client_of(&hub), "fleet".into()).with_exec(exec), hub)
 }
 
 fn asked(hub: &Arc<Mutex<Hub>>) -> Vec<String> {
@@ -233,12 +234,35 @@ async fn an_exec_plugin_this_installation_does_not_allow_is_never_run() {
     let secret = exec("sh", &["-c", &format!("touch {}", marker.display())], "");
     let (allowed, _) = fleet(vec![secret.clone()]);
     let (default, _) = fleet(vec![secret]);
-    let default = default.with_exec_commands(EXEC_COMMANDS.iter().map(|c| c.to_string()).collect());
+    let default = default.with_exec(ExecPolicy::default());
     let refused = failed(default.client("dev").await).to_string();
     assert!(refused.contains("\"sh\" is not one this installation runs"), "{refused}");
     assert!(!marker.exists(), "the plugin ran");
     // The same Secret where sh is allowed: the plugin runs (and fails, printing no credential).
     let _ = allowed.client("dev").await;
+    assert!(marker.exists(), "the allowed plugin did not run: the check above proves nothing");
+    let _ = std::fs::remove_file(&marker);
+}
+
+#[tokio::test]
+async fn an_allowed_plugin_given_a_variable_this_installation_does_not_allow_is_never_run() {
+    let marker = std::env::temp_dir().join(format!("fleetroll-exec-env-ran-{}", std::process::id()));
+    let with_env = |name: &str| {
+        let exec = json!({"command": "sh", "args": ["-c", format!("touch {}", marker.display())],
+            "env": {name: "-c print(1)"}, "apiVersion": "client.authentication.k8s.io/v1"});
+        argo("cluster-dev", "dev", SERVER, &json!({"execProviderConfig": exec}))
+    };
+    // gcloud runs the Python this names with these arguments: the command is allowed, the variable is not.
+    let (members, _) = fleet(vec![with_env("CLOUDSDK_PYTHON_ARGS")]);
+    let refused = failed(members.client("dev").await).to_string();
+    assert!(
+        refused.contains("env sets \"CLOUDSDK_PYTHON_ARGS\", which this installation lets no Secret set"),
+        "{refused}"
+    );
+    assert!(!marker.exists(), "the plugin ran");
+    // A variable the installation allows (PLUGIN_* in these tests): the plugin runs.
+    let (members, _) = fleet(vec![with_env("PLUGIN_PYTHON_ARGS")]);
+    let _ = members.client("dev").await;
     assert!(marker.exists(), "the allowed plugin did not run: the check above proves nothing");
     let _ = std::fs::remove_file(&marker);
 }

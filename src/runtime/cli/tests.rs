@@ -17,9 +17,14 @@ fn by_default_kube_system_is_protected_node_rollouts_served_and_checks_reach_onl
     assert!(s.self_workloads.is_empty());
     assert!(s.node_rollouts);
     assert!(s.http_check.allowed.is_empty());
-    assert_eq!(s.member_exec_commands, crate::edge::members::EXEC_COMMANDS);
-    let none = operator(&["--member-exec-commands="]).settings;
-    assert!(none.member_exec_commands.is_empty(), "an empty list runs no exec plugin");
+    assert_eq!(
+        s.member_exec,
+        crate::edge::members::ExecPolicy::default(),
+        "the flags' defaults are the lists'"
+    );
+    let none = operator(&["--member-exec-commands=", "--member-exec-env="]).settings;
+    assert!(none.member_exec.commands.is_empty(), "an empty list runs no exec plugin");
+    assert!(none.member_exec.env.is_empty(), "an empty list lets a plugin be given no variable");
 }
 
 #[test]
