@@ -33,6 +33,9 @@ use crate::{
 pub(crate) const INLINE_MAX_BYTES: usize = 2 * 1024;
 /// Targets per ConfigMap shard (about 130 bytes each, far below the 1 MiB object limit).
 pub(crate) const SHARD_TARGETS: usize = 2000;
+/// The most plan JSON one shard holds, whatever its targets' names and images weigh: half the 1 MiB an
+/// object may be.
+const SHARD_MAX_BYTES: usize = 512 * 1024;
 
 /// Where the line between inline and sharded plans lies.
 #[derive(Clone, Copy, Debug)]
@@ -104,6 +107,29 @@ fn cache_key(fr: &FleetRollout, hash: &str) -> CacheKey {
     (fr.uid().unwrap_or_default(), hash.to_string())
 }
 
+/// Entries (each a JSON value) in JSON arrays of at most `max_entries` entries and, unless one entry alone
+/// weighs more, `max_bytes`, in order.
+fn shards(entries: &[String], max_entries: usize, max_bytes: usize) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut count = 0;
+    for entry in entries {
+        match out.last_mut() {
+            Some(shard) if count < max_entries && shard.len() + entry.len() < max_bytes => {
+                shard.pop();
+                shard.push(',');
+                shard.push_str(entry);
+                shard.push(']');
+                count += 1;
+            }
+            _ => {
+                out.push(format!("[{entry}]"));
+                count = 1;
+            }
+        }
+    }
+    out
+}
+
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct ShardEntry {
@@ -160,17 +186,18 @@ impl PlanStore {
         let ns = fr.namespace().unwrap_or_default();
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
         let owner = fr.controller_owner_ref(&());
-        let entries: Vec<ShardEntry> = plan
+        let entries: Vec<String> = plan
             .batches
             .iter()
             .enumerate()
             .flat_map(|(b, ts)| ts.iter().map(move |t| ShardEntry { batch: b as u32, target: t.clone() }))
-            .collect();
+            .map(|e| serde_json::to_string(&e).map_err(Error::Json))
+            .collect::<Result<_>>()?;
         let mut names = Vec::new();
-        for (i, chunk) in entries.chunks(self.limits.shard_targets).enumerate() {
+        for (i, data) in shards(&entries, self.limits.shard_targets, SHARD_MAX_BYTES).into_iter().enumerate()
+        {
             // The name carries the plan hash, so a re-plan never collides with an older shard.
             let name = format!("{}-plan-{}-{i}", truncate_name(&fr.name_any(), 200), plan.hash);
-            let data = serde_json::to_string(chunk).map_err(Error::Json)?;
             let cm = ConfigMap {
                 metadata: ObjectMeta {
                     name: Some(name.clone()),
@@ -293,4 +320,40 @@ async fn read_shards(
 
 fn truncate_name(name: &str, max: usize) -> &str {
     if name.len() <= max { name } else { name[..max].trim_end_matches('-') }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_are_bounded_by_targets_and_by_bytes_and_keep_the_order() {
+        let entries: Vec<String> = (0..7).map(|i| format!("{{\"n\":{i}}}")).collect();
+        let by_count = shards(&entries, 3, SHARD_MAX_BYTES);
+        assert_eq!(
+            by_count,
+            ["[{\"n\":0},{\"n\":1},{\"n\":2}]", "[{\"n\":3},{\"n\":4},{\"n\":5}]", "[{\"n\":6}]"]
+        );
+        // Long names and images: 2,000 targets of 1 KiB each would pass the 1 MiB an object may be.
+        let heavy: Vec<String> = (0..2000)
+            .map(|i| serde_json::to_string(&ShardEntry { batch: i, target: heavy_target(i) }).unwrap())
+            .collect();
+        let by_bytes = shards(&heavy, SHARD_TARGETS, SHARD_MAX_BYTES);
+        assert!(by_bytes.len() > 1 && by_bytes.iter().all(|s| s.len() <= SHARD_MAX_BYTES));
+        let back: Vec<ShardEntry> =
+            by_bytes.iter().flat_map(|s| serde_json::from_str::<Vec<ShardEntry>>(s).unwrap()).collect();
+        assert_eq!(back.iter().map(|e| e.batch).collect::<Vec<_>>(), (0..2000).collect::<Vec<_>>());
+        // One entry heavier than a shard may be still gets a shard of its own.
+        let one = vec!["x".repeat(100)];
+        assert_eq!(shards(&one, 10, 50), [format!("[{}]", one[0])]);
+    }
+
+    fn heavy_target(i: u32) -> PlannedTarget {
+        PlannedTarget {
+            cluster: format!("arn:aws:eks:eu-west-1:123456789012:cluster/{}", "c".repeat(200)),
+            namespace: "n".repeat(63),
+            name: format!("{i}-{}", "w".repeat(240)),
+            previous_image: format!("registry.example.com/{}:v1", "i".repeat(400)),
+        }
+    }
 }
