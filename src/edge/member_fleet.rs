@@ -136,15 +136,7 @@ pub(crate) async fn discover(
     }
     let (found, refused) = members.list().await?;
     let mut notes: Vec<String> = refused.iter().map(ToString::to_string).collect();
-    let known: Vec<Cluster> = found
-        .iter()
-        .map(|m| Cluster {
-            name: m.name.clone(),
-            labels: m.labels.clone(),
-            server: m.server.clone(),
-            tls_server_name: m.tls_server_name.clone(),
-        })
-        .collect();
+    let known: Vec<Cluster> = found.iter().map(cluster_of).collect();
     let pick = fr.spec.targets.clusters.clone().unwrap_or_default().selector;
     let chosen = match clusters::select(&known, &pick) {
         Ok(c) => c,
@@ -194,14 +186,7 @@ pub(crate) async fn discover(
         Err(_) if !unanswered.is_empty() => Vec::new(),
         Err(b) => return Ok(Err(b)),
     };
-    // Only clusters with targets are in a wave: a canary cluster with none must not leave its wave
-    // standing empty in the plan (the next wave would go first without a word).
-    let (with_targets, without): (Vec<&Cluster>, Vec<&Cluster>) =
-        reached.into_iter().partition(|c| candidates.iter().any(|t| t.cluster == c.name));
-    for c in without {
-        notes.push(format!("member cluster {} has no target: nothing in it matches the rollout", c.name));
-    }
-    let waves = match waves_of(fr, &with_targets, &mut notes) {
+    let waves = match waves_of(fr, reached, &candidates, &mut notes) {
         Ok(w) => w,
         Err(b) => return Ok(Err(b)),
     };
@@ -259,14 +244,31 @@ async fn list_member(
     }))
 }
 
-/// The waves of the clusters with targets; a wave left empty (a canary cluster without targets, say) is
-/// named in `notes`, not skipped in silence.
+/// A member as the core's decisions see it.
+fn cluster_of(m: &members::Member) -> Cluster {
+    Cluster {
+        name: m.name.clone(),
+        labels: m.labels.clone(),
+        server: m.server.clone(),
+        tls_server_name: m.tls_server_name.clone(),
+    }
+}
+
+/// The waves of the `reached` clusters that hold some of `candidates`. Only clusters with targets are in a
+/// wave: a canary cluster with none must not leave its wave standing empty in the plan (the next wave
+/// would go first without a word). A cluster or wave left out is named in `notes`, not skipped in silence.
 fn waves_of(
     fr: &FleetRollout,
-    reached: &[&Cluster],
+    reached: Vec<&Cluster>,
+    candidates: &[Candidate],
     notes: &mut Vec<String>,
 ) -> Result<Vec<PlannedWave>, Blocked> {
-    let waves = clusters::assign(&fr.spec.strategy.waves, reached)?;
+    let (with_targets, without): (Vec<&Cluster>, Vec<&Cluster>) =
+        reached.into_iter().partition(|c| candidates.iter().any(|t| t.cluster == c.name));
+    for c in without {
+        notes.push(format!("member cluster {} has no target: nothing in it matches the rollout", c.name));
+    }
+    let waves = clusters::assign(&fr.spec.strategy.waves, &with_targets)?;
     for w in fr.spec.strategy.waves.iter().filter(|w| !waves.iter().any(|p| p.name == w.name)) {
         notes.push(format!(
             "wave {} reaches no member cluster with targets; it is left out of this plan",
