@@ -6,6 +6,7 @@ pub(crate) mod answers;
 pub(crate) mod control;
 pub(crate) mod daemonset_pods;
 pub mod discovery;
+pub(crate) mod events;
 pub(crate) mod lists;
 pub(crate) mod live;
 pub(crate) mod member_fleet;

@@ -7,11 +7,10 @@ use std::sync::Arc;
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams, PostParams},
-    runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter},
 };
 use tracing::{debug, warn};
 
-use super::own_writes::OwnWrites;
+use super::{events::Events, own_writes::OwnWrites};
 use crate::{
     api::{FIELD_MANAGER, FleetRollout},
     core::rollout::{Event, EventType, Transition},
@@ -25,7 +24,7 @@ pub const FINALIZER: &str = "fleetroll.dev/release-daemonset";
 
 pub struct Rollouts {
     client: Client,
-    recorder: Recorder,
+    events: Arc<Events>,
     metrics: Arc<Metrics>,
     /// The cache may lag behind our own writes, and acting on a stale status would only earn a conflict.
     written: OwnWrites<FleetRollout>,
@@ -34,9 +33,8 @@ pub struct Rollouts {
 impl Rollouts {
     /// `identity` names this replica in the events it publishes.
     pub fn new(client: Client, identity: &str, metrics: Arc<Metrics>) -> Self {
-        let reporter = Reporter { controller: "fleetroll".into(), instance: Some(identity.to_string()) };
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: Arc::new(Events::new(client.clone(), "fleetroll", identity)),
             client,
             metrics,
             written: OwnWrites::default(),
@@ -94,21 +92,17 @@ impl Rollouts {
         if events.is_empty() {
             return;
         }
-        let recorder = self.recorder.clone();
+        let publisher = self.events.clone();
         let reference = fr.object_ref(&());
         tokio::spawn(async move {
             for e in merged(events) {
-                let event = KubeEvent {
-                    type_: match e.type_ {
-                        EventType::Normal => KubeEventType::Normal,
-                        EventType::Warning => KubeEventType::Warning,
-                    },
+                let event = super::events::Event {
+                    warning: e.type_ == EventType::Warning,
                     reason: e.reason.to_string(),
-                    note: Some(e.message),
+                    note: e.message,
                     action: e.batch.map_or_else(|| "Rollout".to_string(), |b| format!("Batch{}", b + 1)),
-                    secondary: None,
                 };
-                if let Err(err) = recorder.publish(&event, &reference).await {
+                if let Err(err) = publisher.publish(event, &reference).await {
                     warn!(error = %err, "could not publish an event");
                 }
             }
@@ -119,10 +113,8 @@ impl Rollouts {
 /// The most an Event's note may hold: events.k8s.io/v1 refuses a longer one (and the event with it).
 const NOTE_MAX_BYTES: usize = 1024;
 
-/// One event per type, reason and batch, their messages joined in order, each cut to what the API takes.
-/// kube's Recorder makes the events of one rollout with the same type, reason and action one series that
-/// keeps its first note, so a second event of a step (a second cluster left out, say) would only be
-/// counted, never read.
+/// One event per type, reason and batch, their messages joined in order, each cut to what the API takes:
+/// what one step says of one thing reads as one event (a plan's notes on clusters left out, say).
 fn merged(events: Vec<Event>) -> Vec<Event> {
     let mut out: Vec<Event> = Vec::new();
     for e in events {
@@ -180,7 +172,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn events_a_recorder_would_merge_are_joined_and_every_note_fits_the_api() {
+    fn the_events_of_one_kind_a_step_sends_read_as_one_and_every_note_fits_the_api() {
         let events = vec![
             Event::warning("ClusterRefused", None, "member cluster a has no target".into()),
             Event::normal("Planned", None, "waves: canary".into()),

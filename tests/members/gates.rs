@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use fleetroll::api::{FleetRollout, MetricPhase, Phase};
 use futures::StreamExt;
+use k8s_openapi::api::events::v1::Event;
 use kube::{
-    ResourceExt,
+    Api, ResourceExt,
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
@@ -16,6 +17,7 @@ use super::support::{self, DEADLINE, OPERATOR_ACCOUNT, Site, register, site, spe
 use crate::common::{
     fleet::{NEXT_IMAGE, READY_IMAGE, image_of, phase, with_fleet},
     operator::Operator,
+    poll_until,
     prometheus::{ERRORS, Exporter, Options, Prometheus, REQUESTS},
 };
 
@@ -103,6 +105,19 @@ async fn approvals_and_a_metric_per_cluster_gate_each_member_batch_and_a_failing
         assert_eq!((canary.phase, canary.successful, canary.failed), (MetricPhase::Successful, 2, 0));
         assert_eq!(images(&one.state().await), [NEXT_IMAGE, NEXT_IMAGE]);
         assert_eq!(images(&two.state().await), [READY_IMAGE, READY_IMAGE], "member-2 waits for its approval");
+        // Each measurement is an event of its own, read as it was said (not counted in the first's series).
+        let events: Api<Event> = Api::namespaced(fleet.client.clone(), &fleet.ns);
+        poll_until("an event for each of the canary batch's measurements", DEADLINE, || async {
+            let notes: Vec<String> = events
+                .list(&Default::default())
+                .await
+                .map(|l| l.items.into_iter().filter_map(|e| e.note).collect())
+                .unwrap_or_default();
+            ["1/2 taken", "2/2 taken"]
+                .iter()
+                .all(|taken| notes.iter().any(|n| n.starts_with("batch 1: error-rate") && n.contains(taken)))
+        })
+        .await;
 
         // member-2's web-00 fails once changed; its namesake on member-1 serves no errors, so only a query
         // told the cluster can tell them apart.
