@@ -15,9 +15,9 @@ use std::collections::BTreeMap;
 
 use common::{
     cli::{kubectl, repo_path},
-    fleet::{NEXT_IMAGE, READY_IMAGE, condition, image_of, phase, with_fleet},
+    fleet::{NEXT_IMAGE, READY_IMAGE, condition, image_of, metric_run, phase, with_fleet},
     operator::{Operator, metric},
-    prometheus::{ERRORS, Options, PASSWORD, REQUESTS, USER, error_ratio_query},
+    prometheus::{ERRORS, Options, PASSWORD, REQUESTS, USER, error_ratio_query, errors_after_change},
 };
 use fleetroll::api::{MetricPhase, Phase};
 use k8s_openapi::api::core::v1::Secret;
@@ -26,7 +26,7 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
 };
 use serde_json::{Value, json};
-use support::{DEADLINE, argo_resume, capture, errors_after_change, judged, lab, reason, run, spec};
+use support::{DEADLINE, argo_resume, capture, judged, lab, reason, spec};
 
 #[tokio::test]
 async fn a_batch_whose_error_rate_rises_fails_and_rolls_back() {
@@ -44,16 +44,17 @@ async fn a_batch_whose_error_rate_rises_fails_and_rolls_back() {
             .await;
         let plan = fleet.plan(&fr).await;
         let second: Vec<&str> = plan.batch(1).iter().map(|t| t.name.as_str()).collect();
-        let _errors = errors_after_change(&fleet, lab.exporter.clone(), &second, 0.5);
+        let deployments = Api::namespaced(fleet.client.clone(), &fleet.ns);
+        let _errors = errors_after_change(deployments, lab.exporter.clone(), &fleet.ns, &second, 0.5);
 
         let fr =
             fleet.wait_rollout("bad-release", "rolled back", DEADLINE, |fr| phase(fr).is_terminal()).await;
         let status = fr.status.clone().unwrap();
         assert_eq!(status.phase, Phase::RolledBack, "{status:?}");
         assert_eq!(status.rollback.as_ref().unwrap().reason, "AnalysisFailed");
-        let first = run(&fr, 0, "error-rate");
+        let first = metric_run(&fr, 0, "error-rate");
         assert_eq!((first.phase, first.successful, first.failed), (MetricPhase::Successful, 2, 0));
-        let failed = run(&fr, 1, "error-rate");
+        let failed = metric_run(&fr, 1, "error-rate");
         assert_eq!((failed.phase, failed.failed), (MetricPhase::Failed, 1), "{failed:?}");
         let message = failed.measurements.last().unwrap().message.clone().unwrap();
         assert!(
@@ -107,13 +108,13 @@ async fn a_healthy_fleet_passes_every_batch_and_a_failing_dry_run_changes_nothin
         let fr = fleet.wait_rollout("good-release", "finished", DEADLINE, |fr| phase(fr).is_terminal()).await;
         assert_eq!(phase(&fr), Phase::Succeeded, "{:?}", fr.status);
         for batch in 0..2 {
-            let r = run(&fr, batch, "error-rate");
+            let r = metric_run(&fr, batch, "error-rate");
             assert_eq!(
                 (r.phase, r.successful, r.failed, r.inconclusive),
                 (MetricPhase::Successful, 3, 0, 0),
                 "{r:?}"
             );
-            let dry = run(&fr, batch, "p99-latency");
+            let dry = metric_run(&fr, batch, "p99-latency");
             assert!(
                 dry.dry_run && dry.phase == MetricPhase::Failed,
                 "the dry run failed and was reported: {dry:?}"
@@ -146,7 +147,7 @@ async fn no_data_pauses_as_inconclusive_until_resumed_and_on_no_data_fail_fails(
         assert_eq!(reason(&fr), "AnalysisInconclusive");
         assert!(fr.status.as_ref().unwrap().message.as_deref().unwrap().contains("analysis inconclusive"));
         assert!(condition(&fr, "Reconciling").is_some_and(|c| c.status == "True"), "kstatus: InProgress");
-        let held = run(&fr, 0, "absent");
+        let held = metric_run(&fr, 0, "absent");
         assert_eq!((held.phase, held.inconclusive), (MetricPhase::Inconclusive, 1));
         // The plugin shows the hold and how to release it.
         let status = kubectl(&["fleetroll", "status", "quiet", "-n", &fleet.ns, "--no-follow"]).await.ok().stdout;
@@ -157,7 +158,7 @@ async fn no_data_pauses_as_inconclusive_until_resumed_and_on_no_data_fail_fails(
         kubectl(&["fleetroll", "resume", "quiet", "-n", &fleet.ns]).await.ok();
         let fr = fleet.wait_rollout("quiet", "finished", DEADLINE, |fr| phase(fr).is_terminal()).await;
         assert_eq!(phase(&fr), Phase::Succeeded);
-        assert_eq!(run(&fr, 0, "absent").phase, MetricPhase::Accepted);
+        assert_eq!(metric_run(&fr, 0, "absent").phase, MetricPhase::Accepted);
 
         // onNoData: Fail fails the batch, and onFailure applies: Pause holds it as a failure.
         let mut analysis = analysis;
@@ -167,14 +168,14 @@ async fn no_data_pauses_as_inconclusive_until_resumed_and_on_no_data_fail_fails(
         fleet.rollout("strict", strict).await;
         let fr = fleet.wait_rollout("strict", "held", DEADLINE, |fr| phase(fr) == Phase::Paused).await;
         assert_eq!(reason(&fr), "AnalysisFailed");
-        assert_eq!(run(&fr, 0, "absent").failed, 1);
+        assert_eq!(metric_run(&fr, 0, "absent").failed, 1);
         assert_eq!(judged(&fr).await, ("Failed".into(), "Failed".into(), "Degraded".into()), "stopped short");
         capture(&fr, "analysis-failed");
         // Argo CD's resume action lets it go on anyway.
         argo_resume(&fleet, "strict").await;
         let fr = fleet.wait_rollout("strict", "finished", DEADLINE, |fr| phase(fr).is_terminal()).await;
         assert_eq!(phase(&fr), Phase::Succeeded, "{:?}", fr.status);
-        assert_eq!(run(&fr, 0, "absent").phase, MetricPhase::Accepted);
+        assert_eq!(metric_run(&fr, 0, "absent").phase, MetricPhase::Accepted);
     })
     .await;
 }
@@ -204,7 +205,7 @@ async fn a_backend_outage_pauses_as_analysis_error_and_measuring_resumes_when_it
             .wait_rollout("outage", "paused by errors", DEADLINE, |fr| reason(fr) == "AnalysisError")
             .await;
         assert_eq!(phase(&fr), Phase::Paused);
-        let r = run(&fr, 0, "error-rate");
+        let r = metric_run(&fr, 0, "error-rate");
         assert!(r.consecutive_errors >= 2 && r.successful < 4, "{r:?}");
         assert_eq!(
             judged(&fr).await,
@@ -214,7 +215,7 @@ async fn a_backend_outage_pauses_as_analysis_error_and_measuring_resumes_when_it
         lab.prometheus.start_again().await;
         let fr = fleet.wait_rollout("outage", "finished", DEADLINE, |fr| phase(fr).is_terminal()).await;
         assert_eq!(phase(&fr), Phase::Succeeded, "{:?}", fr.status);
-        let r = run(&fr, 0, "error-rate");
+        let r = metric_run(&fr, 0, "error-rate");
         assert_eq!((r.successful, r.consecutive_errors), (4, 0), "errors are retried, not counted: {r:?}");
         assert!(r.errors >= 2);
         fleet.wait_events("outage", &["AnalysisError", "AnalysisRecovered"], DEADLINE).await;
@@ -241,14 +242,14 @@ async fn credentials_come_from_a_labelled_secret_only() {
         fleet.rollout("authed", spec(2, "Rollback", analysis)).await;
         // Unlabelled, the Secret is not used, and the error says why.
         let fr = fleet.wait_rollout("authed", "paused by errors", DEADLINE, |fr| reason(fr) == "AnalysisError").await;
-        let last = run(&fr, 0, "error-rate").measurements.last().unwrap().message.clone().unwrap();
+        let last = metric_run(&fr, 0, "error-rate").measurements.last().unwrap().message.clone().unwrap();
         assert!(last.contains("fleetroll.dev/analysis-credentials"), "{last}");
         assert!(!last.contains(PASSWORD), "no secret in a message: {last}");
         let label = json!({"metadata": {"labels": {"fleetroll.dev/analysis-credentials": "true"}}});
         secrets.patch("prom-auth", &PatchParams::default(), &Patch::Merge(label)).await.unwrap();
         let fr = fleet.wait_rollout("authed", "finished", DEADLINE, |fr| phase(fr).is_terminal()).await;
         assert_eq!(phase(&fr), Phase::Succeeded, "{:?}", fr.status);
-        assert_eq!(run(&fr, 0, "error-rate").successful, 2);
+        assert_eq!(metric_run(&fr, 0, "error-rate").successful, 2);
     })
     .await;
 }
@@ -262,13 +263,13 @@ async fn a_sigkill_during_analysis_never_counts_a_measurement_twice() {
         assert!(lab.operator.wait_for_line("FAILPOINT after-measure reached", DEADLINE).await, "the failpoint was reached");
         lab.operator.kill();
         let taken = fleet.rollouts().get("crashy").await.unwrap();
-        assert_eq!(run(&taken, 0, "error-rate").successful, 1, "the second measurement was taken, never recorded");
+        assert_eq!(metric_run(&taken, 0, "error-rate").successful, 1, "the second measurement was taken, never recorded");
         let address = format!("--analysis-prometheus-address={}", lab.prometheus.address());
         let _operator = Operator::start(&fleet.ns, &[&address], &[]);
         let fr = fleet.wait_rollout("crashy", "finished", DEADLINE, |fr| phase(fr).is_terminal()).await;
         assert_eq!(phase(&fr), Phase::Succeeded, "{:?}", fr.status);
         for batch in 0..2 {
-            let r = run(&fr, batch, "error-rate");
+            let r = metric_run(&fr, batch, "error-rate");
             assert_eq!((r.successful, r.failed, r.inconclusive, r.errors), (3, 0, 0, 0), "batch {batch}: {r:?}");
             // A measurement counted twice (replayed after the write that recorded it) would sit less than an
             // interval after the one before it, and the run would have reached its count early.

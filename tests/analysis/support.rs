@@ -3,25 +3,18 @@
 
 use std::{sync::Arc, time::Duration};
 
-use fleetroll::api::{FleetRollout, MetricRun};
-use futures::StreamExt;
-use k8s_openapi::api::apps::v1::Deployment;
-use kube::{
-    Api, ResourceExt,
-    api::{Patch, PatchParams},
-    runtime::{WatchStreamExt, watcher},
-};
+use fleetroll::api::FleetRollout;
+use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::common::{
     cli::{gitops_judge, repo_path},
-    fleet::{Fleet, NEXT_IMAGE, READY_IMAGE, image_of},
+    fleet::{Fleet, NEXT_IMAGE, READY_IMAGE},
     operator::Operator,
-    prometheus::{Exporter, Options, Prometheus, REQUESTS},
+    prometheus::{Exporter, Options, Prometheus, REQUESTS, REQUESTS_PER_SEC},
 };
 
 pub const DEADLINE: Duration = Duration::from_secs(120);
-pub const REQUESTS_PER_SEC: f64 = 50.0;
 
 pub struct Lab {
     pub exporter: Arc<Exporter>,
@@ -54,38 +47,6 @@ pub fn spec(batch: u32, on_failure: &str, analysis: Value) -> Value {
         "health": {"timeout": "2m"},
         "analysis": analysis,
     })
-}
-
-/// Makes the error ratio of `bad` Deployments rise to `ratio` once they run the new image, as a bad release
-/// would; until the returned task is dropped.
-pub fn errors_after_change(
-    fleet: &Fleet,
-    exporter: Arc<Exporter>,
-    bad: &[&str],
-    ratio: f64,
-) -> tokio::task::JoinHandle<()> {
-    let api: Api<Deployment> = Api::namespaced(fleet.client.clone(), &fleet.ns);
-    let (ns, bad): (String, Vec<String>) = (fleet.ns.clone(), bad.iter().map(|s| s.to_string()).collect());
-    tokio::spawn(async move {
-        let changes = watcher(api, watcher::Config::default()).default_backoff().applied_objects();
-        futures::pin_mut!(changes);
-        while let Some(change) = changes.next().await {
-            let Ok(d) = change else { continue };
-            if bad.contains(&d.name_any()) && image_of(&d) == NEXT_IMAGE {
-                exporter.set_rate(&ns, &d.name_any(), REQUESTS_PER_SEC, ratio);
-            }
-        }
-    })
-}
-
-/// The run of `metric` in batch `index` (0-based).
-pub fn run(fr: &FleetRollout, index: u32, metric: &str) -> MetricRun {
-    let status = fr.status.clone().unwrap_or_default();
-    let analysis = status.batch(index).and_then(|b| b.analysis.clone());
-    let runs = analysis.map(|a| a.metrics).unwrap_or_default();
-    runs.into_iter()
-        .find(|r| r.name == metric)
-        .unwrap_or_else(|| panic!("no run of {metric} in batch {index}: {status:?}"))
 }
 
 pub fn reason(fr: &FleetRollout) -> String {

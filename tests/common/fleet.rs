@@ -319,3 +319,13 @@ pub fn observe_fleet(
     });
     (seen, task)
 }
+
+/// The run of `metric` in batch `index` (0-based) of a rollout's status.
+pub fn metric_run(fr: &FleetRollout, index: u32, metric: &str) -> fleetroll::api::MetricRun {
+    let status = fr.status.clone().unwrap_or_default();
+    let analysis = status.batch(index).and_then(|b| b.analysis.clone());
+    let runs = analysis.map(|a| a.metrics).unwrap_or_default();
+    runs.into_iter()
+        .find(|r| r.name == metric)
+        .unwrap_or_else(|| panic!("no run of {metric} in batch {index}: {status:?}"))
+}

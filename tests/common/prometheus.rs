@@ -401,3 +401,35 @@ pub fn by_label(result: &[Value], label: &str) -> BTreeMap<String, f64> {
         .map(|s| (s["metric"][label].as_str().unwrap_or_default().to_string(), sample_value(s)))
         .collect()
 }
+
+/// The request rate the tests' workloads serve.
+pub const REQUESTS_PER_SEC: f64 = 50.0;
+
+/// Makes the error ratio of the Deployments `bad` (watched through `api`) rise to `ratio` once they run
+/// [`NEXT_IMAGE`](super::fleet::NEXT_IMAGE), as a bad release would, in the exporter's series of
+/// `namespace`; until the returned task is aborted.
+pub fn errors_after_change(
+    api: kube::Api<k8s_openapi::api::apps::v1::Deployment>,
+    exporter: std::sync::Arc<Exporter>,
+    namespace: &str,
+    bad: &[&str],
+    ratio: f64,
+) -> tokio::task::JoinHandle<()> {
+    use futures::StreamExt;
+    use kube::{
+        ResourceExt,
+        runtime::{WatchStreamExt, watcher},
+    };
+    let (namespace, bad): (String, Vec<String>) =
+        (namespace.to_string(), bad.iter().map(|s| s.to_string()).collect());
+    tokio::spawn(async move {
+        let changes = watcher(api, watcher::Config::default()).default_backoff().applied_objects();
+        futures::pin_mut!(changes);
+        while let Some(change) = changes.next().await {
+            let Ok(d) = change else { continue };
+            if bad.contains(&d.name_any()) && super::fleet::image_of(&d) == super::fleet::NEXT_IMAGE {
+                exporter.set_rate(&namespace, &d.name_any(), REQUESTS_PER_SEC, ratio);
+            }
+        }
+    })
+}

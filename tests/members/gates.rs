@@ -5,43 +5,22 @@
 use std::sync::Arc;
 
 use fleetroll::api::{FleetRollout, MetricPhase, Phase};
-use futures::StreamExt;
 use k8s_openapi::api::events::v1::Event;
-use kube::{
-    Api, ResourceExt,
-    runtime::{WatchStreamExt, watcher},
-};
+use kube::Api;
 use serde_json::json;
 
 use super::support::{self, DEADLINE, OPERATOR_ACCOUNT, Site, register, site, spec, tidy, unique};
 use crate::common::{
-    fleet::{NEXT_IMAGE, READY_IMAGE, image_of, phase, with_fleet},
+    fleet::{NEXT_IMAGE, READY_IMAGE, metric_run, phase, with_fleet},
     operator::Operator,
     poll_until,
-    prometheus::{ERRORS, Exporter, Options, Prometheus, REQUESTS},
+    prometheus::{ERRORS, Exporter, Options, Prometheus, REQUESTS, REQUESTS_PER_SEC, errors_after_change},
 };
-
-const REQUESTS_PER_SEC: f64 = 50.0;
 
 /// The exporter's `namespace` label of a member's namespace: the same namespace and Deployment names exist
 /// in both members, so only the cluster tells their series apart.
 fn series_namespace(site: &Site) -> String {
     format!("{}/{}", site.member.name, site.ns)
-}
-
-/// Makes the error ratio of `bad` on `site` rise to one half once it runs the new image, until aborted.
-fn errors_after_change(site: &Site, exporter: Arc<Exporter>, bad: &str) -> tokio::task::JoinHandle<()> {
-    let (api, namespace, bad) = (site.deployments(), series_namespace(site), bad.to_string());
-    tokio::spawn(async move {
-        let changes = watcher(api, watcher::Config::default()).default_backoff().applied_objects();
-        futures::pin_mut!(changes);
-        while let Some(change) = changes.next().await {
-            let Ok(d) = change else { continue };
-            if d.name_any() == bad && image_of(&d) == NEXT_IMAGE {
-                exporter.set_rate(&namespace, &bad, REQUESTS_PER_SEC, 0.5);
-            }
-        }
-    })
 }
 
 fn waiting_for_approval(batch: u32) -> impl Fn(&FleetRollout) -> bool {
@@ -101,7 +80,7 @@ async fn approvals_and_a_metric_per_cluster_gate_each_member_batch_and_a_failing
         // Approved: the canary cluster's batch changes, passes its analysis, and the next waits in turn.
         fleet.patch_spec("gated", json!({"approvals": [{"batch": 0, "planHash": hash}]})).await;
         let fr = fleet.wait_rollout("gated", "approval of batch 2", DEADLINE, waiting_for_approval(1)).await;
-        let canary = analysis_of(&fr, 0);
+        let canary = metric_run(&fr, 0, "error-rate");
         assert_eq!((canary.phase, canary.successful, canary.failed), (MetricPhase::Successful, 2, 0));
         assert_eq!(images(&one.state().await), [NEXT_IMAGE, NEXT_IMAGE]);
         assert_eq!(images(&two.state().await), [READY_IMAGE, READY_IMAGE], "member-2 waits for its approval");
@@ -121,7 +100,13 @@ async fn approvals_and_a_metric_per_cluster_gate_each_member_batch_and_a_failing
 
         // member-2's web-00 fails once changed; its namesake on member-1 serves no errors, so only a query
         // told the cluster can tell them apart.
-        let errors = errors_after_change(&two, exporter.clone(), "web-00");
+        let errors = errors_after_change(
+            two.deployments(),
+            exporter.clone(),
+            &series_namespace(&two),
+            &["web-00"],
+            0.5,
+        );
         fleet
             .patch_spec(
                 "gated",
@@ -134,7 +119,7 @@ async fn approvals_and_a_metric_per_cluster_gate_each_member_batch_and_a_failing
         let status = fr.status.clone().unwrap();
         assert_eq!(status.phase, Phase::RolledBack, "{status:?}");
         assert_eq!(status.rollback.as_ref().map(|r| r.reason.as_str()), Some("AnalysisFailed"));
-        let failed = analysis_of(&fr, 1);
+        let failed = metric_run(&fr, 1, "error-rate");
         assert_eq!((failed.phase, failed.failed), (MetricPhase::Failed, 1), "{failed:?}");
         let message = failed.measurements.last().and_then(|m| m.message.clone()).unwrap_or_default();
         assert!(message.contains(&format!("member-2/{team}/web-00")), "names the offender: {message}");
@@ -146,13 +131,4 @@ async fn approvals_and_a_metric_per_cluster_gate_each_member_batch_and_a_failing
         tidy(&[&one, &two]).await;
     })
     .await;
-}
-
-/// The run of the error-rate metric in batch `index` (0-based).
-fn analysis_of(fr: &FleetRollout, index: u32) -> fleetroll::api::MetricRun {
-    let status = fr.status.clone().unwrap_or_default();
-    let runs = status.batch(index).and_then(|b| b.analysis.clone()).map(|a| a.metrics).unwrap_or_default();
-    runs.into_iter()
-        .find(|r| r.name == "error-rate")
-        .unwrap_or_else(|| panic!("no run in batch {index}: {status:?}"))
 }
