@@ -1,5 +1,7 @@
 //! The operator's error type.
 
+use crate::core::rollout::shortened;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("Kubernetes API request failed: {0}")]
@@ -79,10 +81,8 @@ const DENIAL_MESSAGE_MAX: usize = 512;
 pub fn denial(e: &kube::Error) -> Option<String> {
     match e {
         kube::Error::Api(s) if matches!(s.code, 400 | 403 | 422) => {
-            let message = &s.message[..s.message.floor_char_boundary(DENIAL_MESSAGE_MAX)];
-            let more = if message.len() < s.message.len() { "..." } else { "" };
-            let reason = &s.reason[..s.reason.floor_char_boundary(64)];
-            Some(format!("the API server refused the change ({} {reason}): {message}{more}", s.code))
+            let (reason, message) = (shortened(&s.reason, 64), shortened(&s.message, DENIAL_MESSAGE_MAX));
+            Some(format!("the API server refused the change ({} {reason}): {message}", s.code))
         }
         _ => None,
     }

@@ -239,9 +239,10 @@ pub fn progress(status: &ClustersStatus) -> String {
         .iter()
         .map(|w| {
             let failed = if w.failed > 0 { format!(", {} failed", w.failed) } else { String::new() };
-            let listed: Vec<&ClusterCount> = status.members.iter().filter(|m| m.wave == w.name).collect();
-            let mut each: Vec<String> = listed
+            let mut each: Vec<String> = status
+                .members
                 .iter()
+                .filter(|m| m.wave == w.name)
                 .take(CLUSTERS_IN_PROGRESS)
                 .map(|m| {
                     let failed = if m.failed > 0 { format!(", {} failed", m.failed) } else { String::new() };

@@ -33,7 +33,7 @@ use crate::{
 /// Why a call to a member failed, as one line for people; `unreachable` when the member did not answer
 /// (or refused the operator's credentials even from a client built anew), as opposed to an answer that
 /// refused the call (a 500 from a webhook, a 429, a 403 on a read).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Failure {
     pub message: String,
     pub unreachable: bool,
@@ -44,7 +44,7 @@ pub(crate) struct Failure {
 
 impl Failure {
     fn unreachable(message: String) -> Self {
-        Self { message, unreachable: true, unauthorized: false, unknown: false }
+        Self { message, unreachable: true, ..Self::default() }
     }
 
     fn of(e: &Error) -> Self {
@@ -52,11 +52,9 @@ impl Failure {
             Error::Kube(k) => {
                 let unauthorized = members::is_unauthorized(k);
                 let unreachable = members::is_unreachable(k) || unauthorized;
-                Self { message: members::describe(k), unreachable, unauthorized, unknown: false }
+                Self { message: members::describe(k), unreachable, unauthorized, ..Self::default() }
             }
-            other => {
-                Self { message: other.to_string(), unreachable: false, unauthorized: false, unknown: false }
-            }
+            other => Self { message: other.to_string(), ..Self::default() },
         }
     }
 }
@@ -72,7 +70,7 @@ async fn client(members: &Members, cluster: &str) -> Result<Client, Failure> {
     members.client(cluster).await.map_err(|e| match e {
         MemberError::Hub(e) => {
             let message = format!("the member Secrets could not be read: {e}");
-            Failure { message, unreachable: false, unauthorized: false, unknown: false }
+            Failure { message, ..Failure::default() }
         }
         e @ MemberError::NotFound { .. } => Failure { unknown: true, ..Failure::unreachable(e.to_string()) },
         e => Failure::unreachable(e.to_string()),

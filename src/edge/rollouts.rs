@@ -128,11 +128,7 @@ fn merged(events: Vec<Event>) -> Vec<Event> {
         }
     }
     for e in &mut out {
-        if e.message.len() > NOTE_MAX_BYTES {
-            let cut = e.message.floor_char_boundary(NOTE_MAX_BYTES - 3);
-            e.message.truncate(cut);
-            e.message.push_str("...");
-        }
+        e.message = crate::core::rollout::shortened(&e.message, NOTE_MAX_BYTES);
     }
     out
 }

@@ -307,14 +307,16 @@ fn trim_front<T>(v: &mut Vec<T>, keep: usize) {
 }
 
 pub(crate) fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut cut = max;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-    }
+    s.truncate(s.floor_char_boundary(max));
     s
+}
+
+/// `text` in at most `max` bytes, ending in "..." when it had to be cut.
+pub(crate) fn shortened(text: &str, max: usize) -> String {
+    match text.len() <= max {
+        true => text.to_string(),
+        false => format!("{}...", &text[..text.floor_char_boundary(max.saturating_sub(3))]),
+    }
 }
 
 /// Time from `now` until `then`; zero if it has passed.
