@@ -20,10 +20,13 @@ mod common;
 mod mcp_attacks;
 #[path = "security/operator.rs"]
 mod operator_attacks;
+#[path = "security/overlap.rs"]
+mod overlap;
 
 use admission::*;
 use mcp_attacks::*;
 use operator_attacks::*;
+use overlap::*;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -96,6 +99,7 @@ const ATTACKS: &[Entry] = &[
     attack!(rollout_reaches_a_protected_namespace),
     attack!(namespace_opts_out_mid_rollout),
     attack!(two_rollouts_take_one_target),
+    attack!(two_rollouts_applied_together_race),
     attack!(node_rollouts_fight_over_a_daemonset),
     attack!(health_check_aims_at_loopback),
     attack!(health_check_names_a_host_that_resolves_to_loopback),

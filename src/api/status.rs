@@ -289,6 +289,13 @@ pub struct BatchStatus {
     /// the health timeout instead.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub denied: Vec<String>,
+    /// Targets (`namespace/name`) the batch left alone: the scope rules refused them when it started, or
+    /// another rollout, still running, had changed them first when it came to change them. Each is
+    /// refused then, once (in `failures` with its reason, counted in `counts.refused`), and never awaited
+    /// or judged afterwards, whatever becomes of the other rollout. At most 100 are listed; any beyond are
+    /// judged when the batch settles.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<String>,
     /// Member clusters the batch's change could not reach yet (unreachable, or credentials refused): their
     /// targets are changed, with the same key, once the cluster answers, or fail as ClusterUnreachable at
     /// the health timeout.

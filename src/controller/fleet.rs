@@ -120,8 +120,27 @@ pub(super) fn change_of<'a>(
     key: &'a str,
     rollout: &'a str,
     between: &'static str,
+    holder: targets::Holder<'a>,
 ) -> Change<'a> {
-    Change { kind: fr.spec.targets.kind, container: container(fr), key, rollout, between }
+    Change { kind: fr.spec.targets.kind, container: container(fr), key, rollout, between, holder }
+}
+
+/// Who holds a target carrying `key`: the other rollout, still running, whose key it is, as the store has
+/// it when asked (not a snapshot: a rollout that changed a target is in the store before it reconciles).
+pub(super) fn holder(ctx: &Context, fr: &FleetRollout) -> impl Fn(&str) -> Option<String> + Sync {
+    let (own, rollouts) = (fr.uid().unwrap_or_default(), ctx.rollouts.clone());
+    move |key: &str| {
+        let owner = scope::key_owner(key);
+        if owner == own || owner.is_empty() {
+            return None;
+        }
+        rollouts
+            .state()
+            .iter()
+            .find(|r| r.uid().as_deref() == Some(owner))
+            .filter(|r| !r.status.as_ref().is_some_and(|s| s.phase.is_terminal()))
+            .map(|r| rollout_key(r))
+    }
 }
 
 pub(super) fn rollout_key(fr: &FleetRollout) -> String {
@@ -167,8 +186,8 @@ impl Fleet for Workloads {
     }
 
     async fn apply(ctx: &Context, fr: &FleetRollout, batch: Batch<'_>) -> Result<Outcome> {
-        let rollout = rollout_key(fr);
-        let change = change_of(fr, batch.key, &rollout, failpoint::BETWEEN_PATCHES);
+        let (rollout, holder) = (rollout_key(fr), holder(ctx, fr));
+        let change = change_of(fr, batch.key, &rollout, failpoint::BETWEEN_PATCHES, &holder);
         let cached = |t: &PlannedTarget| ctx.stores.facts(change.kind, &t.namespace, &t.name);
         targets::patch_all(&ctx.client, &cached, &ctx.metrics, &change, batch.targets, |_| {
             batch.image.to_string()
@@ -182,8 +201,8 @@ impl Fleet for Workloads {
         key: &str,
         targets: &[PlannedTarget],
     ) -> Result<Outcome> {
-        let rollout = rollout_key(fr);
-        let change = change_of(fr, key, &rollout, failpoint::BETWEEN_RESTORES);
+        let (rollout, holder) = (rollout_key(fr), holder(ctx, fr));
+        let change = change_of(fr, key, &rollout, failpoint::BETWEEN_RESTORES, &holder);
         let cached = |t: &PlannedTarget| ctx.stores.facts(change.kind, &t.namespace, &t.name);
         targets::patch_all(&ctx.client, &cached, &ctx.metrics, &change, targets, |t| t.previous_image.clone())
             .await

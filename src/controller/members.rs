@@ -13,7 +13,7 @@ use kube::ResourceExt;
 
 use super::{
     Context,
-    fleet::{Batch, Fleet, Seen, change_of, container, rollout_key, running_rollouts},
+    fleet::{Batch, Fleet, Seen, change_of, container, holder, rollout_key, running_rollouts},
 };
 use crate::{
     api::{FleetRollout, FleetRolloutStatus, Phase, PlannedTarget, Unplanned},
@@ -87,8 +87,8 @@ impl Fleet for Members {
     }
 
     async fn apply(ctx: &Context, fr: &FleetRollout, batch: Batch<'_>) -> Result<Outcome> {
-        let rollout = rollout_key(fr);
-        let change = change_of(fr, batch.key, &rollout, failpoint::BETWEEN_PATCHES);
+        let (rollout, holder) = (rollout_key(fr), holder(ctx, fr));
+        let change = change_of(fr, batch.key, &rollout, failpoint::BETWEEN_PATCHES, &holder);
         member_fleet::change(&ctx.members, &ctx.metrics, &change, batch.targets, |_| batch.image.to_string())
             .await
     }
@@ -99,8 +99,8 @@ impl Fleet for Members {
         key: &str,
         targets: &[PlannedTarget],
     ) -> Result<Outcome> {
-        let rollout = rollout_key(fr);
-        let change = change_of(fr, key, &rollout, failpoint::BETWEEN_RESTORES);
+        let (rollout, holder) = (rollout_key(fr), holder(ctx, fr));
+        let change = change_of(fr, key, &rollout, failpoint::BETWEEN_RESTORES, &holder);
         member_fleet::change(&ctx.members, &ctx.metrics, &change, targets, |t| t.previous_image.clone()).await
     }
 }

@@ -281,11 +281,12 @@ async fn act<F: Fleet>(
             if let Some(at) = round.batch_settled_at.take() {
                 ctx.metrics.batch_transition.observe(at.elapsed().as_secs_f64());
             }
-            info!(key = %key, changed = out.changed, unchanged = out.unchanged, skipped = out.skipped, denied = out.denied.len(), "batch applied");
+            info!(key = %key, changed = out.changed, unchanged = out.unchanged, skipped = out.skipped, denied = out.denied.len(), held = out.held.len(), "batch applied");
             failpoint::hit(failpoint::AFTER_APPLY).await;
             let batch = after.status.current_batch.unwrap_or_default();
             let after = rollout::unreached(after, batch, &targets, &out.unreached);
-            ctx.rollouts_io.write_status(&fr, rollout::denied(after, batch, out.denied)).await
+            let after = rollout::held(rollout::denied(after, batch, out.denied), batch, out.held);
+            ctx.rollouts_io.write_status(&fr, after).await
         }
         Step::Restore { key, targets, refused, waiting } => {
             let out = if targets.is_empty() {
@@ -339,13 +340,20 @@ fn restored(
 ) -> Transition {
     let batch = status.current_batch.unwrap_or_default();
     let mut not_restored = refused;
-    not_restored.extend(out.denied.iter().map(|(t, message)| TargetFailure {
+    let failure = |t: &PlannedTarget, reason: &str, message: String| TargetFailure {
         cluster: t.cluster.clone(),
         namespace: t.namespace.clone(),
         name: t.name.clone(),
         batch,
-        reason: reason::CHANGE_DENIED.into(),
-        message: message.clone(),
+        reason: reason.into(),
+        message,
+    };
+    not_restored
+        .extend(out.denied.iter().map(|(t, message)| failure(t, reason::CHANGE_DENIED, message.clone())));
+    not_restored.extend(out.held.iter().map(|(t, other)| {
+        let message =
+            format!("{}: FleetRollout {other}, still running, changed it since; not restored", t.key());
+        failure(t, reason::TARGET_HELD, message)
     }));
     waiting.extend(out.unreached);
     let generation = fr.metadata.generation.unwrap_or(0);

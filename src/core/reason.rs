@@ -39,6 +39,8 @@ pub const NO_NAMESPACES: &str = "NoNamespacesMatch";
 pub const NO_TARGETS: &str = "NoTargets";
 pub const CONTAINER_NOT_FOUND: &str = "ContainerNotFound";
 pub const CONTAINER_AMBIGUOUS: &str = "ContainerAmbiguous";
+/// A matching workload's image is longer than any image reference can be.
+pub const IMAGE_TOO_LONG: &str = "ImageTooLong";
 pub const DAEMONSET_NOT_FOUND: &str = "DaemonSetNotFound";
 /// A stored plan does not match the hash recorded when it was frozen.
 pub const PLAN_TAMPERED: &str = "PlanTampered";

@@ -14,19 +14,44 @@ use serde_json::{Value, json};
 
 use crate::api::{APPLIED_ANNOTATION, ROLLOUT_ANNOTATION, TargetKind};
 
-/// What fleetroll needs to know about one workload.
+/// What the labels the facts of one workload keep may weigh ([`WorkloadFacts::weight`]: about twenty
+/// labels of the usual kind): past that, none are kept (and the workload is never reported as an
+/// unplanned match). Plans select workloads by label with the API server, so only reports read them here.
+pub const LABELS_KEPT: usize = 4096;
+/// The longest image reference kept. Docker's reference grammar allows a 255-byte name, a 128-byte tag
+/// and a digest, about 460 bytes in all; anything longer cannot be pulled, and the API server would keep
+/// megabytes of it.
+pub const IMAGE_KEPT: usize = 512;
+/// The most containers of one pod template kept (more is no workload anyone runs).
+pub const CONTAINERS_KEPT: usize = 16;
+/// The longest annotation value fleetroll reads back (its own keys and `namespace/name`s are far shorter).
+pub const ANNOTATION_KEPT: usize = 512;
+
+/// What fleetroll needs to know about one workload, each part bounded: whatever a tenant writes into its
+/// workloads (images, labels, annotations, containers), the facts of one weigh at most about 15 KiB (a few
+/// hundred bytes as workloads usually are), so the caches grow with the number of workloads, never their
+/// size.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkloadFacts {
     pub namespace: String,
     pub name: String,
-    pub labels: BTreeMap<String, String>,
-    /// The `fleetroll.dev/applied` annotation, if any.
+    /// None when they weigh more than [`LABELS_KEPT`].
+    pub labels: Option<BTreeMap<String, String>>,
+    /// The `fleetroll.dev/applied` annotation, if any (and no longer than [`ANNOTATION_KEPT`]).
     pub applied: Option<String>,
-    /// (name, image) of each container, in order.
-    pub containers: Vec<(String, String)>,
+    /// Each container, in order: its name and its image, or the length of an image longer than
+    /// [`IMAGE_KEPT`]. At most [`CONTAINERS_KEPT`].
+    pub containers: Vec<Container>,
+    /// How many containers the template has beyond those kept.
+    pub containers_cut: usize,
     pub generation: i64,
     pub status: RolloutStatus,
+    /// The object's resourceVersion when these facts were taken: a change is made only against it.
+    pub resource_version: Option<String>,
 }
+
+/// A container: its name, and its image or the length of an image longer than [`IMAGE_KEPT`].
+pub type Container = (String, Result<String, usize>);
 
 /// The workload's own rollout, from its status.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -62,10 +87,18 @@ pub enum Readiness {
 impl WorkloadFacts {
     /// The image of the container a rollout changes: the named one, or the only one.
     pub fn container_image(&self, container: Option<&str>) -> Result<(&str, &str), ContainerError> {
-        match rolled_container(&self.containers, |(name, _)| name, container)
-            .and_then(|i| self.containers.get(i))
-        {
-            Some((name, image)) => Ok((name.as_str(), image.as_str())),
+        let only = self.containers_cut == 0;
+        let index = match container {
+            Some(_) => rolled_container(&self.containers, |(name, _)| name, container),
+            None => rolled_container(&self.containers, |(name, _)| name, None).filter(|_| only),
+        };
+        match index.and_then(|i| self.containers.get(i)) {
+            Some((name, Ok(image))) => Ok((name.as_str(), image.as_str())),
+            Some((name, Err(bytes))) => Err(ContainerError::ImageTooLong {
+                target: self.key(),
+                container: name.clone(),
+                bytes: *bytes,
+            }),
             None => Err(match container {
                 Some(wanted) => ContainerError::NotFound {
                     target: self.key(),
@@ -89,12 +122,17 @@ impl WorkloadFacts {
             + self.namespace.len()
             + self.name.len()
             + self.applied.as_ref().map_or(0, text)
-            + self.labels.iter().map(|(k, v)| 48 + text(k) + text(v)).sum::<usize>()
-            + self.containers.iter().map(|(n, i)| text(n) + text(i)).sum::<usize>()
+            + self.resource_version.as_ref().map_or(0, text)
+            + self.labels.as_ref().map_or(0, labels_weight)
+            + self.containers.iter().map(|(n, i)| text(n) + i.as_ref().map_or(0, text)).sum::<usize>()
     }
 
     fn container_names(&self) -> String {
-        self.containers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
+        let mut names = self.containers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ");
+        if self.containers_cut > 0 {
+            names.push_str(&format!(" and {} more", self.containers_cut));
+        }
+        names
     }
 
     pub fn readiness(&self) -> Readiness {
@@ -142,6 +180,22 @@ pub enum ContainerError {
     NotFound { target: String, container: String, available: String },
     #[error("{target} has several containers ({available}): set spec.container to choose one")]
     Ambiguous { target: String, available: String },
+    #[error(
+        "{target}: the image of container {container:?} is {bytes} bytes long, longer than any image \
+         reference can be ({IMAGE_KEPT})"
+    )]
+    ImageTooLong { target: String, container: String, bytes: usize },
+}
+
+impl ContainerError {
+    /// The reason a plan that meets this error is refused with.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ContainerError::NotFound { .. } => crate::core::reason::CONTAINER_NOT_FOUND,
+            ContainerError::Ambiguous { .. } => crate::core::reason::CONTAINER_AMBIGUOUS,
+            ContainerError::ImageTooLong { .. } => crate::core::reason::IMAGE_TOO_LONG,
+        }
+    }
 }
 
 /// Which of a pod template's containers a rollout changes: the one named, or else the only one.
@@ -156,21 +210,51 @@ pub fn rolled_container<T>(
     }
 }
 
-fn containers(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<(String, String)> {
-    spec.map(|s| s.containers.iter().map(|c| (c.name.clone(), c.image.clone().unwrap_or_default())).collect())
-        .unwrap_or_default()
+/// The containers kept of a pod template (at most [`CONTAINERS_KEPT`], each image at most [`IMAGE_KEPT`]
+/// bytes), and how many more it has.
+fn containers(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> (Vec<Container>, usize) {
+    let all = spec.map(|s| s.containers.as_slice()).unwrap_or_default();
+    let kept = all
+        .iter()
+        .take(CONTAINERS_KEPT)
+        .map(|c| {
+            let image = c.image.as_deref().unwrap_or_default();
+            let image = if image.len() <= IMAGE_KEPT { Ok(image.to_string()) } else { Err(image.len()) };
+            (c.name.clone(), image)
+        })
+        .collect();
+    (kept, all.len().saturating_sub(CONTAINERS_KEPT))
+}
+
+/// A workload's labels, unless they weigh more than [`LABELS_KEPT`].
+pub fn kept_labels(labels: &BTreeMap<String, String>) -> Option<BTreeMap<String, String>> {
+    (labels_weight(labels) <= LABELS_KEPT).then(|| labels.clone())
+}
+
+/// What labels weigh held in a map: two Strings of 24 bytes and their text, and about as much again for the
+/// tree's node.
+fn labels_weight(labels: &BTreeMap<String, String>) -> usize {
+    labels.iter().map(|(k, v)| 96 + k.len() + v.len()).sum()
+}
+
+/// An annotation's value, unless it is longer than any value fleetroll writes.
+pub fn kept_annotation(obj: &impl ResourceExt, key: &str) -> Option<String> {
+    obj.annotations().get(key).filter(|v| v.len() <= ANNOTATION_KEPT).cloned()
 }
 
 /// The facts every kind shares (name, labels, our annotation, containers), with the kind's own `status`.
 fn facts(obj: &impl ResourceExt, template: &PodTemplateSpec, status: RolloutStatus) -> WorkloadFacts {
+    let (containers, containers_cut) = containers(template.spec.as_ref());
     WorkloadFacts {
         namespace: obj.namespace().unwrap_or_default(),
         name: obj.name_any(),
-        labels: obj.labels().clone(),
-        applied: obj.annotations().get(APPLIED_ANNOTATION).cloned(),
-        containers: containers(template.spec.as_ref()),
+        labels: kept_labels(obj.labels()),
+        applied: kept_annotation(obj, APPLIED_ANNOTATION),
+        containers,
+        containers_cut,
         generation: obj.meta().generation.unwrap_or(0),
         status,
+        resource_version: obj.meta().resource_version.clone().filter(|v| v.len() <= 64),
     }
 }
 
@@ -237,26 +321,22 @@ pub fn daemonset_facts(d: &DaemonSet) -> WorkloadFacts {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cached<K> {
     pub facts: WorkloadFacts,
-    /// The `fleetroll.dev/*` annotations.
+    /// The `fleetroll.dev/*` annotations the controller reads from the cache: the rollout that changed the
+    /// workload last, and whether a node rollout holds it (the saved strategy's presence, not its value).
     pub annotations: BTreeMap<String, String>,
-    resource_version: Option<String>,
     kind: PhantomData<fn() -> K>,
 }
 
-impl<K: Resource> Cached<K> {
+impl<K: Resource + ResourceExt> Cached<K> {
     pub fn new(obj: &K, facts: fn(&K) -> WorkloadFacts) -> Self {
-        let annotations = obj
-            .annotations()
-            .iter()
-            .filter(|(k, _)| k.starts_with("fleetroll.dev/"))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        Self {
-            facts: facts(obj),
-            annotations,
-            resource_version: obj.meta().resource_version.clone(),
-            kind: PhantomData,
+        let mut annotations = BTreeMap::new();
+        if let Some(rollout) = kept_annotation(obj, ROLLOUT_ANNOTATION) {
+            annotations.insert(ROLLOUT_ANNOTATION.to_string(), rollout);
         }
+        if obj.annotations().contains_key(crate::core::nodes::SAVED_STRATEGY_ANNOTATION) {
+            annotations.insert(crate::core::nodes::SAVED_STRATEGY_ANNOTATION.to_string(), String::new());
+        }
+        Self { facts: facts(obj), annotations, kind: PhantomData }
     }
 
     /// The rollout that last changed this workload (our annotation), whose reconcile its changes wake.
@@ -294,7 +374,7 @@ impl<K: Resource<DynamicType = ()>> Lookup for Cached<K> {
     }
 
     fn resource_version(&self) -> Option<Cow<'_, str>> {
-        self.resource_version.as_deref().map(Cow::Borrowed)
+        self.facts.resource_version.as_deref().map(Cow::Borrowed)
     }
 
     fn uid(&self) -> Option<Cow<'_, str>> {
@@ -303,24 +383,30 @@ impl<K: Resource<DynamicType = ()>> Lookup for Cached<K> {
 }
 
 /// The server-side-apply body that sets one container's image and stamps our annotations. Applied with
-/// field manager `fleetroll`, it owns exactly these fields and nothing else of the workload.
+/// field manager `fleetroll`, it owns exactly these fields and nothing else of the workload. It carries the
+/// resourceVersion the facts were taken at, so it applies only to the workload as it was judged: two
+/// rollouts that judged one workload free at once cannot both change it (the second gets a conflict and
+/// judges it again).
 pub fn image_patch(
     kind: TargetKind,
-    namespace: &str,
-    name: &str,
+    target: &WorkloadFacts,
     container: &str,
     image: &str,
     applied_key: &str,
     rollout: &str,
 ) -> Value {
+    let mut metadata = json!({
+        "name": target.name,
+        "namespace": target.namespace,
+        "annotations": { APPLIED_ANNOTATION: applied_key, ROLLOUT_ANNOTATION: rollout },
+    });
+    if let Some(version) = &target.resource_version {
+        metadata["resourceVersion"] = json!(version);
+    }
     json!({
         "apiVersion": "apps/v1",
         "kind": kind_name(kind),
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "annotations": { APPLIED_ANNOTATION: applied_key, ROLLOUT_ANNOTATION: rollout },
-        },
+        "metadata": metadata,
         "spec": { "template": { "spec": { "containers": [ { "name": container, "image": image } ] } } },
     })
 }
@@ -335,110 +421,4 @@ pub fn kind_name(kind: TargetKind) -> &'static str {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn facts(status: RolloutStatus, generation: i64) -> WorkloadFacts {
-        WorkloadFacts {
-            namespace: "ns".into(),
-            name: "web".into(),
-            labels: BTreeMap::new(),
-            applied: None,
-            containers: vec![("web".into(), "web:v1".into()), ("sidecar".into(), "proxy:v1".into())],
-            generation,
-            status,
-        }
-    }
-
-    fn settled(n: i32) -> RolloutStatus {
-        RolloutStatus {
-            observed_generation: 2,
-            desired: n,
-            current: n,
-            updated: n,
-            ready: n,
-            available: n,
-            revision_settled: true,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn a_fully_rolled_out_workload_is_ready() {
-        assert_eq!(facts(settled(3), 2).readiness(), Readiness::Ready);
-    }
-
-    #[test]
-    fn an_unobserved_generation_is_not_ready_whatever_the_counts() {
-        assert!(matches!(facts(settled(3), 3).readiness(), Readiness::NotReady(_)));
-    }
-
-    #[test]
-    fn old_replicas_or_unready_ones_keep_it_not_ready() {
-        let mut s = settled(3);
-        s.current = 4;
-        assert!(matches!(facts(s, 2).readiness(), Readiness::NotReady(m) if m.contains("old replicas")));
-        let mut s = settled(3);
-        s.ready = 2;
-        assert!(matches!(facts(s, 2).readiness(), Readiness::NotReady(_)));
-        let mut s = settled(3);
-        s.revision_settled = false;
-        assert!(matches!(facts(s, 2).readiness(), Readiness::NotReady(_)));
-    }
-
-    #[test]
-    fn a_deployment_past_its_progress_deadline_has_failed() {
-        let mut s = settled(3);
-        s.ready = 0;
-        s.deadline_exceeded = true;
-        assert!(matches!(
-            facts(s, 2).readiness(),
-            Readiness::Failed { reason: "ProgressDeadlineExceeded", .. }
-        ));
-    }
-
-    #[test]
-    fn zero_replicas_is_trivially_ready() {
-        assert_eq!(facts(settled(0), 2).readiness(), Readiness::Ready);
-    }
-
-    #[test]
-    fn the_container_is_named_or_the_only_one() {
-        let f = facts(settled(1), 2);
-        assert_eq!(f.container_image(Some("sidecar")), Ok(("sidecar", "proxy:v1")));
-        assert!(matches!(f.container_image(None), Err(ContainerError::Ambiguous { .. })));
-        let err = f.container_image(Some("nope")).unwrap_err();
-        assert_eq!(err.to_string(), "ns/web has no container named \"nope\" (it has: web, sidecar)");
-        let mut single = facts(settled(1), 2);
-        single.containers.truncate(1);
-        assert_eq!(single.container_image(None), Ok(("web", "web:v1")));
-    }
-
-    #[test]
-    fn the_patch_touches_only_the_image_and_our_annotations() {
-        let p = image_patch(TargetKind::StatefulSet, "ns", "db", "db", "db:v2", "uid/1/0", "fleet/r");
-        assert_eq!(p["kind"], "StatefulSet");
-        assert_eq!(p["metadata"]["annotations"][APPLIED_ANNOTATION], "uid/1/0");
-        assert_eq!(p["spec"]["template"]["spec"]["containers"], json!([{"name": "db", "image": "db:v2"}]));
-        assert_eq!(p["spec"].as_object().map(|o| o.len()), Some(1));
-    }
-
-    #[test]
-    fn the_cache_keeps_the_facts_and_our_annotations_only() {
-        let d: Deployment = serde_json::from_value(json!({
-            "metadata": {"name": "web", "namespace": "ns", "resourceVersion": "7", "generation": 2,
-                "labels": {"app": "web"},
-                "annotations": {ROLLOUT_ANNOTATION: "fleet/r1", "kubectl.kubernetes.io/last-applied-configuration": "{}"}},
-            "spec": {"selector": {}, "template": {"spec": {"containers": [{"name": "web", "image": "web:v1"}]}}},
-        }))
-        .unwrap();
-        let cached = Cached::new(&d, deployment_facts);
-        assert_eq!(cached.facts, deployment_facts(&d));
-        assert_eq!(cached.annotations.keys().collect::<Vec<_>>(), [ROLLOUT_ANNOTATION]);
-        assert_eq!(cached.rollout(), Some(("fleet", "r1")));
-        let key = cached.to_object_ref(());
-        assert_eq!((key.name.as_str(), key.namespace.as_deref()), ("web", Some("ns")));
-        assert_eq!(key.extra.resource_version.as_deref(), Some("7"));
-        assert_eq!(<Cached<Deployment> as Lookup>::plural(&()), "deployments");
-    }
-}
+mod tests;

@@ -26,7 +26,7 @@ use crate::{
         plan::{self, Candidate},
         reason,
         rollout::TargetState,
-        workload::{self, ContainerError},
+        workload,
     },
     error::{Error, Result, denial, is_conflict, is_not_found},
     runtime::{failpoint, metrics::Metrics},
@@ -202,11 +202,7 @@ pub async fn discover(at: At<'_>, fr: &FleetRollout) -> Result<Result<Vec<Candid
         }));
     }
     if let Err(e) = workload::daemonset_facts(ds).container_image(fr.spec.container.as_deref()) {
-        let reason = match e {
-            ContainerError::NotFound { .. } => reason::CONTAINER_NOT_FOUND,
-            ContainerError::Ambiguous { .. } => reason::CONTAINER_AMBIGUOUS,
-        };
-        return Ok(Err(Blocked { reason, message: format!("{e}; no pod was replaced") }));
+        return Ok(Err(Blocked { reason: e.reason(), message: format!("{e}; no pod was replaced") }));
     }
     let found = view.candidates(fr.spec.container.as_deref());
     if found.is_empty() {

@@ -107,10 +107,7 @@ pub(crate) fn candidates(
         }
     }
     if let Some(first) = errors.first() {
-        let reason = match first {
-            ContainerError::NotFound { .. } => reason::CONTAINER_NOT_FOUND,
-            ContainerError::Ambiguous { .. } => reason::CONTAINER_AMBIGUOUS,
-        };
+        let reason = first.reason();
         let more = if errors.len() > 1 {
             format!(" (and {} more targets)", errors.len() - 1)
         } else {
@@ -304,7 +301,7 @@ pub(crate) fn unplanned(
         allowed_namespaces(fr, fleet_namespace, Some(&namespaces)).ok()?.into_iter().collect();
     let extra = stores.keys_where(fr.spec.targets.kind, |f| {
         allowed.contains(&f.namespace)
-            && selector.matches(&f.labels)
+            && f.labels.as_ref().is_some_and(|labels| selector.matches(labels))
             && !members.contains(&(f.namespace.clone(), f.name.clone()))
     });
     Some(plan::unplanned(extra))
@@ -397,11 +394,13 @@ mod tests {
         let f = WorkloadFacts {
             namespace: "ns".into(),
             name: "web".into(),
-            labels: BTreeMap::new(),
+            labels: Some(BTreeMap::new()),
             applied: None,
-            containers: vec![("web".into(), "web:v1".into())],
+            containers: vec![("web".into(), Ok("web:v1".into()))],
+            containers_cut: 0,
             generation: 1,
             status: Default::default(),
+            resource_version: None,
         };
         let mut fr = rollout("ns", None);
         fr.spec.container = Some("api".into());

@@ -364,13 +364,15 @@ mod tests {
 
     #[tokio::test]
     async fn a_member_cache_weighs_no_more_than_it_may_whatever_the_watch_sends() {
-        // Workloads of 1 MiB of labels each, added without end: the watch fails before the cache is past
-        // its weight, and changes and deletions are counted as such.
+        // Workloads with as many labels as are kept, added without end: the watch fails before the cache
+        // is past its weight, and changes and deletions are counted as such.
         let heavy = |name: &str| {
             let mut d = deployment("tenant", name, "fleet/across", "1");
-            d.metadata.labels = Some([("big".to_string(), "x".repeat(1024 * 1024))].into());
+            d.metadata.labels = Some((0..20).map(|i| (format!("k{i:02}"), "x".repeat(100))).collect());
             d
         };
+        let one = workload::deployment_facts(&heavy("w0")).weight();
+        assert!(workload::deployment_facts(&heavy("w0")).labels.is_some() && one > 4000, "{one}");
         let events =
             futures::stream::iter((0..).map(move |i| Ok(WatchEvent::Added(heavy(&format!("w{i}"))))));
         let (wake, _woken) = futures::channel::mpsc::unbounded();
@@ -379,7 +381,7 @@ mod tests {
         assert!(err.to_string().contains("past 64 MiB of facts in one member's cache"), "{err}");
         let held = cache.facts.read().unwrap();
         assert!(
-            held.weight <= lists::MAX_FACTS_BYTES && held.all.len() == 63,
+            held.weight <= lists::MAX_FACTS_BYTES && held.all.len() + 1 >= lists::MAX_FACTS_BYTES / (one + 8),
             "{} {}",
             held.weight,
             held.all.len()

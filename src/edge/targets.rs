@@ -20,7 +20,7 @@ use crate::{
         rollout::{Carrier, TargetState},
         workload::{self, Cached, WorkloadFacts},
     },
-    error::{Error, Result, denial, is_not_found},
+    error::{Error, Result, denial, is_conflict, is_not_found},
     runtime::{failpoint, metrics::Metrics},
 };
 
@@ -150,6 +150,8 @@ pub struct Outcome {
     pub skipped: u32,
     /// Refused by the API server, with its message.
     pub denied: Vec<(PlannedTarget, String)>,
+    /// Not changed: another rollout, still running, had changed it first (`namespace/name` of that one).
+    pub held: Vec<(PlannedTarget, String)>,
     /// Member clusters that could not be reached (their targets were not all changed), with why.
     pub unreached: std::collections::BTreeMap<String, String>,
 }
@@ -166,12 +168,17 @@ impl Outcome {
         self.unchanged += other.unchanged;
         self.skipped += other.skipped;
         self.denied.extend(other.denied);
+        self.held.extend(other.held);
         self.unreached.extend(other.unreached);
     }
 }
 
 /// A target's facts as a watch cache holds them; None when it holds none (yet).
 pub type CachedFacts<'a> = &'a (dyn Fn(&PlannedTarget) -> Option<WorkloadFacts> + Sync);
+
+/// Another rollout, still running, that owns a `fleetroll.dev/applied` key (`namespace/name`); None when
+/// the key is this rollout's own, or its owner is finished or gone.
+pub type Holder<'a> = &'a (dyn Fn(&str) -> Option<String> + Sync);
 
 /// One image change to make.
 pub struct Change<'a> {
@@ -180,7 +187,12 @@ pub struct Change<'a> {
     pub key: &'a str,
     pub rollout: &'a str,
     pub between: &'static str,
+    /// Who holds a target that carries another key: such a target is not changed, whatever the plan says.
+    pub holder: Holder<'a>,
 }
+
+/// How often a change is tried again against a target that changed underneath it (each try reads it anew).
+const CONFLICTS_RETRIED: usize = 3;
 
 /// Applies `image_of(target)` to each target that does not carry `change.key` yet, with server-side apply.
 /// Safe to repeat: a target that already has the key is skipped, and re-sending the same apply is a no-op.
@@ -218,6 +230,7 @@ pub async fn patch_all(
             PatchResult::Unchanged => outcome.unchanged += 1,
             PatchResult::Skipped => outcome.skipped += 1,
             PatchResult::Denied(message) => outcome.denied.push((t, message)),
+            PatchResult::Held(other) => outcome.held.push((t, other)),
         }
     }
     Ok(outcome)
@@ -228,8 +241,12 @@ enum PatchResult {
     Unchanged,
     Skipped,
     Denied(String),
+    Held(String),
 }
 
+/// Changes one target, judged as it is: from the cache first, then, after a conflict, as read anew. The
+/// change is sent against the resourceVersion it was judged at, so that a target another rollout changed
+/// meanwhile is judged again (held by it, now) rather than changed by both.
 async fn patch_one(
     client: &Client,
     cached: CachedFacts<'_>,
@@ -238,52 +255,73 @@ async fn patch_one(
     t: &PlannedTarget,
     image: &str,
 ) -> Result<PatchResult> {
-    let facts = match cached(t) {
-        Some(f) => Some(f),
-        None => live_facts(client, change.kind, t).await?,
-    };
-    let Some(facts) = facts else {
-        info!(target = %t.key(), "target is gone; skipped");
-        return Ok(PatchResult::Skipped);
-    };
-    let container = match facts.container_image(change.container) {
-        Ok((name, current)) => {
-            if facts.applied.as_deref() == Some(change.key) && current == image {
-                return Ok(PatchResult::Unchanged);
+    let mut facts = cached(t);
+    for _ in 0..CONFLICTS_RETRIED {
+        let seen = match facts.take() {
+            Some(f) => Some(f),
+            None => live_facts(client, change.kind, t).await?,
+        };
+        let Some(seen) = seen else {
+            info!(target = %t.key(), "target is gone; skipped");
+            return Ok(PatchResult::Skipped);
+        };
+        let body = match judge(change, &seen, image) {
+            Judged::Done(result) => return Ok(result),
+            Judged::Send(body) => body,
+        };
+        let Some(result) = apply_patch(client, change.kind, t, &body).await else {
+            return Ok(PatchResult::Skipped);
+        };
+        metrics.target_patches.inc();
+        return match result {
+            Ok(()) => {
+                debug!(target = %t.key(), %image, key = change.key, "patched");
+                Ok(PatchResult::Changed)
             }
-            name.to_string()
+            Err(e) if is_conflict(&e) => {
+                debug!(target = %t.key(), "changed since it was judged; judging it again");
+                continue;
+            }
+            Err(e) if is_not_found(&e) => Ok(PatchResult::Skipped),
+            Err(e) => match denial(&e) {
+                Some(message) => {
+                    info!(target = %t.key(), %message, "change denied");
+                    Ok(PatchResult::Denied(message))
+                }
+                None => Err(Error::Kube(e)),
+            },
+        };
+    }
+    Err(Error::Conflict)
+}
+
+/// What to do with a target as seen: nothing (it is done, held or cannot be changed), or send this body.
+enum Judged {
+    Done(PatchResult),
+    Send(serde_json::Value),
+}
+
+fn judge(change: &Change<'_>, seen: &WorkloadFacts, image: &str) -> Judged {
+    if let Some(other) = seen.applied.as_deref().filter(|k| *k != change.key).and_then(change.holder) {
+        info!(target = %seen.key(), holder = %other, "another rollout, still running, changed it first; not changed");
+        return Judged::Done(PatchResult::Held(other));
+    }
+    match seen.container_image(change.container) {
+        Ok((_, current)) if seen.applied.as_deref() == Some(change.key) && current == image => {
+            Judged::Done(PatchResult::Unchanged)
         }
+        Ok((container, _)) => Judged::Send(workload::image_patch(
+            change.kind,
+            seen,
+            container,
+            image,
+            change.key,
+            change.rollout,
+        )),
         Err(e) => {
             info!(error = %e, "target has no such container; skipped");
-            return Ok(PatchResult::Skipped);
+            Judged::Done(PatchResult::Skipped)
         }
-    };
-    let body = workload::image_patch(
-        change.kind,
-        &t.namespace,
-        &t.name,
-        &container,
-        image,
-        change.key,
-        change.rollout,
-    );
-    let Some(result) = apply_patch(client, change.kind, t, &body).await else {
-        return Ok(PatchResult::Skipped);
-    };
-    metrics.target_patches.inc();
-    match result {
-        Ok(()) => {
-            debug!(target = %t.key(), %image, key = change.key, "patched");
-            Ok(PatchResult::Changed)
-        }
-        Err(e) if is_not_found(&e) => Ok(PatchResult::Skipped),
-        Err(e) => match denial(&e) {
-            Some(message) => {
-                info!(target = %t.key(), %message, "change denied");
-                Ok(PatchResult::Denied(message))
-            }
-            None => Err(Error::Kube(e)),
-        },
     }
 }
 
@@ -336,4 +374,52 @@ pub async fn live_facts(
         TargetKind::Node => None,
     };
     Ok(facts)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn facts(applied: Option<&str>, image: &str) -> WorkloadFacts {
+        WorkloadFacts {
+            namespace: "ns".into(),
+            name: "web".into(),
+            labels: Some(BTreeMap::new()),
+            applied: applied.map(String::from),
+            containers: vec![("web".into(), Ok(image.into()))],
+            containers_cut: 0,
+            generation: 1,
+            status: Default::default(),
+            resource_version: Some("41".into()),
+        }
+    }
+
+    #[test]
+    fn a_target_is_changed_only_as_it_was_judged_and_never_under_another_running_rollout() {
+        let holder = |key: &str| key.starts_with("other-uid/").then(|| "team/other".to_string());
+        let change = Change {
+            kind: TargetKind::Deployment,
+            container: None,
+            key: "own-uid/1/0",
+            rollout: "team/own",
+            between: "",
+            holder: &holder,
+        };
+        // Free (never rolled, or last changed by a finished rollout): sent against the version judged.
+        for applied in [None, Some("finished-uid/3/1")] {
+            let Judged::Send(body) = judge(&change, &facts(applied, "web:v1"), "web:v2") else {
+                panic!("a free target is changed");
+            };
+            assert_eq!(body["metadata"]["resourceVersion"], "41");
+            assert_eq!(body["spec"]["template"]["spec"]["containers"][0]["image"], "web:v2");
+        }
+        // Another running rollout changed it first: left alone, whatever the plan says.
+        let held = judge(&change, &facts(Some("other-uid/1/0"), "web:v9"), "web:v2");
+        assert!(matches!(held, Judged::Done(PatchResult::Held(ref o)) if o == "team/other"));
+        // Ours already: a replay changes nothing.
+        let replay = judge(&change, &facts(Some("own-uid/1/0"), "web:v2"), "web:v2");
+        assert!(matches!(replay, Judged::Done(PatchResult::Unchanged)));
+    }
 }

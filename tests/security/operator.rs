@@ -44,7 +44,7 @@ async fn untouched(env: &Env, ns: &str) -> bool {
 }
 
 /// `Phase/Reason: message` of a rollout, for the table.
-fn state(fr: &FleetRollout) -> String {
+pub(super) fn state(fr: &FleetRollout) -> String {
     let s = fr.status.clone().unwrap_or_default();
     format!("{}/{}: {}", s.phase, s.reason.unwrap_or_default(), s.message.unwrap_or_default())
 }
@@ -53,12 +53,12 @@ fn reason(fr: &FleetRollout) -> Option<String> {
     fr.status.as_ref().and_then(|s| s.reason.clone())
 }
 
-fn refusals(fr: &FleetRollout, reason: &str) -> usize {
+pub(super) fn refusals(fr: &FleetRollout, reason: &str) -> usize {
     fr.status.as_ref().map_or(0, |s| s.failures.iter().filter(|f| f.reason == reason).count())
 }
 
 /// Whether the operator still runs and serves (`/readyz`).
-async fn serving(op: &mut Operator) -> bool {
+pub(super) async fn serving(op: &mut Operator) -> bool {
     let url = format!("http://127.0.0.1:{}/readyz", op.port);
     op.is_running() && reqwest::get(&url).await.is_ok_and(|r| r.status().is_success())
 }

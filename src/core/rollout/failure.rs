@@ -117,6 +117,50 @@ pub fn denied(mut after: Transition, batch: u32, denied: Vec<(PlannedTarget, Str
     after
 }
 
+/// Records, in the status written after a batch was applied, the targets left alone because another
+/// rollout, still running, had changed them first (each `(target, that rollout)`): refused now, as a
+/// target the scope rules refuse at the start of a batch is, and never awaited.
+pub fn held(mut after: Transition, batch: u32, held: Vec<(PlannedTarget, String)>) -> Transition {
+    let refusals = held
+        .into_iter()
+        .map(|(t, other)| {
+            let message =
+                format!("{}: FleetRollout {other}, still running, changed it first; not changed", t.key());
+            super::failure(&t, batch, reason::TARGET_HELD, message)
+        })
+        .collect();
+    let recorded = refused(&mut after, batch, refusals);
+    let s = &mut after.status;
+    for cluster in recorded {
+        s.counts.updated = s.counts.updated.saturating_sub(1);
+        if let Some(c) = s.clusters.as_mut() {
+            clusters::tally(c, batch, [cluster.as_str()], Count::Updated, -1);
+        }
+    }
+    after
+}
+
+/// Records targets batch `batch` leaves alone (`refusals`), at most [`DENIED_LISTED`] of them: listed in the
+/// batch, in `failures`, in `counts.refused` and in an event each. Returns the clusters of those recorded.
+pub(super) fn refused(after: &mut Transition, batch: u32, refusals: Vec<TargetFailure>) -> Vec<String> {
+    let s = &mut after.status;
+    let mut recorded = Vec::new();
+    for r in refusals {
+        let key = r.key();
+        let Some(entry) = s.batch_mut(batch) else { break };
+        if entry.refused.len() >= DENIED_LISTED || entry.refused.contains(&key) {
+            continue;
+        }
+        entry.refused.push(key);
+        s.counts.refused += 1;
+        after.events.push(Event::warning(reason::refusal(&r.reason), Some(batch), r.message.clone()));
+        recorded.push(r.cluster.clone());
+        s.failures.push(r);
+    }
+    trim_front(&mut s.failures, FAILURE_DETAILS);
+    recorded
+}
+
 /// Records, in the status written after a batch was applied, the member clusters the change could not
 /// reach (`targets` of theirs were not changed): the batch changes them once the cluster answers, or they
 /// fail as ClusterUnreachable at the health timeout (see `verify`).

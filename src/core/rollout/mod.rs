@@ -30,7 +30,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 pub use self::{
     analysis::due_queries,
-    failure::{denied, unreached},
+    failure::{denied, held, unreached},
     gates::{ClusterWait, NewRevision, await_clusters, blocked, start_revision},
     housekeeping::{before_observing, probes},
     rollback::{owed, restored},
@@ -233,16 +233,16 @@ fn abort(f: &Facts<'_>, mut s: FleetRolloutStatus) -> Step {
 fn apply(f: &Facts<'_>, s: FleetRolloutStatus, b: BatchStatus) -> Step {
     let index = b.index;
     // Targets of member clusters that do not answer wait for them (nothing can be judged of them now);
-    // refused targets are left alone here and reported when the batch settles (see `verify`).
+    // refused targets are left alone, and refused now, once, whatever becomes of what refused them.
     let (reachable, waiting) = failure::answering(f, f.plan.batch(index).to_vec());
     let (targets, refused) = in_scope(f, reachable, index);
+    let refused_count = count(refused.len());
     let mut after = s;
     if let Some(entry) = after.batch_mut(index) {
         entry.state = BatchState::Verifying;
         entry.applied_at = Some(time(f.now));
     }
-    after.counts.updated =
-        f.status.counts.updated.saturating_add(b.size.saturating_sub(count(refused.len())));
+    after.counts.updated = f.status.counts.updated.saturating_add(b.size.saturating_sub(refused_count));
     if let Some(c) = after.clusters.as_mut() {
         let counted = targets.iter().chain(&waiting).map(|t| t.cluster.as_str());
         clusters::tally(c, index, counted, clusters::Count::Updated, 1);
@@ -251,10 +251,11 @@ fn apply(f: &Facts<'_>, s: FleetRolloutStatus, b: BatchStatus) -> Step {
     finish(&mut after, f.generation, f.now);
     let message =
         format!("batch {}/{}: {} targets changed to {}", index + 1, total_batches(f), b.size, f.spec.image);
-    let after = Transition {
+    let mut after = Transition {
         status: after,
         events: vec![Event::normal(reason::BATCH_APPLIED, Some(index), message)],
     };
+    failure::refused(&mut after, index, refused);
     let mut after = unreached(after, index, &waiting, f.unreachable);
     finish(&mut after.status, f.generation, f.now);
     Step::Apply { key: b.idempotency_key, image: image(f), targets, after }

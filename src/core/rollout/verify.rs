@@ -154,8 +154,9 @@ fn tally(f: &Facts<'_>, b: &BatchStatus, timed_out: bool) -> Tally {
             continue;
         }
         let ours = state.as_ref().is_some_and(|s| s.applied.as_deref() == Some(b.idempotency_key.as_str()));
-        if !ours && b.denied.contains(&target.key()) {
-            // Failed when its change was refused; counted then.
+        if !ours && (b.denied.contains(&target.key()) || b.refused.contains(&target.key())) {
+            // Failed when its change was refused, or refused when the batch started or came to change it;
+            // counted then.
             continue;
         }
         if !ours && let Err(r) = (f.scope)(target) {
@@ -325,7 +326,15 @@ fn verdict(
                 format!("{} was changed to {current} by someone else after fleetroll set {image}", t.key()),
             );
         }
-        // Our change is not in the cache yet.
+        // Our change is not in the cache yet; past the health timeout it never will be: someone changed the
+        // target again before it was seen, and it is judged, never awaited for ever.
+        if timed_out {
+            let message = format!(
+                "{} does not show this batch's change ({image}) within the health timeout: it runs {current}",
+                t.key()
+            );
+            return Verdict::Failed(reason::IMAGE_CHANGED, message);
+        }
         return Verdict::Waiting("the change is not visible yet".into());
     }
     let (why, failure_reason) = match state.readiness {

@@ -185,6 +185,75 @@ fn a_change_the_api_server_refuses_fails_that_target_at_once_with_its_message() 
     assert_eq!(sim.status.batches[0].failed, 1);
 }
 
+#[test]
+fn a_target_another_rollout_changed_first_is_refused_at_once_and_never_awaited() {
+    let mut sim = Sim::new(spec(5), 10);
+    let taken = key(&sim.plan.batches[0][2]);
+    sim.taken.insert(taken.clone(), "team/other".into());
+    sim.step(); // intent
+    sim.step(); // applied, one held by the other rollout
+    let b = &sim.status.batches[0];
+    assert_eq!(b.refused, std::slice::from_ref(&taken));
+    assert_eq!((sim.status.counts.refused, sim.status.counts.updated), (1, 4), "refused at once");
+    let f = sim.status.failures.last().unwrap();
+    assert_eq!(f.reason, reason::TARGET_HELD);
+    assert!(f.message.contains("FleetRollout team/other, still running, changed it first"), "{}", f.message);
+    // The other rollout finishes meanwhile: the target is still not this batch's to wait for or fail.
+    sim.refused.clear();
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    let c = &sim.status.counts;
+    assert_eq!((c.updated, c.healthy, c.failed, c.refused), (9, 9, 0, 1), "counted once, as refused");
+    assert_eq!(sim.changes_of(&taken), 0, "never changed by this rollout");
+}
+
+#[test]
+fn a_target_refused_when_its_batch_started_stays_refused_once_what_held_it_has_finished() {
+    let mut sim = Sim::new(spec(5), 10);
+    let taken = key(&sim.plan.batches[0][1]);
+    // Another running rollout changed it before this batch started: the scope rules refuse it.
+    sim.refused.insert(taken.clone(), reason::TARGET_HELD);
+    let state = sim.world.get_mut(&taken).unwrap();
+    (state.image, state.applied) = (Ok("web:other".into()), Some("other-uid/1/0".into()));
+    sim.step(); // intent
+    sim.step(); // applied: refused now, once
+    assert_eq!(sim.status.counts.refused, 1);
+    assert_eq!(sim.status.batches[0].refused, std::slice::from_ref(&taken));
+    // The other rollout finishes before this batch settles: the target is not this batch's to judge.
+    sim.refused.clear();
+    assert_eq!(sim.settle(), None);
+    let c = &sim.status.counts;
+    assert_eq!((sim.status.phase, c.updated, c.healthy, c.failed, c.refused), (Phase::Succeeded, 9, 9, 0, 1));
+    assert_eq!(sim.status.failures.iter().filter(|f| key_of(f) == taken).count(), 1, "reported once");
+}
+
+#[test]
+fn a_change_someone_overwrote_before_it_was_seen_fails_at_the_health_timeout_never_waits_for_ever() {
+    let mut sim = Sim::new(spec(5), 5);
+    sim.auto_ready = false;
+    sim.step(); // intent
+    sim.step(); // applied
+    // Another writer changed the first target (image and key) before the cache ever showed our change.
+    let overwritten = key(&sim.plan.batches[0][0]);
+    let state = sim.world.get_mut(&overwritten).unwrap();
+    (state.image, state.applied) = (Ok("web:theirs".into()), Some("someone/else".into()));
+    for t in sim.plan.batches[0].clone().iter().skip(1) {
+        sim.world.get_mut(&key(t)).unwrap().readiness = Readiness::Ready;
+    }
+    let wait = sim.settle().expect("waits for the change to show, until the health timeout");
+    assert_eq!(sim.status.phase, Phase::Progressing);
+    sim.pass(wait);
+    sim.settle();
+    let f = sim.status.failures.iter().find(|f| key_of(f) == overwritten).expect("judged");
+    assert_eq!(f.reason, reason::IMAGE_CHANGED);
+    assert!(f.message.contains("does not show this batch's change"), "{}", f.message);
+    assert_eq!(sim.status.counts.failed, 1);
+}
+
+fn key_of(f: &crate::api::TargetFailure) -> String {
+    format!("{}/{}", f.namespace, f.name)
+}
+
 /// Batch 0 applied, then a GitOps tool re-applies its manifest on its first target: the old image is back,
 /// our annotations stay. Returns the events of the step that judges the batch.
 fn reverted_in_flight(sim: &mut Sim) -> Vec<Event> {

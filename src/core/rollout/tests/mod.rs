@@ -56,6 +56,9 @@ pub(super) struct Sim {
     pub(super) refused: HashMap<String, &'static str>,
     /// Targets whose change the API server refuses.
     pub(super) denied: std::collections::HashSet<String>,
+    /// Targets another rollout, still running, changes between a batch's start and its change (to that
+    /// rollout's image and key), by the name of that rollout.
+    pub(super) taken: HashMap<String, String>,
     /// Whether the rollout carries the finalizer of a node rollout.
     pub(super) holds_daemonset: bool,
     /// What the simulated metrics backend answers, per metric (absent: an error).
@@ -137,6 +140,7 @@ impl Sim {
             max_in_flight: 0,
             refused: HashMap::new(),
             denied: Default::default(),
+            taken: Default::default(),
             holds_daemonset: false,
             backend: HashMap::new(),
             queries: Default::default(),
@@ -210,11 +214,16 @@ impl Sim {
                 self.writes += 1;
             }
             Step::Apply { key: k, image, targets, after } => {
-                let mut refused = Vec::new();
+                let (mut refused, mut held) = (Vec::new(), Vec::new());
                 let mut missed = std::collections::BTreeMap::new();
                 for t in targets {
                     if let Some(why) = self.unreachable.get(&t.cluster) {
                         missed.insert(t.cluster.clone(), why.clone());
+                    } else if let Some(other) = self.taken.get(&key(t)).cloned() {
+                        // As the edge: the other's change came first; ours is not made.
+                        let state = self.world.get_mut(&key(t)).unwrap();
+                        (state.image, state.applied) = (Ok("web:other".into()), Some("other-uid/1/0".into()));
+                        held.push((t.clone(), other));
                     } else if self.denied.contains(&key(t)) {
                         refused.push((t.clone(), format!("admission webhook denied {}", key(t))));
                     } else {
@@ -223,7 +232,7 @@ impl Sim {
                 }
                 let batch = after.status.current_batch.unwrap_or_default();
                 let after = unreached(after.clone(), batch, targets, &missed);
-                self.status = denied(after, batch, refused).status;
+                self.status = super::held(denied(after, batch, refused), batch, held).status;
                 self.writes += 1;
             }
             Step::Restore { key: k, targets, refused, waiting } => {
