@@ -31,6 +31,23 @@ pub const OPT_IN_VALUE: &str = "enabled";
 /// Field manager of every write the operator makes.
 pub const FIELD_MANAGER: &str = "fleetroll";
 
+/// The longest annotation value a cache keeps of a FleetRollout (hashes and user names are far shorter).
+const CACHED_ANNOTATION_MAX: usize = 512;
+
+/// A FleetRollout as a cache keeps it: its spec, status, finalizers and identity, and of its annotations only
+/// those in `keep` (each at most [`CACHED_ANNOTATION_MAX`] bytes). Labels, other annotations (a
+/// `kubectl apply` copy of the whole object among them) and managed fields are whatever its writers made
+/// them, and no reader of a cache needs them.
+pub fn kept_for_cache(fr: &mut FleetRollout, keep: &[&str]) {
+    let meta = &mut fr.metadata;
+    meta.managed_fields = None;
+    meta.labels = None;
+    meta.owner_references = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|k, v| keep.contains(&k.as_str()) && v.len() <= CACHED_ANNOTATION_MAX);
+    }
+}
+
 /// The CRD, with the generated schema adjusted for the API server (see [`adjust_schema`]).
 pub fn crd() -> CustomResourceDefinition {
     let mut crd = FleetRollout::crd();

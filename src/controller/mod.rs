@@ -8,6 +8,7 @@ mod member_nodes;
 mod members;
 mod reconcile;
 mod revision;
+mod wakes;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
@@ -75,7 +76,7 @@ pub struct Context {
     client: Client,
     settings: Settings,
     /// What rollouts may touch (from the settings).
-    rules: scope::Rules,
+    rules: Arc<scope::Rules>,
     stores: Stores,
     rollouts: Store<FleetRollout>,
     plans: PlanStore,
@@ -172,11 +173,12 @@ impl Context {
 }
 
 /// Caches one workload kind as facts, and says which rollout each change concerns (the one that last
-/// changed the workload, from our annotation).
+/// changed the workload, from our annotation), if it may wake it.
 fn watch_workloads<K>(
     client: &Client,
     config: &watcher::Config,
     facts: fn(&K) -> WorkloadFacts,
+    wakes: wakes::Wakes,
 ) -> (Store<Cached<K>>, impl Stream<Item = ObjectRef<FleetRollout>> + Send + 'static)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
@@ -185,9 +187,9 @@ where
     let events = watcher(Api::<K>::all(client.clone()), config.clone())
         .default_backoff()
         .map_ok(move |event| cached_event(event, facts));
-    let triggers = reflector::reflector(writer, events).touched_objects().filter_map(|touched| {
+    let triggers = reflector::reflector(writer, events).touched_objects().filter_map(move |touched| {
         futures::future::ready(match touched {
-            Ok(c) => c.rollout().map(|(ns, name)| ObjectRef::new(name).within(ns)),
+            Ok(c) => c.rollout().and_then(|named| wakes.of(&c.facts.namespace, named)),
             Err(e) => {
                 warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying with backoff");
                 None
@@ -211,30 +213,100 @@ fn cached_event<K: Resource>(
     }
 }
 
-/// The controller over the FleetRollouts, woken by changes of the workloads they changed last, and the
-/// caches of the workloads and namespaces.
-fn watches(client: &Client, rollouts: Api<FleetRollout>) -> (Controller<FleetRollout>, Stores) {
-    let watch_cfg = watcher::Config::default().any_semantic();
-    let (deployments, deployment_triggers) = watch_workloads(client, &watch_cfg, workload::deployment_facts);
-    let (statefulsets, statefulset_triggers) =
-        watch_workloads(client, &watch_cfg, workload::statefulset_facts);
-    let (daemonsets, daemonset_triggers) = watch_workloads(client, &watch_cfg, workload::daemonset_facts);
+/// How every cache lists: as a stream of single objects where the API server can (a streaming list,
+/// `sendInitialEvents`), so that a list never sits in memory whole, however large what tenants wrote into
+/// their objects; otherwise in pages of [`LIST_PAGE`] (the API server answers a list "from its cache", as
+/// `resourceVersion=0` asks, in one page whatever the limit, so those are read from etcd).
+async fn watch_config(client: &Client) -> watcher::Config {
+    use kube::api::WatchEvent;
+    let probe = kube::core::Request::new("/apis/apps/v1/deployments")
+        .watch(&kube::api::WatchParams::streaming_lists().timeout(1), "")
+        .map_err(kube::Error::BuildRequest);
+    let streams = match probe {
+        Ok(request) => match client.request_events::<k8s_openapi::api::apps::v1::Deployment>(request).await {
+            Ok(events) => {
+                let first = std::pin::pin!(events).next().await;
+                matches!(first, Some(Ok(e)) if !matches!(e, WatchEvent::Error(_)))
+            }
+            Err(_) => false,
+        },
+        Err(_) => false,
+    };
+    if streams {
+        info!("the API server streams lists: every cache lists object by object");
+        watcher::Config::default().streaming_lists()
+    } else {
+        info!(page = LIST_PAGE, "the API server does not stream lists: caches list page by page");
+        watcher::Config::default().page_size(LIST_PAGE)
+    }
+}
+
+/// Objects per page of a cache's list, where lists are not streamed: what a page of near-maximal objects
+/// (1.5 MiB each, as etcd allows) may cost at once.
+const LIST_PAGE: u32 = 25;
+
+/// The controller over the FleetRollouts, woken by changes of the workloads they changed last (as far as
+/// they may wake them), and the caches of the workloads and namespaces. `other_wakes`: wakes from
+/// elsewhere (member clusters), held to the same shares.
+async fn watches(
+    client: &Client,
+    rollouts: Api<FleetRollout>,
+    rules: Arc<scope::Rules>,
+    other_wakes: impl Stream<Item = ObjectRef<FleetRollout>> + Send + 'static,
+) -> (Controller<FleetRollout>, Stores) {
+    let watch_cfg = watch_config(client).await;
+    let (rollout_store, rollout_writer) = reflector::store::<FleetRollout>();
+    let rollout_events = watcher(rollouts, watch_cfg.clone())
+        .default_backoff()
+        .modify(|fr| crate::api::kept_for_cache(fr, &[]))
+        .reflect(rollout_writer)
+        .applied_objects();
     let (namespaces, namespaces_w) = reflector::store::<Namespace>();
     let namespace_events = watcher(Api::<Namespace>::all(client.clone()), watch_cfg.clone())
         .default_backoff()
-        .modify(|n| {
-            n.metadata.managed_fields = None;
-            n.metadata.annotations = None;
-        })
+        .modify(kept_namespace)
         .reflect(namespaces_w)
         .touched_objects();
-
-    let controller = Controller::new(rollouts, watch_cfg)
-        .reconcile_on(deployment_triggers)
-        .reconcile_on(statefulset_triggers)
-        .reconcile_on(daemonset_triggers)
-        .watches_stream(namespace_events, |_| None);
+    let wakes = wakes::Wakes { rollouts: rollout_store.clone(), namespaces: namespaces.clone(), rules };
+    let (deployments, deployment_triggers) =
+        watch_workloads(client, &watch_cfg, workload::deployment_facts, wakes.clone());
+    let (statefulsets, statefulset_triggers) =
+        watch_workloads(client, &watch_cfg, workload::statefulset_facts, wakes.clone());
+    let (daemonsets, daemonset_triggers) =
+        watch_workloads(client, &watch_cfg, workload::daemonset_facts, wakes);
+    let triggers = futures::stream::select_all([
+        deployment_triggers.boxed(),
+        statefulset_triggers.boxed(),
+        daemonset_triggers.boxed(),
+        other_wakes.boxed(),
+    ]);
+    let controller = Controller::for_stream(rollout_events, rollout_store)
+        .reconcile_on(wakes::shared(triggers))
+        .watches_stream(namespace_events, |_| None)
+        .with_config(kube::runtime::controller::Config::default().concurrency(RECONCILES_AT_ONCE));
     (controller, Stores::new(deployments, statefulsets, daemonsets, namespaces))
+}
+
+/// Reconciles at once: each may hold probes, queries and lists, so their number bounds what the operator
+/// holds; far more than a fleet's rollouts in flight need (a reconcile takes milliseconds).
+const RECONCILES_AT_ONCE: u16 = 32;
+
+/// A namespace as the cache keeps it: name and labels (the opt-in label at least, all of them unless
+/// they weigh more than a workload's may).
+fn kept_namespace(n: &mut Namespace) {
+    let labels = n.metadata.labels.take().unwrap_or_default();
+    let kept = workload::kept_labels(&labels).unwrap_or_else(|| {
+        labels.into_iter().filter(|(k, v)| k == crate::api::OPT_IN_LABEL && v.len() <= 64).collect()
+    });
+    n.metadata = kube::api::ObjectMeta {
+        name: n.metadata.name.take(),
+        resource_version: n.metadata.resource_version.take(),
+        uid: n.metadata.uid.take(),
+        labels: Some(kept),
+        ..Default::default()
+    };
+    n.spec = None;
+    n.status = None;
 }
 
 /// Runs the controller until `shutdown` fires. Call only while holding the leader lease.
@@ -250,10 +322,14 @@ pub async fn run(
     };
     rollouts.list(&ListParams::default().limit(1)).await.map_err(Error::CrdMissing)?;
 
-    let (controller, stores) = watches(&client, rollouts);
     // Changes in member clusters wake their rollouts as changes here do.
     let (member_wake, member_changes) = futures::channel::mpsc::unbounded();
-    let controller = controller.reconcile_on(member_changes);
+    let rules = Arc::new(scope::Rules {
+        fleet_namespace: settings.fleet_namespace.clone(),
+        protected_namespaces: settings.protected_namespaces.clone(),
+        self_workloads: settings.self_workloads.clone(),
+    });
+    let (controller, stores) = watches(&client, rollouts, rules.clone(), member_changes).await;
     let prober = Prober::new(settings.http_check.clone(), Some(client.clone())).map_err(Error::Config)?;
     let querier =
         crate::edge::prometheus::Querier::new(settings.analysis.policy.clone(), Some(client.clone()))
@@ -270,11 +346,7 @@ pub async fn run(
         plans: PlanStore::new(settings.plan_limits),
         prober,
         querier,
-        rules: scope::Rules {
-            fleet_namespace: settings.fleet_namespace.clone(),
-            protected_namespaces: settings.protected_namespaces.clone(),
-            self_workloads: settings.self_workloads.clone(),
-        },
+        rules,
         settings,
         stores: stores.clone(),
         metrics,

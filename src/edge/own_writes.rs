@@ -1,16 +1,25 @@
 //! The newest version of each object this process wrote. A watch cache lags behind our own writes by a
 //! few milliseconds; reading through this never shows a caller something older than what we just wrote.
+//! A write is kept until the cache has caught up with it, or for [`KEPT_FOR`] at most: one whose object was
+//! deleted before the cache showed it would otherwise be kept for ever.
 
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
+    time::{Duration, Instant},
 };
 
 use kube::{Resource, ResourceExt, runtime::reflector::ObjectRef};
 
+/// How long a write is served ahead of the cache: far longer than a watch lags.
+const KEPT_FOR: Duration = Duration::from_secs(60);
+
 pub struct OwnWrites<K: Resource<DynamicType = ()>> {
-    newest: Mutex<HashMap<ObjectRef<K>, Arc<K>>>,
+    newest: Mutex<HashMap<ObjectRef<K>, Written<K>>>,
 }
+
+/// A write, and when it was made.
+type Written<K> = (Arc<K>, Instant);
 
 impl<K: Resource<DynamicType = ()>> Default for OwnWrites<K> {
     fn default() -> Self {
@@ -26,9 +35,20 @@ fn resource_version<K: Resource>(obj: &K) -> u64 {
 
 impl<K: Resource<DynamicType = ()>> OwnWrites<K> {
     pub fn remember(&self, written: &Arc<K>) {
+        self.remember_at(written, Instant::now());
+    }
+
+    fn remember_at(&self, written: &Arc<K>, now: Instant) {
         if let Ok(mut newest) = self.newest.lock() {
-            newest.insert(ObjectRef::from_obj(written.as_ref()), written.clone());
+            newest.retain(|_, (_, at)| now.saturating_duration_since(*at) < KEPT_FOR);
+            newest.insert(ObjectRef::from_obj(written.as_ref()), (written.clone(), now));
         }
+    }
+
+    /// How many writes are kept.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.newest.lock().map_or(0, |n| n.len())
     }
 
     /// The cached object, or our own write of it when that is newer. Once the cache has caught up, our
@@ -39,7 +59,12 @@ impl<K: Resource<DynamicType = ()>> OwnWrites<K> {
         };
         let key = ObjectRef::from_obj(cached.as_ref());
         match newest.get(&key) {
-            Some(ours) if resource_version(ours.as_ref()) > resource_version(cached.as_ref()) => ours.clone(),
+            Some((ours, at))
+                if resource_version(ours.as_ref()) > resource_version(cached.as_ref())
+                    && at.elapsed() < KEPT_FOR =>
+            {
+                ours.clone()
+            }
             Some(_) => {
                 newest.remove(&key);
                 cached
@@ -83,6 +108,20 @@ mod tests {
         // The cache caught up (or went past): it wins, and our copy is dropped.
         assert_eq!(own.newest(cm("30", "later")).data, cm("30", "later").data);
         assert_eq!(own.newest(cm("10", "stale")).data, cm("10", "stale").data);
+    }
+
+    #[test]
+    fn writes_of_objects_deleted_before_the_cache_showed_them_are_not_kept_for_ever() {
+        let own = OwnWrites::default();
+        let start = Instant::now();
+        for i in 0..1000 {
+            let mut obj = (*cm("5", "gone")).clone();
+            obj.metadata.name = Some(format!("c{i}"));
+            own.remember_at(&Arc::new(obj), start);
+        }
+        assert_eq!(own.len(), 1000);
+        own.remember_at(&cm("7", "later"), start + KEPT_FOR);
+        assert_eq!(own.len(), 1, "only the newest write is left");
     }
 
     #[test]

@@ -57,7 +57,9 @@ impl Rollouts {
         next.status = Some(t.status);
         next.metadata.managed_fields = None;
         let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-        let written = Arc::new(self.api(fr).replace_status(&fr.name_any(), &pp, &next).await?);
+        let mut written = self.api(fr).replace_status(&fr.name_any(), &pp, &next).await?;
+        crate::api::kept_for_cache(&mut written, &[]);
+        let written = Arc::new(written);
         self.metrics.status_writes.inc();
         self.written.remember(&written);
         if let Some(s) = &written.status {

@@ -23,6 +23,15 @@ use tracing::{debug, warn};
 
 use crate::{api::FleetRollout, edge::own_writes::OwnWrites};
 
+/// The annotations tasks are read from (ownership, the task token's hash, replays); the cache keeps no
+/// others.
+const KEPT_ANNOTATIONS: [&str; 4] = [
+    super::task::TASK_TOKEN_HASH_ANNOTATION,
+    super::task::CREATED_BY_ANNOTATION,
+    super::task::IDEMPOTENCY_KEY_HASH_ANNOTATION,
+    super::task::REQUEST_HASH_ANNOTATION,
+];
+
 #[derive(Clone)]
 pub struct Rollouts {
     client: Client,
@@ -51,7 +60,7 @@ impl Rollouts {
         let events =
             watcher(Api::<FleetRollout>::all(client.clone()), watcher::Config::default().any_semantic())
                 .default_backoff()
-                .modify(|fr| fr.metadata.managed_fields = None)
+                .modify(|fr| crate::api::kept_for_cache(fr, &KEPT_ANNOTATIONS))
                 .reflect(writer);
         let flag = live.clone();
         tokio::spawn(events.for_each(move |event| {
@@ -108,7 +117,9 @@ impl Rollouts {
 
     /// Records a rollout we just wrote, so reads show it before the watch does.
     pub fn wrote(&self, fr: &FleetRollout) {
-        self.own.remember(&Arc::new(fr.clone()));
+        let mut kept = fr.clone();
+        crate::api::kept_for_cache(&mut kept, &KEPT_ANNOTATIONS);
+        self.own.remember(&Arc::new(kept));
     }
 }
 
