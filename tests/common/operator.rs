@@ -171,6 +171,7 @@ impl Operator {
 /// Panics when it is not there: a clock-skew test that skipped itself would prove nothing.
 pub fn libfaketime() -> String {
     if let Some(path) = std::env::var_os("FLEETROLL_LIBFAKETIME") {
+        assert!(PathBuf::from(&path).is_file(), "FLEETROLL_LIBFAKETIME={} is not a file", path.display());
         return path.to_string_lossy().into_owned();
     }
     ["/usr/lib", "/usr/lib64", "/usr/local/lib"]
