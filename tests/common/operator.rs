@@ -31,6 +31,17 @@ impl Operator {
         Self::spawn("operator", ns, extra, env)
     }
 
+    /// Starts `fleetroll operator` as [`Operator::start`] does, under libfaketime with its wall clock
+    /// `offset` from the real one (libfaketime's syntax: "+60s", "-60s"). Its monotonic clock is left
+    /// alone, as NTP leaves it on a node whose wall clock is off.
+    pub fn start_skewed(ns: &str, offset: &str, extra: &[&str], env: &[(&str, &str)]) -> Operator {
+        let lib = libfaketime();
+        let mut all =
+            vec![("LD_PRELOAD", lib.as_str()), ("FAKETIME", offset), ("FAKETIME_DONT_FAKE_MONOTONIC", "1")];
+        all.extend_from_slice(env);
+        Self::spawn("operator", ns, extra, &all)
+    }
+
     /// Starts `fleetroll mcp` (the MCP server alone) with `ns` as its fleet namespace.
     pub fn start_mcp(ns: &str, extra: &[&str], env: &[(&str, &str)]) -> Operator {
         Self::spawn("mcp", ns, extra, env)
@@ -93,6 +104,12 @@ impl Operator {
 
     /// Waits until the operator prints a line containing `needle`; false after `timeout`.
     pub async fn wait_for_line(&self, needle: &str, timeout: Duration) -> bool {
+        self.wait_for_line_text(needle, timeout).await.is_some()
+    }
+
+    /// Waits until the operator prints a line containing `needle`, and returns that line; None after
+    /// `timeout`.
+    pub async fn wait_for_line_text(&self, needle: &str, timeout: Duration) -> Option<String> {
         let lines = self.lines.clone();
         let needle = needle.to_string();
         tokio::task::spawn_blocking(move || {
@@ -101,14 +118,14 @@ impl Operator {
             loop {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 match rx.recv_timeout(left) {
-                    Ok(line) if line.contains(&needle) => return true,
+                    Ok(line) if line.contains(&needle) => return Some(line),
                     Ok(_) => {}
-                    Err(_) => return false,
+                    Err(_) => return None,
                 }
             }
         })
         .await
-        .unwrap_or(false)
+        .unwrap_or(None)
     }
 
     /// The MCP endpoint.
@@ -148,6 +165,31 @@ impl Operator {
     pub async fn metrics(&self) -> String {
         http_get(self.port, "/metrics").await
     }
+}
+
+/// libfaketime's preload library: `$FLEETROLL_LIBFAKETIME`, else where Debian's `faketime` package puts it.
+/// Panics when it is not there: a clock-skew test that skipped itself would prove nothing.
+pub fn libfaketime() -> String {
+    if let Some(path) = std::env::var_os("FLEETROLL_LIBFAKETIME") {
+        assert!(PathBuf::from(&path).is_file(), "FLEETROLL_LIBFAKETIME={} is not a file", path.display());
+        return path.to_string_lossy().into_owned();
+    }
+    ["/usr/lib", "/usr/lib64", "/usr/local/lib"]
+        .into_iter()
+        .flat_map(|root| {
+            let multiarch = std::fs::read_dir(root).into_iter().flatten().flatten().map(|e| e.path());
+            std::iter::once(PathBuf::from(root)).chain(multiarch)
+        })
+        .map(|dir| dir.join("faketime/libfaketime.so.1"))
+        .find(|lib| lib.is_file())
+        .map(|lib| lib.to_string_lossy().into_owned())
+        .unwrap_or_else(|| {
+            panic!(
+                "libfaketime is not installed, and the clock-skew tests need it: install Debian's `faketime` \
+                 package (`apt-get install faketime`; .ci/run does), or set FLEETROLL_LIBFAKETIME to its \
+                 libfaketime.so.1"
+            )
+        })
 }
 
 /// `GET path` on 127.0.0.1:`port` over plain HTTP/1.0: the whole response, status line first; empty if
