@@ -4,7 +4,7 @@
 //! Argo CD's resume action lets it go on); GitOps tools read each hold as documented; a
 //! backend outage pauses as AnalysisError and measuring resumes when it returns; credentials come from a
 //! labelled Secret; a SIGKILL mid-analysis never counts a measurement twice; an analysis the operator
-//! cannot run is Degraded before anything changes.
+//! cannot run is Degraded before anything changes; a backend bound to another namespace is never asked.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -17,7 +17,10 @@ use common::{
     cli::{kubectl, repo_path},
     fleet::{NEXT_IMAGE, READY_IMAGE, condition, image_of, metric_run, phase, with_fleet},
     operator::{Operator, metric},
-    prometheus::{ERRORS, Options, PASSWORD, REQUESTS, USER, error_ratio_query, errors_after_change},
+    prometheus::{
+        ERRORS, Exporter, Options, PASSWORD, Prometheus, REQUESTS, REQUESTS_PER_SEC, USER, error_ratio_query,
+        errors_after_change,
+    },
 };
 use fleetroll::api::{MetricPhase, Phase};
 use k8s_openapi::api::core::v1::Secret;
@@ -301,6 +304,56 @@ async fn an_analysis_the_operator_cannot_run_is_degraded_before_anything_changes
         for d in fleet.all_deployments().await {
             assert_eq!(image_of(&d), READY_IMAGE, "nothing changed");
         }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_rollout_queries_only_the_backends_bound_to_its_namespace() {
+    with_fleet("an-bound", 0, |fleet| async move {
+        let names = fleet.deployments(&fleet.ns, 2, READY_IMAGE).await;
+        let exporter = Exporter::start();
+        for name in &names {
+            exporter.set_rate(&fleet.ns, name, REQUESTS_PER_SEC, 0.0);
+        }
+        // One backend per tenant, as the README advises: this namespace's, and another tenant's.
+        let own = Prometheus::start(&exporter, Options::default()).await;
+        let other = Prometheus::start(&exporter, Options::default()).await;
+        own.wait_for_series(&format!("min(count_over_time({REQUESTS}[1h])) >= 7")).await;
+        other.wait_for_series(REQUESTS).await;
+        let bound = |ns: &str, p: &Prometheus| format!("--analysis-allow={ns}=127.0.0.1:{}", p.port());
+        let _operator =
+            Operator::start(&fleet.ns, &[&bound(&fleet.ns, &own), &bound("another-tenant", &other)], &[]);
+        let (own_before, other_before) = (own.queries_served().await, other.queries_served().await);
+        let analysis = |p: &Prometheus| {
+            json!({"provider": {"prometheus": {"address": p.address()}}, "metrics": [{
+                "name": "error-rate", "query": error_ratio_query(), "thresholdRange": {"max": 0.05},
+                "interval": "1s", "count": 2,
+            }]})
+        };
+
+        // Naming the other tenant's backend: refused before anything changes or any query is sent.
+        fleet.rollout("names-another", spec(2, "Rollback", analysis(&other))).await;
+        let why = "AnalysisAddressRefused";
+        let fr = fleet.wait_rollout("names-another", why, DEADLINE, |fr| reason(fr) == why).await;
+        let message = fr.status.as_ref().and_then(|s| s.message.clone()).unwrap_or_default();
+        assert!(message.contains(&format!("rollouts in namespace {} may query", fleet.ns)), "{message}");
+        assert!(!message.contains("another-tenant"), "names another tenant's binding: {message}");
+        fleet.rollouts().delete("names-another", &Default::default()).await.unwrap();
+
+        // Its own backend: measured there, and the rollout passes.
+        fleet.rollout("own", spec(2, "Rollback", analysis(&own))).await;
+        let fr = fleet.wait_rollout("own", "finished", DEADLINE, |fr| phase(fr).is_terminal()).await;
+        assert_eq!(phase(&fr), Phase::Succeeded, "{:?}", fr.status);
+        assert_eq!(metric_run(&fr, 0, "error-rate").successful, 2);
+        let (own_after, other_after) = (own.queries_served().await, other.queries_served().await);
+        assert!(own_after >= own_before + 2.0, "own backend: {own_before} -> {own_after} queries");
+        assert_eq!(other_after, other_before, "the other tenant's backend was asked");
+        eprintln!(
+            "queries: own backend +{}, the other tenant's +{}",
+            own_after - own_before,
+            other_after - other_before
+        );
     })
     .await;
 }

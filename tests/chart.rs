@@ -47,6 +47,12 @@ async fn bad_values_are_refused_and_the_error_names_the_key() {
         // Emptied with null, these would fail in the templates with a nil pointer instead.
         ("httpCheck=null", "missing property 'httpCheck'"),
         ("networkPolicy.mcp=null", "at '/networkPolicy': missing property 'mcp'"),
+        ("analysis.allow={Team-A=prom}", "at '/analysis/allow/0'"),
+        (
+            "analysis.prometheus.namespaceAddresses={team-a=prom:9090}",
+            "at '/analysis/prometheus/namespaceAddresses/0'",
+        ),
+        ("analysis.namespaceHeader=X Tenant", "at '/analysis/namespaceHeader'"),
     ] {
         let rendered = template(&[set]).await;
         assert!(rendered.code != 0 && rendered.stderr.contains(expected), "{set}: {rendered:?}");
@@ -279,4 +285,26 @@ async fn platform_settings_render_where_they_belong() {
     assert_eq!(service["metadata"]["annotations"]["networking.gke.io/load-balancer-type"], "Internal");
     assert_eq!(pod_spec(&objects)["serviceAccountName"], "ops");
     assert!(object(&objects, "ServiceAccount", "ops").is_none(), "not created");
+}
+
+/// Analysis backends bound to namespaces, and the namespace header, become the operator's flags.
+#[tokio::test]
+async fn analysis_backends_bound_to_namespaces_render_as_flags() {
+    let objects = render(&[
+        "analysis.prometheus.address=http://prometheus.monitoring:9090",
+        "analysis.prometheus.namespaceAddresses={team-a=http://prom-a.monitoring.svc:9090}",
+        "analysis.allow={team-*=10.0.5.0/24,thanos.example.com}",
+        "analysis.namespaceHeader=X-Scope-OrgID",
+    ])
+    .await;
+    let args = &pod_spec(&objects)["containers"][0]["args"];
+    for flag in [
+        "--analysis-prometheus-address=http://prometheus.monitoring:9090",
+        "--analysis-prometheus-address=team-a=http://prom-a.monitoring.svc:9090",
+        "--analysis-allow=team-*=10.0.5.0/24",
+        "--analysis-allow=thanos.example.com",
+        "--analysis-namespace-header=X-Scope-OrgID",
+    ] {
+        assert!(args.as_array().unwrap().iter().any(|a| a == flag), "{flag} not in {args}");
+    }
 }

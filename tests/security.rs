@@ -107,6 +107,7 @@ const ATTACKS: &[Entry] = &[
     attack!(health_check_aims_at_the_api_server),
     attack!(health_check_aims_at_the_metadata_service),
     attack!(health_check_redirects_elsewhere),
+    attack!(tenant_queries_another_tenants_metrics_backend),
     attack!(a_change_the_api_server_refuses),
     attack!(a_reconcile_panics),
     attack!(mcp_caller_rolls_what_it_may_not_patch),

@@ -16,7 +16,8 @@ pub const MEASUREMENTS_KEPT: usize = 3;
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.metrics.exists(m, !has(m.dryRun) || !m.dryRun)").message("analysis needs at least one metric without dryRun: dry-run metrics are only reported, so an analysis of them alone would never decide anything"))]
 pub struct Analysis {
-    /// Where the metrics are. Absent: the operator's default Prometheus address (--analysis-prometheus-address).
+    /// Where the metrics are. Absent: the operator's default Prometheus address for the rollout's namespace
+    /// (--analysis-prometheus-address).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<AnalysisProvider>,
 
@@ -40,8 +41,8 @@ pub struct AnalysisProvider {
 #[serde(rename_all = "camelCase")]
 pub struct PrometheusProvider {
     /// The backend's base URL, e.g. http://prometheus.monitoring:9090 (a path prefix such as Mimir's
-    /// /prometheus is kept). Absent: the operator's default. It must be the operator's default address
-    /// exactly, or name a host the operator allows (--analysis-allow).
+    /// /prometheus is kept). Absent: the operator's default for the rollout's namespace. It must be that
+    /// default exactly, or a backend the operator allows for the rollout's namespace (--analysis-allow).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 2048))]
     #[x_kube(validation = Rule::new("self.matches('^https?://[^\\\\s/?#@]+(/[^\\\\s?#]*)?$')").message("prometheus.address must be an http:// or https:// base URL without user information, query or fragment, such as http://prometheus.monitoring:9090"))]

@@ -28,18 +28,17 @@ pub(super) async fn measure(
     let Some((batch, queries)) = rollout::due_queries(&fr.spec, status, plan, now) else { return Vec::new() };
     let Some(analysis) = fr.spec.analysis.as_ref() else { return Vec::new() };
     let failed = |why: &str| queries.iter().map(|q| (q.clone(), Err(why.to_string()))).collect();
-    let backend = match ctx.settings.analysis.resolve(analysis) {
+    let namespace = fr.namespace().unwrap_or_default();
+    let backend = match ctx.settings.analysis.resolve(analysis, &namespace) {
         Ok(b) => b,
         Err(blocked) => return measured(batch, failed(&blocked.message)),
     };
     let credentials = match &backend.secret {
         None => None,
-        Some(name) => {
-            match prometheus::read_credentials(&ctx.client, &fr.namespace().unwrap_or_default(), name).await {
-                Ok(c) => Some(c),
-                Err(e) => return measured(batch, failed(&e)),
-            }
-        }
+        Some(name) => match prometheus::read_credentials(&ctx.client, &namespace, name).await {
+            Ok(c) => Some(c),
+            Err(e) => return measured(batch, failed(&e)),
+        },
     };
     let answers = ctx.querier.measure(&backend, credentials.as_ref(), queries).await;
     failpoint::hit(failpoint::AFTER_MEASURE).await;

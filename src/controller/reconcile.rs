@@ -387,7 +387,11 @@ fn not_served(ctx: &Context, fr: &FleetRollout) -> Option<Blocked> {
         });
     }
     if let Some(analysis) = &spec.analysis
-        && let Err(blocked) = crate::core::analysis::provider::check(&ctx.settings.analysis, analysis)
+        && let Err(blocked) = crate::core::analysis::provider::check(
+            &ctx.settings.analysis,
+            analysis,
+            fr.metadata.namespace.as_deref().unwrap_or_default(),
+        )
     {
         return Some(blocked);
     }

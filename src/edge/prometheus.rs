@@ -72,7 +72,13 @@ impl Querier {
             Ok(http) => http,
             Err(why) => return queries.into_iter().map(|q| (q, Err(why.clone()))).collect(),
         };
-        let ask = Ask { http, url, auth: credentials.and_then(|c| c.auth.clone()), timeout: backend.timeout };
+        let ask = Ask {
+            http,
+            url,
+            auth: credentials.and_then(|c| c.auth.clone()),
+            timeout: backend.timeout,
+            namespace_header: backend.namespace_header.clone(),
+        };
         // However slow the backend, a measurement ends within the budget: what is not answered by then
         // is an error, which the core counts like any other.
         let budget = tokio::time::sleep(self.budget);
@@ -133,6 +139,8 @@ struct Ask {
     url: String,
     auth: Option<Auth>,
     timeout: Duration,
+    /// The header naming the rollout's namespace, for a backend that scopes queries by it.
+    namespace_header: Option<(String, String)>,
 }
 
 impl Ask {
@@ -153,6 +161,9 @@ impl Ask {
             Some(Auth::Basic { username, password }) => request.basic_auth(username, Some(password)),
             None => request,
         };
+        if let Some((name, namespace)) = &self.namespace_header {
+            request = request.header(name.as_str(), namespace.as_str());
+        }
         let failed = |e: reqwest::Error| match e.is_timeout() {
             true => format!("POST {url}: no answer within {:?} (provider.prometheus.timeout)", self.timeout),
             false => format!("POST {url} failed: {}", chain(&e)),

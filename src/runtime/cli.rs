@@ -253,53 +253,78 @@ struct OperatorArgs {
     cluster_domain: String,
 
     /// The Prometheus-compatible backend a rollout's analysis queries when it names none, e.g.
-    /// http://prometheus.monitoring:9090. Rollouts may always name it.
-    #[arg(long = "analysis-prometheus-address", env = "FLEETROLL_ANALYSIS_PROMETHEUS_ADDRESS", value_parser = analysis_address)]
-    analysis_prometheus_address: Option<String>,
+    /// http://prometheus.monitoring:9090, for every namespace; or, as NAMESPACES=URL, for the namespaces
+    /// a name or pattern (`team-*`) gives (comma-separated or repeated; the first bound entry matching a
+    /// rollout's namespace wins, the unbound one serves the rest). A rollout may name its own exactly.
+    #[arg(
+        long = "analysis-prometheus-address",
+        env = "FLEETROLL_ANALYSIS_PROMETHEUS_ADDRESS",
+        value_delimiter = ','
+    )]
+    analysis_prometheus_address: Vec<crate::core::analysis::binding::DefaultBackend>,
 
-    /// Hosts, addresses or CIDRs a rollout's analysis may name as its backend besides the default
-    /// (comma-separated or repeated; none by default). A CIDR also lets queries reach loopback or
-    /// link-local addresses in it.
+    /// Backends a rollout's analysis may name besides its default: hosts, addresses or CIDRs, each with an
+    /// optional :port, for every namespace; or, as NAMESPACES=BACKEND (`team-a=prom-a.monitoring.svc:9090`,
+    /// `team-*=10.0.5.0/24`), only for rollouts in the namespaces it gives (comma-separated or repeated;
+    /// none by default). A CIDR also lets queries reach loopback or link-local addresses in it.
     #[arg(long = "analysis-allow", env = "FLEETROLL_ANALYSIS_ALLOW", value_delimiter = ',')]
-    analysis_allow: Vec<crate::core::http_check::Allowed>,
+    analysis_allow: Vec<crate::core::analysis::binding::AllowEntry>,
+
+    /// A header every analysis query carries, set to the rollout's namespace (e.g. X-Scope-OrgID for a
+    /// Mimir or Cortex whose tenants are namespaces, or prom-label-proxy's -header-name): a backend shared
+    /// by tenants and reached only by the operator can then scope each query to its rollout's namespace.
+    #[arg(long, env = "FLEETROLL_ANALYSIS_NAMESPACE_HEADER", value_parser = namespace_header)]
+    analysis_namespace_header: Option<String>,
 
     #[command(flatten)]
     mcp: McpArgs,
 }
 
-/// An http(s) URL with a host, as the default analysis backend.
-fn analysis_address(text: &str) -> Result<String, String> {
-    let url = url::Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
-    let fine = matches!(url.scheme(), "http" | "https")
-        && url.host().is_some()
-        && url.username().is_empty()
-        && url.password().is_none()
-        && url.query().is_none();
-    if fine {
-        Ok(text.trim_end_matches('/').to_string())
-    } else {
-        Err(format!("{text:?} is not an http(s) base URL"))
+/// A header name the operator may set on analysis queries: none that carries credentials or framing.
+fn namespace_header(text: &str) -> Result<String, String> {
+    let name = reqwest::header::HeaderName::from_bytes(text.as_bytes())
+        .map_err(|_| format!("{text:?} is not an HTTP header name"))?;
+    let reserved = [
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "host",
+        "content-type",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "te",
+        "upgrade",
+        "accept",
+    ];
+    match reserved.contains(&name.as_str()) {
+        true => Err(format!("{text:?} is a header the operator sets itself, or that carries credentials")),
+        false => Ok(text.to_string()),
     }
 }
 
 impl OperatorArgs {
-    /// The analysis backends: rollouts may always name the default; a literal default address may be reached
-    /// even when loopback or link-local, a host name resolves under the usual rules.
+    /// The analysis backends: a literal default address may be reached even when loopback or link-local,
+    /// a host name resolves under the usual rules; every allowed address or CIDR (whichever namespaces it
+    /// is bound to: which rollout may name it is judged before connecting) may be reached.
     fn analysis(&self, cluster_domain: &str) -> crate::core::analysis::provider::Backends {
-        let mut allowed = self.analysis_allow.clone();
-        let default_host = self.analysis_prometheus_address.as_deref().and_then(|a| url::Url::parse(a).ok());
-        if let Some(host) = default_host.as_ref().and_then(|u| u.host_str().map(str::to_string)) {
-            let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
-            allowed.extend(host.parse::<crate::core::http_check::Allowed>());
+        use crate::core::http_check::Allowed;
+        let mut allowed: Vec<Allowed> = self.analysis_allow.iter().map(|a| a.place.host.clone()).collect();
+        for default in &self.analysis_prometheus_address {
+            let host = url::Url::parse(&default.address).ok().and_then(|u| u.host_str().map(str::to_string));
+            if let Some(host) = host {
+                allowed.extend(host.trim_start_matches('[').trim_end_matches(']').parse::<Allowed>());
+            }
         }
         crate::core::analysis::provider::Backends {
-            default_address: self.analysis_prometheus_address.clone(),
+            defaults: self.analysis_prometheus_address.clone(),
             allow: self.analysis_allow.clone(),
             policy: crate::core::http_check::Policy {
                 allowed,
                 api_server: Vec::new(),
                 cluster_domain: cluster_domain.to_string(),
             },
+            namespace_header: self.analysis_namespace_header.clone(),
         }
     }
 

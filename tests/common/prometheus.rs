@@ -163,6 +163,19 @@ impl Prometheus {
         }
     }
 
+    /// How many instant queries (`/api/v1/query`) this Prometheus has answered, by its own
+    /// `prometheus_http_requests_total`: what proves that a backend was never asked.
+    pub async fn queries_served(&self) -> f64 {
+        let text =
+            self.request(Method::GET, "/metrics").send().await.expect("/metrics").text().await.unwrap();
+        text.lines()
+            .filter(|l| {
+                l.starts_with("prometheus_http_requests_total{") && l.contains("handler=\"/api/v1/query\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// Polls `promql` until it returns data, then returns it; panics after 30 s with the last outcome (used
     /// to know that scraping has started, or that a `rate()` window has filled).
     pub async fn wait_for_series(&self, promql: &str) -> Vec<Value> {

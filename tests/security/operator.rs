@@ -1,7 +1,7 @@
 //! Attacks the operator itself must contain: what it reads back from the cluster (plans), what it is asked
 //! to touch (itself, protected namespaces, namespaces that opted out, targets another rollout holds), where
-//! it is asked to send requests (health checks), and what fails under it (a denied change, a panic). Each
-//! runs an operator of its own on namespaces of its own.
+//! it is asked to send requests (health checks, analysis backends), and what fails under it (a denied
+//! change, a panic). Each runs an operator of its own on namespaces of its own.
 
 use std::sync::{
     Arc,
@@ -647,6 +647,65 @@ pub(super) async fn a_reconcile_panics(env: &'static Env) -> Row {
         expected: "that step fails and is retried; the process and its other work go on".into(),
         outcome: format!("{}; panics caught: {panics}; operator serving: {alive}", state(&fr)),
         contained: phase(&fr) == Phase::Succeeded && panics == 1.0 && alive,
+    }
+}
+
+/// Two tenants, each with a metrics backend of its own bound to its namespace (the README's advice: one
+/// scoped backend per tenant). The first names the second's in its analysis; then its own.
+pub(super) async fn tenant_queries_another_tenants_metrics_backend(env: &'static Env) -> Row {
+    use common::prometheus::{Exporter, Options, Prometheus, REQUESTS, REQUESTS_PER_SEC, error_ratio_query};
+    let fleet = fleet_of(env, "sec-an-a", 2).await;
+    let victim = env.scratch_namespace("sec-an-b", &[]).await;
+    let dev = Tenant::create(&env.admin, &fleet.ns, "dev", &edit()).await;
+    let exporter = Exporter::start();
+    for (name, _) in images(env, &fleet.ns).await {
+        exporter.set_rate(&fleet.ns, &name, REQUESTS_PER_SEC, 0.0);
+    }
+    let (own, theirs) = (
+        Prometheus::start(&exporter, Options::default()).await,
+        Prometheus::start(&exporter, Options::default()).await,
+    );
+    own.wait_for_series(&format!("min(count_over_time({REQUESTS}[1h])) >= 7")).await;
+    theirs.wait_for_series(REQUESTS).await;
+    let bound = |ns: &str, p: &Prometheus| format!("--analysis-allow={ns}=127.0.0.1:{}", p.port());
+    let mut op = Operator::start(&fleet.ns, &[&bound(&fleet.ns, &own), &bound(&victim, &theirs)], &[]);
+    let asked_before = theirs.queries_served().await;
+    let spec = |p: &Prometheus| {
+        json!({"image": NEXT_IMAGE, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
+            "analysis": {"provider": {"prometheus": {"address": p.address()}}, "metrics": [{"name": "errors",
+                "query": error_ratio_query(), "thresholdRange": {"max": 0.05}, "interval": "1s", "count": 1}]}})
+    };
+
+    create_as(&dev, &fleet.ns, "steal", spec(&theirs)).await.ok();
+    let refused = fleet
+        .wait_rollout("steal", "the other tenant's backend to be refused", VERDICT, |f| {
+            reason(f).as_deref() == Some("AnalysisAddressRefused")
+        })
+        .await;
+    let untouched_then = untouched(env, &fleet.ns).await;
+    dev.kubectl(&["delete", "fleetrollout", "steal", "-n", &fleet.ns]).await.ok();
+    create_as(&dev, &fleet.ns, "own", spec(&own)).await.ok();
+    let fr = fleet.wait_rollout("own", "its own analysis to pass", VERDICT, |f| phase(f).is_terminal()).await;
+    let measured = fr.status.as_ref().map_or(0, |s| {
+        s.batches
+            .iter()
+            .filter_map(|b| b.analysis.as_ref())
+            .flat_map(|a| &a.metrics)
+            .map(|m| m.successful)
+            .sum()
+    });
+    let asked = theirs.queries_served().await - asked_before;
+    let alive = serving(&mut op).await;
+    Row {
+        attack: "names another tenant's metrics backend (bound to that tenant's namespace) in its analysis".into(),
+        who: format!("{} (edit in its namespace)", short_user(&dev)),
+        expected: "refused before anything changes (AnalysisAddressRefused), the backend never asked; its own backend works".into(),
+        outcome: format!(
+            "{}; queries the other backend received: {asked}; then its own: {} with {measured} measurements",
+            state(&refused),
+            state(&fr)
+        ),
+        contained: untouched_then && asked == 0.0 && phase(&fr) == Phase::Succeeded && measured > 0 && alive,
     }
 }
 

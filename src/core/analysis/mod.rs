@@ -4,6 +4,7 @@
 //! of it (when measuring starts, holds, pauses) is in `core::rollout::analysis`; the queries are sent by
 //! `edge::prometheus`.
 
+pub mod binding;
 pub mod provider;
 
 use std::{collections::BTreeMap, fmt::Write as _, time::Duration};

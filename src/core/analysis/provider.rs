@@ -1,33 +1,38 @@
 //! Which backend a rollout's analysis may query. A rollout's creator names the address, and the operator
 //! sends queries (and the credentials of a Secret) there from inside the cluster: left open, that is a
-//! way to reach any internal service with the operator's network position. So the address must be the
-//! operator's default (`--analysis-prometheus-address`, exactly) or a host or CIDR the operator allows
-//! (`--analysis-allow`); and whatever a name resolves to is judged by the same rules as health checks (no
-//! loopback, link-local or API server unless allowed). Not a Service of the rollout's own namespace: a
-//! Service without a selector sends its traffic to whatever endpoints its author writes.
+//! way to reach any internal service with the operator's network position, and, where tenants each have a
+//! backend scoped to them, a way to read another tenant's series. So the address must be the default of
+//! the rollout's namespace (`--analysis-prometheus-address`, exactly) or a backend the operator allows for
+//! that namespace (`--analysis-allow`, entries bound to namespaces or to none: [`binding`]); and whatever
+//! a name resolves to is judged by the same rules as health checks (no loopback, link-local or API server
+//! unless allowed). Not a Service of the rollout's own namespace: a Service without a selector sends its
+//! traffic to whatever endpoints its author writes.
+//!
+//! The namespace is the rollout's own, for every query it sends: a rollout of the fleet namespace that
+//! spans namespaces uses the fleet namespace's backends, its per-target queries too (a query is text its
+//! author writes, `{{namespace}}` a convenience and not a scope).
 
 use std::time::Duration;
 
+use super::binding::{self, AllowEntry, DefaultBackend};
 use crate::{
     api::{Analysis, PrometheusProvider},
-    core::{
-        Blocked,
-        analysis::check_query,
-        duration,
-        http_check::{self, Allowed, Policy},
-        reason,
-    },
+    core::{Blocked, analysis::check_query, duration, http_check::Policy, reason},
 };
 
 /// The operator's settings for analysis backends.
 #[derive(Clone, Debug, Default)]
 pub struct Backends {
-    /// The address used when a rollout names none; rollouts may name it too, exactly.
-    pub default_address: Option<String>,
-    /// The hosts and CIDRs rollouts may name besides the default (`--analysis-allow`).
-    pub allow: Vec<Allowed>,
-    /// Where names may resolve to: the allowed CIDRs, and the default's own address.
+    /// The backends used when a rollout names none, by namespace (the first bound entry that matches,
+    /// else the one bound to none); a rollout may name its own exactly.
+    pub defaults: Vec<DefaultBackend>,
+    /// The backends rollouts may name besides their default (`--analysis-allow`).
+    pub allow: Vec<AllowEntry>,
+    /// Where names may resolve to: the allowed CIDRs, and the defaults' own addresses.
     pub policy: Policy,
+    /// A header every query carries, set to the rollout's namespace (`--analysis-namespace-header`), for
+    /// a shared backend that scopes queries by it.
+    pub namespace_header: Option<String>,
 }
 
 /// The backend one rollout's analysis queries.
@@ -38,28 +43,39 @@ pub struct Backend {
     /// The credentials Secret, in the rollout's namespace.
     pub secret: Option<String>,
     pub timeout: Duration,
+    /// A header to send with every query, and its value: the rollout's namespace.
+    pub namespace_header: Option<(String, String)>,
 }
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Backends {
-    /// The backend a rollout's analysis queries, or why it cannot have one.
-    pub fn resolve(&self, analysis: &Analysis) -> Result<Backend, Blocked> {
+    /// The default backend of rollouts in `namespace`: the first default bound to it, else the default
+    /// bound to none.
+    pub fn default_for(&self, namespace: &str) -> Option<&str> {
+        let bound =
+            self.defaults.iter().find(|d| d.namespaces.as_ref().is_some_and(|n| n.matches(namespace)));
+        let any = || self.defaults.iter().find(|d| d.namespaces.is_none());
+        bound.or_else(any).map(|d| d.address.as_str())
+    }
+
+    /// The backend the analysis of a rollout in `namespace` queries, or why it cannot have one.
+    pub fn resolve(&self, analysis: &Analysis, namespace: &str) -> Result<Backend, Blocked> {
         let prometheus = analysis.provider.as_ref().and_then(|p| p.prometheus.as_ref());
         let named = prometheus.and_then(|p| p.address.as_deref());
-        let Some(address) = named.or(self.default_address.as_deref()) else {
+        let Some(address) = named.or(self.default_for(namespace)) else {
             return Err(Blocked {
                 reason: reason::ANALYSIS_PROVIDER_MISSING,
-                message:
+                message: format!(
                     "spec.analysis names no backend (provider.prometheus.address) and the operator has no \
-                          default (--analysis-prometheus-address, Helm value analysis.prometheus.address); \
-                          nothing was changed"
-                        .into(),
+                     default for namespace {namespace} (--analysis-prometheus-address, Helm value \
+                     analysis.prometheus.address); nothing was changed"
+                ),
             });
         };
         let address = address.trim_end_matches('/').to_string();
         if named.is_some() {
-            self.check_address(&address)?;
+            self.check_address(&address, namespace)?;
         }
         let secret = prometheus.and_then(|p| p.secret_ref.as_ref()).map(|s| s.name.clone());
         if let Some(name) = secret.as_deref().filter(|n| !is_dns_subdomain(n)) {
@@ -68,29 +84,35 @@ impl Backends {
                 message: format!("secretRef.name {name:?} is not a Secret name; nothing was changed"),
             });
         }
-        Ok(Backend { address, secret, timeout: prometheus.map_or(DEFAULT_TIMEOUT, timeout) })
+        Ok(Backend {
+            address,
+            secret,
+            timeout: prometheus.map_or(DEFAULT_TIMEOUT, timeout),
+            namespace_header: self.namespace_header.clone().map(|h| (h, namespace.to_string())),
+        })
     }
 
-    /// Whether a rollout may name this address: the default exactly, or an allowed host or CIDR.
-    fn check_address(&self, address: &str) -> Result<(), Blocked> {
+    /// Whether a rollout in `namespace` may name this address: its namespace's default exactly, or a
+    /// backend allowed for every namespace or for its own. The refusal names the rule, never the
+    /// backends of other namespaces.
+    fn check_address(&self, address: &str, namespace: &str) -> Result<(), Blocked> {
         let refused = |why: String| Blocked { reason: reason::ANALYSIS_ADDRESS_REFUSED, message: why };
-        if self.default_address.as_deref().is_some_and(|d| d.trim_end_matches('/') == address) {
+        if self.default_for(namespace) == Some(address) {
             return Ok(());
         }
-        let host = http_check::host(address).map_err(|e| refused(format!("analysis address: {e}")))?;
-        let literal = host.trim_start_matches('[').trim_end_matches(']');
-        let name = host.trim_end_matches('.').to_ascii_lowercase();
-        let allowed = match literal.parse::<std::net::IpAddr>() {
-            Ok(ip) => self.allow.iter().any(|a| matches!(a, Allowed::Net(n) if n.contains(&ip))),
-            Err(_) => self.allow.iter().any(|a| matches!(a, Allowed::Host(h) if *h == name)),
-        };
+        let url = binding::base_url(address).map_err(|e| refused(format!("analysis address: {e}")))?;
+        let allowed = self
+            .allow
+            .iter()
+            .any(|a| binding::applies(a.namespaces.as_ref(), namespace) && a.place.holds(&url));
         if allowed {
             return Ok(());
         }
         Err(refused(format!(
-            "analysis address {address} is not one this installation lets rollouts query: leave it out for the \
-             operator's default, or name a host the operator allows (--analysis-allow, Helm value \
-             analysis.allow); nothing was changed"
+            "analysis address {address} is not a backend rollouts in namespace {namespace} may query: leave \
+             it out for the namespace's default, or name a backend the operator allows for this namespace \
+             (--analysis-allow, Helm value analysis.allow; a backend bound to other namespaces is not); \
+             nothing was changed"
         )))
     }
 }
@@ -113,8 +135,8 @@ fn timeout(p: &PrometheusProvider) -> Duration {
 /// Every check an analysis passes before its rollout may change anything: a backend it may query, and
 /// queries that use only their scope's placeholders (the schema checks these too; a spec stored before
 /// the rule existed is judged here).
-pub fn check(backends: &Backends, analysis: &Analysis) -> Result<(), Blocked> {
-    backends.resolve(analysis)?;
+pub fn check(backends: &Backends, analysis: &Analysis, namespace: &str) -> Result<(), Blocked> {
+    backends.resolve(analysis, namespace)?;
     for metric in &analysis.metrics {
         check_query(metric).map_err(|message| Blocked { reason: reason::INVALID_ANALYSIS, message })?;
     }

@@ -8,7 +8,7 @@ use super::{
 };
 use crate::{
     api::{Analysis, AnalysisProvider, PrometheusProvider, SecretRef},
-    core::{http_check::Allowed, reason},
+    core::reason,
 };
 
 fn metric(query: &str) -> Metric {
@@ -206,16 +206,20 @@ fn analysis(address: Option<&str>) -> Analysis {
     }
 }
 
+fn entries<T: std::str::FromStr<Err = String>>(list: &[&str]) -> Vec<T> {
+    list.iter().map(|e| e.parse().unwrap()).collect()
+}
+
 #[test]
 fn a_rollout_queries_only_backends_the_operator_allows() {
     let mut backends = Backends::default();
-    let missing = backends.resolve(&analysis(None)).unwrap_err();
+    let missing = backends.resolve(&analysis(None), "team").unwrap_err();
     assert_eq!(missing.reason, reason::ANALYSIS_PROVIDER_MISSING);
-    backends.default_address = Some("http://prometheus.monitoring:9090/".into());
-    let b = backends.resolve(&analysis(None)).unwrap();
+    backends.defaults = entries(&["http://prometheus.monitoring:9090/"]);
+    let b = backends.resolve(&analysis(None), "team").unwrap();
     assert_eq!(b.address, "http://prometheus.monitoring:9090");
-    assert_eq!((b.secret.as_deref(), b.timeout.as_secs()), (Some("prom"), 5));
-    assert!(backends.resolve(&analysis(Some("http://prometheus.monitoring:9090"))).is_ok());
+    assert_eq!((b.secret.as_deref(), b.timeout.as_secs(), b.namespace_header), (Some("prom"), 5, None));
+    assert!(backends.resolve(&analysis(Some("http://prometheus.monitoring:9090")), "team").is_ok());
     // Not even a Service of its own namespace (its endpoints could point anywhere), not another port of
     // the default's host, not an address.
     for refused in [
@@ -225,28 +229,121 @@ fn a_rollout_queries_only_backends_the_operator_allows() {
         "http://10.0.0.7:9090",
         "http://evil.example.com",
     ] {
-        let e = backends.resolve(&analysis(Some(refused))).unwrap_err();
+        let e = backends.resolve(&analysis(Some(refused)), "team").unwrap_err();
         assert_eq!(e.reason, reason::ANALYSIS_ADDRESS_REFUSED, "{refused}");
     }
-    backends.allow =
-        vec![Allowed::Net("10.0.0.0/8".parse().unwrap()), Allowed::Host("thanos.example.com".into())];
-    assert!(backends.resolve(&analysis(Some("http://10.0.0.7:9090"))).is_ok());
-    assert!(backends.resolve(&analysis(Some("https://thanos.example.com/prometheus"))).is_ok());
+    backends.allow = entries(&["10.0.0.0/8", "thanos.example.com"]);
+    assert!(backends.resolve(&analysis(Some("http://10.0.0.7:9090")), "team").is_ok());
+    assert!(backends.resolve(&analysis(Some("https://thanos.example.com/prometheus")), "team").is_ok());
+    assert!(backends.resolve(&analysis(Some("https://THANOS.example.com./prometheus")), "team").is_ok());
+    // The host judged is the one the HTTP client would reach, whatever a lenient reading makes of it.
+    for refused in [
+        "http://thanos.example.com@evil.example.com",
+        "http://evil.example.com\\@thanos.example.com",
+        "http://thanos.example.com.evil.example.com",
+        "http://evil.example.com#@thanos.example.com",
+    ] {
+        let e = backends.resolve(&analysis(Some(refused)), "team").unwrap_err();
+        assert_eq!(e.reason, reason::ANALYSIS_ADDRESS_REFUSED, "{refused}");
+    }
     // A Secret name goes into a URL path: only object names pass.
     let mut a = analysis(None);
     a.provider.as_mut().unwrap().prometheus.as_mut().unwrap().secret_ref =
         Some(SecretRef { name: "?labelSelector=x".into() });
-    assert_eq!(backends.resolve(&a).unwrap_err().reason, reason::INVALID_ANALYSIS);
+    assert_eq!(backends.resolve(&a, "team").unwrap_err().reason, reason::INVALID_ANALYSIS);
+}
+
+#[test]
+fn a_backend_bound_to_a_tenant_serves_only_that_tenant() {
+    let backends = Backends {
+        defaults: entries(&["team-a=http://prom-a.monitoring.svc:9090", "http://prometheus.monitoring:9090"]),
+        allow: entries(&[
+            "team-a=prom-a.monitoring.svc:9090",
+            "team-b=prom-b.monitoring.svc:9090",
+            "shop-*=10.0.5.0/24",
+            "team-b=127.0.0.1:9092",
+            "team-a=127.0.0.1:9091",
+            "thanos.example.com",
+        ]),
+        namespace_header: Some("X-Scope-OrgID".into()),
+        ..Default::default()
+    };
+    let resolve = |address: &str, ns: &str| backends.resolve(&analysis(Some(address)), ns);
+    let refused = |address: &str, ns: &str| resolve(address, ns).unwrap_err();
+    // Each tenant its own backend, never the other's: by name, by port, by address.
+    assert!(resolve("http://prom-a.monitoring.svc:9090", "team-a").is_ok());
+    assert!(resolve("http://prom-b.monitoring.svc:9090", "team-b").is_ok());
+    for (address, ns) in [
+        ("http://prom-b.monitoring.svc:9090", "team-a"),
+        ("http://prom-a.monitoring.svc:9090", "team-b"),
+        ("http://prom-a.monitoring.svc:9091", "team-a"),
+        ("http://prom-a.monitoring.svc", "team-a"),
+        ("http://127.0.0.1:9092", "team-a"),
+        ("http://10.0.5.3:9090", "team-a"),
+    ] {
+        let e = refused(address, ns);
+        assert_eq!(e.reason, reason::ANALYSIS_ADDRESS_REFUSED, "{address} from {ns}");
+        // The refusal names the rule and the rollout's own namespace, never another's backend.
+        assert!(e.message.contains(&format!("namespace {ns} may query")), "{}", e.message);
+        assert!(!e.message.contains("prom-b") || address.contains("prom-b"), "{}", e.message);
+    }
+    assert!(resolve("http://127.0.0.1:9091", "team-a").is_ok());
+    assert!(resolve("http://127.0.0.1:9092/", "team-b").is_ok());
+    // A pattern binds every namespace it matches; an unbound entry serves every namespace.
+    assert!(resolve("http://10.0.5.3:9090", "shop-eu").is_ok());
+    assert_eq!(refused("http://10.0.5.3:9090", "shopping").reason, reason::ANALYSIS_ADDRESS_REFUSED);
+    assert!(resolve("https://thanos.example.com", "team-a").is_ok());
+    // Defaults: the namespace's own, else the unbound one; a rollout may name only its own.
+    let own = |ns: &str| backends.resolve(&analysis(None), ns).unwrap();
+    assert_eq!(own("team-a").address, "http://prom-a.monitoring.svc:9090");
+    assert_eq!(own("team-c").address, "http://prometheus.monitoring:9090");
+    assert!(resolve("http://prometheus.monitoring:9090", "team-c").is_ok());
+    assert_eq!(
+        refused("http://prometheus.monitoring:9090", "team-a").reason,
+        reason::ANALYSIS_ADDRESS_REFUSED
+    );
+    // Every query carries the rollout's namespace, for a backend shared by tenants.
+    assert_eq!(own("team-a").namespace_header, Some(("X-Scope-OrgID".into(), "team-a".into())));
+}
+
+#[test]
+fn bound_entries_parse_strictly() {
+    use super::binding::{AllowEntry, DefaultBackend, Namespaces};
+    for bad in ["Team=prom", "a b=prom", "team=", "=prom", "team=prom:0", "team=prom:x", "prom:99999", ""] {
+        assert!(bad.parse::<AllowEntry>().is_err(), "{bad:?}");
+    }
+    for bad in ["team=prom.svc", "team=ftp://prom", "http://u:p@prom", "http://prom/?q=1", "team-*=http://"] {
+        assert!(bad.parse::<DefaultBackend>().is_err(), "{bad:?}");
+    }
+    let entry: AllowEntry = "[::1]:9090".parse().unwrap();
+    assert_eq!((entry.namespaces, entry.place.port), (None, Some(9090)));
+    // An '=' inside a URL is no binding.
+    let url: DefaultBackend = "http://prom/a=b".parse().unwrap();
+    assert_eq!((url.namespaces, url.address.as_str()), (None, "http://prom/a=b"));
+    let glob = |p: &str, ns: &str| p.parse::<Namespaces>().unwrap().matches(ns);
+    assert!(glob("team-*", "team-a") && glob("team-*", "team-") && glob("*", "x") && glob("a*b*c", "aXbYbc"));
+    assert!(!glob("team-*", "team") && !glob("team-a", "team-ab") && !glob("*-prod", "prod"));
+}
+
+proptest::proptest! {
+    #[test]
+    fn entries_parse_or_refuse_without_panicking(text in "\\PC{0,80}", ns in "[a-z0-9*-]{0,70}") {
+        let _ = text.parse::<super::binding::AllowEntry>();
+        let _ = text.parse::<super::binding::DefaultBackend>();
+        if let Ok(pattern) = ns.parse::<super::binding::Namespaces>() {
+            let _ = pattern.matches(&text);
+        }
+    }
 }
 
 #[test]
 fn an_analysis_that_cannot_decide_is_refused() {
-    let backends = Backends { default_address: Some("http://p:9090".into()), ..Default::default() };
+    let backends = Backends { defaults: entries(&["http://p:9090"]), ..Default::default() };
     let mut a = analysis(None);
     a.metrics[0].dry_run = true;
-    assert_eq!(check(&backends, &a).unwrap_err().reason, reason::INVALID_ANALYSIS);
+    assert_eq!(check(&backends, &a, "team").unwrap_err().reason, reason::INVALID_ANALYSIS);
     a.metrics[0].dry_run = false;
     a.metrics[0].query = "x{{bogus}}".into();
-    let e = check(&backends, &a).unwrap_err();
+    let e = check(&backends, &a, "team").unwrap_err();
     assert!(e.message.contains("{{bogus}}"), "{}", e.message);
 }

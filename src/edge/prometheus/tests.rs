@@ -118,7 +118,7 @@ fn query(promql: &str) -> Query {
 }
 
 fn backend(address: &str, timeout: Duration) -> Backend {
-    Backend { address: address.into(), secret: None, timeout }
+    Backend { address: address.into(), secret: None, timeout, namespace_header: None }
 }
 
 #[tokio::test]
@@ -165,7 +165,8 @@ async fn serve(authorization: &'static str) -> (String, Arc<InFlight>) {
                 seen.now.fetch_sub(1, Ordering::SeqCst);
             }
         }
-        let result = serde_json::json!([{"metric": {"query": promql}, "value": [1712345678.9, "0.5"]}]);
+        let tenant = header("x-scope-orgid");
+        let result = serde_json::json!([{"metric": {"query": promql, "tenant": tenant}, "value": [1712345678.9, "0.5"]}]);
         let data =
             serde_json::json!({"status": "success", "data": {"resultType": "vector", "result": result}});
         (StatusCode::OK, data.to_string())
@@ -191,13 +192,16 @@ async fn queries_are_posted_as_forms_with_the_credentials_and_answered_in_order(
         .map(|i| format!(r#"sum(rate(http_requests_total{{code=~"5..",pod="web-{i}&x=1"}}[5m]))"#))
         .collect();
     let queries: Vec<Query> = promql.iter().map(|q| query(q)).collect();
-    let backend = backend(&address, Duration::from_secs(5));
+    // The namespace header (--analysis-namespace-header) travels with every query.
+    let scoped = ("X-Scope-OrgID".to_string(), "team-a".to_string());
+    let backend = Backend { namespace_header: Some(scoped), ..backend(&address, Duration::from_secs(5)) };
     let answers = querier.measure(&backend, Some(&credentials), queries.clone()).await;
     assert_eq!(answers.len(), 20);
     for ((sent, answer), expected) in answers.into_iter().zip(&queries) {
         assert_eq!(&sent, expected);
         let samples = answer.unwrap();
         assert_eq!((samples[0].labels["query"].as_str(), samples[0].value), (sent.promql.as_str(), 0.5));
+        assert_eq!(samples[0].labels["tenant"], "team-a");
     }
     // Concurrently, eight at most.
     let most = in_flight.most.load(Ordering::SeqCst);

@@ -49,6 +49,31 @@ fn the_security_flags_parse_strictly() {
 }
 
 #[test]
+fn analysis_backends_may_be_bound_to_namespaces() {
+    let s = operator(&[
+        "--analysis-prometheus-address=http://127.0.0.1:9090,team-a=http://prom-a.monitoring.svc:9090",
+        "--analysis-allow=team-*=10.0.5.0/24,prom-b.monitoring.svc:9090",
+        "--analysis-namespace-header=X-Scope-OrgID",
+    ])
+    .settings
+    .analysis;
+    assert_eq!(s.default_for("team-a"), Some("http://prom-a.monitoring.svc:9090"));
+    assert_eq!(s.default_for("other"), Some("http://127.0.0.1:9090"));
+    assert_eq!(s.allow.len(), 2);
+    // Every allowed address and the defaults' hosts may be connected to; who may name them is judged apart.
+    assert_eq!(s.policy.allowed.len(), 4, "{:?}", s.policy.allowed);
+    assert_eq!(s.namespace_header.as_deref(), Some("X-Scope-OrgID"));
+    for bad in [
+        "--analysis-namespace-header=Authorization",
+        "--analysis-namespace-header=X Bad",
+        "--analysis-allow=Team-A=prom",
+        "--analysis-prometheus-address=team-a=prom:9090",
+    ] {
+        assert!(Cli::try_parse_from(["fleetroll", "operator", bad]).is_err(), "{bad}");
+    }
+}
+
+#[test]
 fn metrics_move_to_their_own_listener_only_when_asked() {
     assert!(operator(&[]).listen.metrics.is_none(), "one listener by default");
     let o = operator(&["--listen=127.0.0.1:8080", "--metrics-listen=0.0.0.0:9090"]);

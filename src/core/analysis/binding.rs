@@ -1,0 +1,176 @@
+//! Analysis backends bound to namespaces. The operator's settings name backends (`--analysis-allow`) and
+//! defaults (`--analysis-prometheus-address`); each entry may be bound to namespaces (`team-a=...`,
+//! `team-*=...`), so that with one scoped backend per tenant (a prom-label-proxy per namespace, a Mimir
+//! tenant) no tenant's rollout can name another's. An entry bound to no namespace applies to every rollout:
+//! it is for backends that are safe for everyone.
+
+use std::{net::IpAddr, str::FromStr};
+
+use crate::core::http_check::Allowed;
+
+/// The namespaces an entry applies to: a name, or a pattern in which `*` stands for any run of characters
+/// (`team-*`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Namespaces(String);
+
+impl Namespaces {
+    pub fn matches(&self, namespace: &str) -> bool {
+        glob(self.0.as_bytes(), namespace.as_bytes())
+    }
+}
+
+impl FromStr for Namespaces {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let fine = !s.is_empty()
+            && s.len() <= 63
+            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'*');
+        match fine {
+            true => Ok(Self(s.to_string())),
+            false => {
+                Err(format!("{s:?} is not a namespace or a pattern of them (lowercase, digits, '-', '*')"))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Namespaces {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Whether `text` matches `pattern`, where `*` matches any run of bytes: one backtracking point, so at
+/// most |pattern| × |text| steps (63 × 63 here).
+fn glob(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if pattern.get(p) == Some(&b'*') {
+            star = Some((p, t));
+            p += 1;
+        } else if pattern.get(p) == Some(&text[t]) {
+            p += 1;
+            t += 1;
+        } else if let Some((sp, st)) = star {
+            star = Some((sp, st + 1));
+            (p, t) = (sp + 1, st + 1);
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|&b| b == b'*')
+}
+
+/// `NAMESPACES=VALUE` (bound) or `VALUE` (for every namespace). What stands before the first `=` is a
+/// pattern only when it has no `:` or `/`, so that a URL's own `=` is never taken for one.
+fn split_bound(s: &str) -> Result<(Option<Namespaces>, &str), String> {
+    match s.split_once('=') {
+        Some((namespaces, value)) if !namespaces.contains([':', '/']) => {
+            Ok((Some(namespaces.trim().parse()?), value.trim()))
+        }
+        _ => Ok((None, s.trim())),
+    }
+}
+
+/// A backend rollouts may name: a host (at any port, or at one), an address or a CIDR.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Place {
+    pub host: Allowed,
+    pub port: Option<u16>,
+}
+
+impl FromStr for Place {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Ok(host) = s.parse::<Allowed>() {
+            return Ok(Place { host, port: None });
+        }
+        if let Ok(socket) = s.parse::<std::net::SocketAddr>() {
+            return Ok(Place { host: Allowed::Net(socket.ip().into()), port: Some(socket.port()) });
+        }
+        let refused = || format!("{s:?} is neither a host, an address nor a CIDR, with an optional :port");
+        let (host, port) = s.rsplit_once(':').ok_or_else(refused)?;
+        let port = port.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(refused)?;
+        let host = host.parse::<Allowed>().map_err(|_| refused())?;
+        Ok(Place { host, port: Some(port) })
+    }
+}
+
+impl Place {
+    /// Whether a URL's host and port (its scheme's default when it gives none) are this place: a name
+    /// only by itself (what it resolves to is judged when connecting), an address by the CIDR.
+    pub fn holds(&self, url: &url::Url) -> bool {
+        if self.port.is_some_and(|p| url.port_or_known_default() != Some(p)) {
+            return false;
+        }
+        match (&self.host, url.host()) {
+            (Allowed::Net(net), Some(url::Host::Ipv4(ip))) => net.contains(&IpAddr::from(ip)),
+            (Allowed::Net(net), Some(url::Host::Ipv6(ip))) => net.contains(&IpAddr::from(ip)),
+            (Allowed::Host(name), Some(url::Host::Domain(host))) => {
+                *name == host.trim_end_matches('.').to_ascii_lowercase()
+            }
+            _ => false,
+        }
+    }
+}
+
+/// One `--analysis-allow` entry: a backend, for every namespace or only for those it is bound to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllowEntry {
+    pub namespaces: Option<Namespaces>,
+    pub place: Place,
+}
+
+impl FromStr for AllowEntry {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (namespaces, place) = split_bound(s)?;
+        Ok(AllowEntry { namespaces, place: place.parse()? })
+    }
+}
+
+/// One `--analysis-prometheus-address` entry: the backend rollouts of these namespaces query when they
+/// name none (bound to none: of every namespace no bound entry matches).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DefaultBackend {
+    pub namespaces: Option<Namespaces>,
+    /// An http(s) base URL, without a trailing slash.
+    pub address: String,
+}
+
+impl FromStr for DefaultBackend {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (namespaces, address) = split_bound(s)?;
+        base_url(address)?;
+        Ok(DefaultBackend { namespaces, address: address.trim_end_matches('/').to_string() })
+    }
+}
+
+/// Applies to `namespace`: bound to none, or to a pattern that matches it.
+pub fn applies(namespaces: Option<&Namespaces>, namespace: &str) -> bool {
+    namespaces.is_none_or(|n| n.matches(namespace))
+}
+
+/// An http(s) URL with a host and nothing else a surprise could hide in (user information, a query, a
+/// fragment), parsed as the HTTP client parses it, so that the host judged is the host reached.
+pub fn base_url(text: &str) -> Result<url::Url, String> {
+    let url = url::Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    let fine = matches!(url.scheme(), "http" | "https")
+        && url.host_str().is_some_and(|h| !h.is_empty())
+        && url.username().is_empty()
+        && url.password().is_none()
+        && url.query().is_none()
+        && url.fragment().is_none();
+    match fine {
+        true => Ok(url),
+        false => Err(format!(
+            "{text:?} is not an http(s) base URL (a host, no user information, query or fragment)"
+        )),
+    }
+}
