@@ -17,12 +17,12 @@ use axum::{
 };
 use hyper::{body::Incoming, server::conn::http1};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error};
 
 use crate::{
-    mcp::limits::{Connection, Connections, HEADER_READ_TIMEOUT, MAX_HEADER_BYTES},
+    mcp::limits::{Accepted, Connections, HEADER_READ_TIMEOUT, MAX_HEADER_BYTES},
     runtime::metrics::Metrics,
 };
 
@@ -56,9 +56,25 @@ async fn metrics(State(h): State<Health>) -> impl IntoResponse {
     ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], h.metrics.render())
 }
 
+/// Connections the kernel completes and queues before the server accepts them. std's and tokio's 128
+/// overflow under a burst of a few hundred (a flood, or agents starting at once): the kernel then drops
+/// handshakes and everyone's new connection waits a second for a retransmission, while the accept loop
+/// would have closed the excess at once. (The kernel caps it at `net.core.somaxconn`.)
+const LISTEN_BACKLOG: u32 = 1024;
+
+/// A listener on `addr`.
+pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    // As std and tokio do: a restarted server can bind while old connections linger in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Serves `app` on `listener` (HTTP/1.1, as axum's server did here) until `stop`, then lets open
 /// connections finish. Every connection is charged as `mcp::limits::Connections` says (to its address
-/// until a request authenticates on it, then to that caller), and must send a request's headers within
+/// until a request authenticates on it, then to that caller; read when its address's turn comes), and
+/// must send a request's headers within
 /// [`HEADER_READ_TIMEOUT`] of opening or of its previous answer: a client that sends nothing, or headers a
 /// byte at a time, is cut off, and so is an idle keep-alive connection.
 pub async fn serve(listener: TcpListener, app: Router, stop: CancellationToken) -> io::Result<()> {
@@ -80,26 +96,31 @@ pub async fn serve(listener: TcpListener, app: Router, stop: CancellationToken) 
             () = stop.cancelled() => break,
         };
         // Over a cap, closed at once: left unaccepted, it would only wait in the backlog for the same answer.
-        let Some(connection) = connections.open(peer.ip()) else {
+        let Some(accepted) = connections.accept(peer.ip()) else {
             debug!(%peer, open = connections.open_now(), "closed a connection over the cap");
             continue;
         };
         // Answers are small and whole: sending each at once saves a round trip's delay.
         let _ = stream.set_nodelay(true);
-        tokio::spawn(serve_connection(http.clone(), stream, app.clone(), connection, stop.clone()));
+        tokio::spawn(serve_connection(http.clone(), stream, app.clone(), accepted, stop.clone()));
     }
     connections.all_closed().await;
     Ok(())
 }
 
-/// One connection, each of its requests carrying the [`Connection`] (for the MCP guard to charge it).
+/// One connection, once its turn to be read has come, each of its requests carrying the `Connection`
+/// (for the MCP guard to charge it).
 async fn serve_connection(
     http: http1::Builder,
     stream: TcpStream,
     app: Router,
-    connection: Arc<Connection>,
+    accepted: Accepted,
     stop: CancellationToken,
 ) {
+    let Some(connection) = accepted.admitted().await else {
+        debug!("closed a connection whose turn did not come");
+        return;
+    };
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
         let mut request = request.map(Body::new);
         request.extensions_mut().insert(connection.clone());
@@ -162,11 +183,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_silent_connection_is_cut_off_at_the_header_timeout_and_requests_carry_their_connection() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = listen(([127, 0, 0, 1], 0).into()).unwrap();
         let addr = listener.local_addr().unwrap();
         let app = Router::new().route(
             "/who",
-            get(|c: Option<axum::Extension<Arc<Connection>>>| async move {
+            get(|c: Option<axum::Extension<Arc<crate::mcp::limits::Connection>>>| async move {
                 if c.is_some() { "charged" } else { "-" }
             }),
         );

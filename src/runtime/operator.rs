@@ -132,9 +132,7 @@ async fn serve_on(
     app: axum::Router,
     stop: CancellationToken,
 ) -> Result<impl Future<Output = std::io::Result<()>>> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| Error::Listen { addr: addr.to_string(), source })?;
+    let listener = http::listen(addr).map_err(|source| Error::Listen { addr: addr.to_string(), source })?;
     Ok(http::serve(listener, app, stop))
 }
 

@@ -8,9 +8,10 @@
 //! [`CONNECTIONS_PER_CALLER`] per caller), its SubjectAccessReviews ([`ACCESS_REVIEWS_PER_CALLER`]); and only
 //! then is its body read, within [`body_allowance`]. What no caller can be charged for is bounded apart:
 //! TokenReviews of unknown tokens (at most [`REVIEW_BURST`] + [`REVIEWS_PER_SECOND`] × t in t seconds,
-//! [`REVIEWS_IN_FLIGHT`] at a time), and connections that have not yet shown a token
-//! ([`UNBOUND_CONNECTIONS_PER_PEER`] per address, [`UNBOUND_CONNECTIONS`] in all, each closed after
-//! [`HEADER_READ_TIMEOUT`] without a request, or after its one request when that request is refused).
+//! [`REVIEWS_IN_FLIGHT`] at a time), and connections that have not yet shown a token (read at once:
+//! [`UNBOUND_CONNECTIONS_PER_PEER`] per address, [`UNBOUND_CONNECTIONS`] in all; each closed after
+//! [`HEADER_READ_TIMEOUT`] without a request, or after its one request when that request is refused; an
+//! address's others wait, [`UNBOUND_WAITING_PER_PEER`] of them for [`UNBOUND_WAIT`] at most).
 //!
 //! The numbers are constants, chosen so that normal use never meets them and the worst case is stated.
 
@@ -33,7 +34,7 @@ pub use self::budget::Rate;
 pub(crate) use self::{
     budget::{CallerBudgets, ReviewBudget},
     cache::{Cached, TtlLru},
-    connections::{Connection, Connections},
+    connections::{Accepted, Connection, Connections},
     shares::{Caller, InFlight},
 };
 
@@ -93,6 +94,10 @@ pub const CONNECTIONS: usize = 1024;
 pub const UNBOUND_CONNECTIONS: usize = 512;
 /// ... and from one address: an agent needs one or a few, a flood from one address is held to this.
 pub const UNBOUND_CONNECTIONS_PER_PEER: usize = 128;
+/// An address's connections beyond its share wait their turn to be read, this many at most (beyond, a new
+/// one is closed at once) and for this long (then closed).
+pub const UNBOUND_WAITING_PER_PEER: usize = 128;
+pub const UNBOUND_WAIT: Duration = Duration::from_secs(1);
 /// Connections tied to one caller (at least [`REQUESTS_PER_CALLER`], one per request in flight, with room
 /// for idle ones), and to one tenant's callers together; beyond, a connection is closed after its answer.
 pub const CONNECTIONS_PER_CALLER: usize = 32;

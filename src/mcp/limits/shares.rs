@@ -1,11 +1,10 @@
-//! Fair shares: how many requests in flight (and, in `connections`, open connections) each caller, each
-//! tenant and everyone together may hold at once. A share is counted, not reserved: taking one checks every
+//! Fair shares: how many requests in flight (and, in `connections`, connections) each caller, each tenant
+//! and everyone together may hold at once. A share is counted, not reserved: taking one checks every
 //! cap it falls under at once, and dropping it gives all back. Only keys holding something are kept, so the
 //! ledger is as large as what is in flight.
 
 use std::{
     collections::HashMap,
-    net::IpAddr,
     sync::{Arc, Mutex, MutexGuard, PoisonError},
 };
 
@@ -20,10 +19,6 @@ pub(crate) enum Key {
     Caller(String),
     /// The callers of one tenant (see [`Caller`]).
     Tenant(String),
-    /// Connections from one address not yet tied to a caller.
-    Peer(IpAddr),
-    /// Connections not yet tied to a caller, from any address.
-    Unbound,
 }
 
 /// A caller as shares see it: its username, and its tenant. The ServiceAccounts of a namespace are one
@@ -192,9 +187,9 @@ mod tests {
     #[test]
     fn a_refused_take_takes_nothing() {
         let ledger = Ledger::default();
-        let _full = ledger.take(&[(Key::Unbound, 1)]).unwrap();
-        let peer = Key::Peer(IpAddr::from([127, 0, 0, 1]));
-        assert!(ledger.take(&[(peer.clone(), 5), (Key::Unbound, 1)]).is_none());
-        assert_eq!(ledger.held(&peer), 0);
+        let _full = ledger.take(&[(Key::All, 1)]).unwrap();
+        let caller = Key::Caller("x".into());
+        assert!(ledger.take(&[(caller.clone(), 5), (Key::All, 1)]).is_none());
+        assert_eq!(ledger.held(&caller), 0);
     }
 }
