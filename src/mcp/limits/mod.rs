@@ -90,7 +90,8 @@ pub const BODY_MIN_BYTES_PER_SECOND: usize = 64 * 1024;
 /// Connections open at once on a listener; beyond, a new one is closed at once. Each costs a file
 /// descriptor and at most [`MAX_HEADER_BYTES`] of buffer before its request is read.
 pub const CONNECTIONS: usize = 1024;
-/// Connections not yet tied to a caller (no request has authenticated on them), from any address...
+/// Connections read at once while not yet tied to a caller (no request has authenticated on them; under
+/// `--auth none`, none ever is), from all addresses...
 pub const UNBOUND_CONNECTIONS: usize = 512;
 /// ... and from one address: an agent needs one or a few, a flood from one address is held to this.
 pub const UNBOUND_CONNECTIONS_PER_PEER: usize = 128;
