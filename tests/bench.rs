@@ -2,7 +2,8 @@
 //!
 //!   cargo test --release --test bench -- --full    the full run (make bench); writes bench/results/
 //!   cargo test --test bench                        a reduced smoke run, part of `make test`
-//!   ... -- --full --only transitions,mcp           some scenarios only (overhead, transitions, analysis, members, scale, mcp)
+//!   ... -- --full --only transitions,mcp           some scenarios only (overhead, transitions, analysis, members, scale, mcp,
+//!                                                  fairness)
 //!
 //! Every figure that has a goal is a ratio or a latency measured side by side in the same run, because these
 //! machines are noisy. Goals are reported, not asserted: the run fails only when an invariant breaks (a
@@ -13,6 +14,8 @@
 mod analysis;
 mod bench_support;
 mod common;
+#[path = "bench/fairness.rs"]
+mod fairness;
 #[path = "bench/members.rs"]
 mod members;
 
@@ -42,6 +45,8 @@ struct Sizes {
     mcp_clients: usize,
     mcp_requests: usize,
     mcp_starts: usize,
+    /// How long an agent polls its task, unflooded and then beside another tenant's slow-body flood.
+    fairness_seconds: u64,
     analysis_targets: usize,
     /// Deployments in each of the two members, and per batch.
     members_targets: usize,
@@ -64,6 +69,7 @@ const FULL: Sizes = Sizes {
     mcp_clients: 64,
     mcp_requests: 20_000,
     mcp_starts: 200,
+    fairness_seconds: 30,
     analysis_targets: 50,
     members_targets: 250,
     members_batch: 50,
@@ -84,6 +90,7 @@ const SMOKE: Sizes = Sizes {
     mcp_clients: 8,
     mcp_requests: 400,
     mcp_starts: 10,
+    fairness_seconds: 5,
     analysis_targets: 10,
     members_targets: 10,
     members_batch: 5,
@@ -133,6 +140,9 @@ async fn run(sizes: Sizes, only: Option<Vec<String>>) {
     }
     if wanted("mcp") {
         mcp(&client, &sizes, &mut report, &mut namespaces).await;
+    }
+    if wanted("fairness") {
+        fairness::mcp_fairness(&client, &sizes, &mut report, &mut namespaces).await;
     }
     // Last: 10,000 Deployments keep the control plane busy for minutes after the rollout ends, which
     // would be measured as the next scenario's latency.

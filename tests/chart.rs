@@ -209,8 +209,10 @@ async fn metrics_are_served_and_scraped_on_their_own_port() {
             ports.contains(&json!({"name": "metrics", "containerPort": port, "protocol": "TCP"})),
             "{ports:?}"
         );
-        // Probes stay on the MCP listener: they say whether it serves.
+        // Readiness stays on the MCP listener: it says whether that one serves. Liveness is on the metrics
+        // listener, so that connections flooding MCP never get the operator restarted.
         assert_eq!(container["readinessProbe"]["httpGet"]["port"], "http");
+        assert_eq!(container["livenessProbe"]["httpGet"]["port"], "metrics");
         let service = object(&objects, "Service", "fr-fleetroll").unwrap();
         let service_ports = service["spec"]["ports"].as_array().unwrap();
         assert!(

@@ -18,6 +18,8 @@ mod admission;
 mod common;
 #[path = "security/mcp.rs"]
 mod mcp_attacks;
+#[path = "security/mcp_shares.rs"]
+mod mcp_shares;
 #[path = "security/operator.rs"]
 mod operator_attacks;
 #[path = "security/overlap.rs"]
@@ -25,6 +27,7 @@ mod overlap;
 
 use admission::*;
 use mcp_attacks::*;
+use mcp_shares::*;
 use operator_attacks::*;
 use overlap::*;
 
@@ -114,6 +117,7 @@ const ATTACKS: &[Entry] = &[
     attack!(mcp_caller_previews_what_it_may_not_list),
     attack!(a_foreign_page_calls_the_mcp_server),
     attack!(a_flood_of_random_bearer_tokens, exclusive),
+    attack!(one_mcp_tenant_floods_slow_bodies_connections_and_permission_checks, exclusive),
 ];
 
 /// What the attacks share: namespaces t1, t2 and a fleet namespace, and the identities acting in them.

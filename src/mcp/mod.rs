@@ -42,7 +42,7 @@ use serde_json::{Value, json};
 
 pub(crate) use self::endpoint::allowed_hosts;
 use self::{
-    auth::{Authenticator, Origins},
+    auth::{Authenticator, Guard, Origins},
     impersonate::Writer,
     limits::InFlight,
     ops::Ops,
@@ -123,7 +123,7 @@ async fn protected_resource(State(m): State<Metadata>) -> Json<Value> {
     }))
 }
 
-/// `/mcp` (behind the request bounds and the auth middleware) and the Protected Resource Metadata
+/// `/mcp` (behind the request deadline and the auth middleware, which charges each request to its caller) and the Protected Resource Metadata
 /// documents. `config` is what `client` was built from (see [`FleetMcp::new`]).
 pub(crate) fn router(client: Client, config: kube::Config, opts: &Options) -> Router {
     let handler = FleetMcp::new(client.clone(), config, opts);
@@ -153,7 +153,10 @@ fn routes<H: ServerHandler + Clone + Send + Sync + 'static>(
     let metadata_url =
         format!("{}/.well-known/oauth-protected-resource/mcp", endpoint::origin_of(&opts.resource));
     let origins = Origins::new(&opts.allowed_origins, &opts.resource);
-    let authenticator = Authenticator::new(client, opts.auth.clone(), metadata_url, origins);
+    let guard = Guard {
+        auth: Authenticator::new(client, opts.auth.clone(), metadata_url, origins),
+        in_flight: InFlight::default(),
+    };
     let metadata = Metadata {
         resource: opts.resource.clone(),
         authorization_servers: opts.authorization_servers.clone(),
@@ -164,8 +167,8 @@ fn routes<H: ServerHandler + Clone + Send + Sync + 'static>(
         .with_state(metadata);
     Router::new()
         .nest_service("/mcp", service)
-        .layer(middleware::from_fn_with_state(authenticator, auth::guard))
-        .layer(middleware::from_fn_with_state(InFlight::default(), limits::bound))
+        .layer(middleware::from_fn_with_state(guard, auth::guard))
+        .layer(middleware::from_fn(limits::deadline))
         .merge(wellknown)
 }
 

@@ -132,12 +132,8 @@ async fn serve_on(
     app: axum::Router,
     stop: CancellationToken,
 ) -> Result<impl Future<Output = std::io::Result<()>>> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| Error::Listen { addr: addr.to_string(), source })?;
-    Ok(async move {
-        axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await
-    })
+    let listener = http::listen(addr).map_err(|source| Error::Listen { addr: addr.to_string(), source })?;
+    Ok(http::serve(listener, app, stop))
 }
 
 /// Every address the API server answers on that the operator can know of, which health checks may never

@@ -157,6 +157,7 @@ impl Rng {
 pub mod chart;
 pub mod cli;
 pub mod fleet;
+pub mod flood;
 pub mod mcp;
 pub mod members;
 pub mod nodes;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 /// The MCP server alone, checking callers' tokens for its own URL and writing as its callers. It runs with
 /// the cluster admin's credentials: impersonation means that is no longer what its callers get.
-async fn mcp_server(ns: &str) -> Operator {
+pub(super) async fn mcp_server(ns: &str) -> Operator {
     let op = Operator::start_mcp(
         ns,
         &["--auth", "serviceaccount", "--mcp-audience", "http://127.0.0.1:{port}/mcp"],
@@ -22,7 +22,7 @@ async fn mcp_server(ns: &str) -> Operator {
 }
 
 /// A token of `t`'s ServiceAccount for the MCP endpoint (its audience).
-async fn mcp_token(env: &Env, t: &Tenant, audience: &str) -> String {
+pub(super) async fn mcp_token(env: &Env, t: &Tenant, audience: &str) -> String {
     common::tenant::token_for(&env.admin, &t.namespace, &t.name, Some(audience)).await
 }
 
@@ -87,15 +87,21 @@ pub(super) async fn a_foreign_page_calls_the_mcp_server(env: &'static Env) -> Ro
 
 /// TokenReviews the API server has answered, from its own metrics.
 async fn token_reviews_served(client: &Client) -> f64 {
+    requests_served(client, "tokenreviews").await
+}
+
+/// Requests for `resource` the API server has answered, from its own metrics.
+pub(super) async fn requests_served(client: &Client, resource: &str) -> f64 {
     let text = client.request_text(http::Request::get("/metrics").body(Vec::new()).unwrap()).await.unwrap();
+    let resource = format!("resource=\"{resource}\"");
     text.lines()
-        .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("resource=\"tokenreviews\""))
+        .filter(|l| l.starts_with("apiserver_request_total{") && l.contains(&resource))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
 
 /// Resident memory of a process, in KiB.
-fn rss_kib(pid: u32) -> u64 {
+pub(super) fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
         .lines()
@@ -104,7 +110,7 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 /// One MCP request's HTTP status; a 429 must say when to come back.
-async fn post_status(
+pub(super) async fn post_status(
     http: &reqwest::Client,
     url: &str,
     token: &str,

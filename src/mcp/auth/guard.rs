@@ -1,7 +1,16 @@
 //! The middleware in front of `/mcp`. Its answers are HTTP statuses: 403 for a foreign `Origin`, 401
 //! with a `WWW-Authenticate` challenge and Protected Resource Metadata, 429 when unknown tokens arrive
-//! faster than they may be reviewed, 413 for a body over the limit, 403 for an operation RBAC does not
-//! allow. What passes reaches the MCP handler with the caller's identity and exactly what it was granted.
+//! faster than they may be reviewed (or a caller asks for more permission checks than its budget), 503 when
+//! the caller's share of requests in flight is taken, 408 for a body too slow and 413 for one over the
+//! limit, 403 for an operation RBAC does not allow. What passes reaches the MCP handler with the caller's
+//! identity and exactly what it was granted.
+//!
+//! The order is what keeps one caller from refusing another: nothing is held for a request before its
+//! headers have said who sends it, and from then on it is charged to that caller (see `limits`). A request
+//! refused before its body is read is answered with `Connection: close`, so that an unauthenticated
+//! connection lasts one request.
+
+use std::{sync::Arc, time::Duration};
 
 use axum::{
     body::{Body, Bytes},
@@ -13,20 +22,62 @@ use axum::{
 use serde_json::{Value, json};
 use tracing::{debug, warn};
 
-use super::{Access, Authenticator, Granted, Identity, Mode, required_access, review::Reviewed};
-use crate::mcp::{MAX_BODY_BYTES, invalid_params, limits::retry_after};
+use super::{
+    Access, Authenticator, Granted, Identity, Mode, required_access,
+    review::{Decision, Reviewed},
+};
+use crate::mcp::{
+    MAX_BODY_BYTES, invalid_params,
+    limits::{Caller, Connection, InFlight, body_allowance, retry_after},
+};
 
-/// The middleware: authenticate, find what the request needs, authorize it, and hand the identity and
-/// the grant to the MCP handler.
-pub async fn guard(State(auth): State<Authenticator>, request: Request, next: Next) -> Response {
-    if let Some(refused) = foreign_origin(&auth, request.headers()) {
-        return refused;
+/// What the middleware needs: who callers are and what they may do, and their shares of requests in flight.
+#[derive(Clone)]
+pub struct Guard {
+    pub auth: Authenticator,
+    pub in_flight: InFlight,
+}
+
+/// The middleware: authenticate from the headers, charge the caller a slot and its connection, read the
+/// body, authorize the operation, and hand the identity and the grant to the MCP handler.
+pub async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> Response {
+    let auth = &guard.auth;
+    if let Some(refused) = foreign_origin(auth, request.headers()) {
+        return closing(refused);
     }
-    // Authenticate first: an anonymous caller learns nothing, not even whether its body parses.
-    let identity = match authenticate(&auth, request.headers()).await {
+    // Authenticate first: an anonymous caller holds nothing and learns nothing, not even whether its body
+    // parses.
+    let identity = match authenticate(auth, request.headers()).await {
         Ok(identity) => identity,
-        Err(refused) => return *refused,
+        Err(refused) => return closing(*refused),
     };
+    let caller = identity.as_ref().map(|i| Caller::of(&i.username));
+    let Some(_slot) = guard.in_flight.take(caller.as_ref()) else {
+        let mut response = rpc_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &Value::Null,
+            -32000,
+            "the server is busy: too many requests in flight for this caller",
+        );
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1u64));
+        return closing(response);
+    };
+    // A connection beyond the caller's share serves this request and closes.
+    let keep = match (request.extensions().get::<Arc<Connection>>(), &caller) {
+        (Some(connection), Some(caller)) => connection.bind(caller),
+        _ => true,
+    };
+    let response = admitted(auth, identity, request, next).await;
+    if keep { response } else { closing(response) }
+}
+
+/// The request once its caller holds a slot: its body, the operation's authorization, the handler.
+async fn admitted(
+    auth: &Authenticator,
+    identity: Option<Identity>,
+    request: Request,
+    next: Next,
+) -> Response {
     let (parts, body) = request.into_parts();
     // Only POSTs carry operations; other methods are the MCP service's to answer (405).
     if parts.method != Method::POST {
@@ -44,8 +95,11 @@ pub async fn guard(State(auth): State<Authenticator>, request: Request, next: Ne
     let access = required_access(method, message.get("params").unwrap_or(&Value::Null));
     if let Some(access) = &access {
         match auth.authorize(&identity, access).await {
-            Ok(true) => {}
-            Ok(false) => return forbidden(&auth, &identity, access, message.get("id")),
+            Ok(Decision::Allowed) => {}
+            Ok(Decision::Denied) => return forbidden(auth, &identity, access, message.get("id")),
+            Ok(Decision::Limited(wait)) => {
+                return too_many(wait, "too many permission checks for this caller right now; retry later");
+            }
             Err(e) => {
                 warn!(error = %e, "SubjectAccessReview failed");
                 return unavailable("cannot review the permission right now");
@@ -54,6 +108,19 @@ pub async fn guard(State(auth): State<Authenticator>, request: Request, next: Ne
     }
     debug!(user = %identity.username, %method, ?access, "authorized");
     pass(next, parts, Body::from(bytes), identity, Granted::Only(access)).await
+}
+
+/// `response`, and the connection it goes out on closes after it.
+fn closing(mut response: Response) -> Response {
+    response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+/// 429 with `Retry-After`.
+fn too_many(wait: Duration, message: &str) -> Response {
+    let mut response = rpc_error(StatusCode::TOO_MANY_REQUESTS, &Value::Null, -32000, message);
+    response.headers_mut().insert(header::RETRY_AFTER, retry_after(wait));
+    response
 }
 
 /// Hands the request on, with who is calling and what they were granted.
@@ -90,14 +157,7 @@ async fn authenticate(auth: &Authenticator, headers: &HeaderMap) -> Result<Optio
             Err(Box::new(unauthorized(auth, Some("the token is invalid, expired, or not for this audience"))))
         }
         Ok(Reviewed::Limited(wait)) => {
-            let mut response = rpc_error(
-                StatusCode::TOO_MANY_REQUESTS,
-                &Value::Null,
-                -32000,
-                "too many new tokens to review right now; retry later",
-            );
-            response.headers_mut().insert(header::RETRY_AFTER, retry_after(wait));
-            Err(Box::new(response))
+            Err(Box::new(too_many(wait, "too many new tokens to review right now; retry later")))
         }
         Err(e) => {
             warn!(error = %e, "TokenReview failed");
@@ -113,6 +173,10 @@ async fn read_message(body: Body) -> Result<(Bytes, Value), Box<Response>> {
         ReadBody::Complete(bytes) => bytes,
         ReadBody::Broken => {
             return Err(refuse(StatusCode::BAD_REQUEST, -32600, "the request body could not be read"));
+        }
+        ReadBody::TooSlow => {
+            let message = "the request body arrived too slowly";
+            return Err(Box::new(closing(*refuse(StatusCode::REQUEST_TIMEOUT, -32600, message))));
         }
         too_large => {
             let message = format!("request body larger than {MAX_BODY_BYTES} bytes");
@@ -142,18 +206,34 @@ enum ReadBody {
     TooLargeUnread,
     /// The client broke off.
     Broken,
+    /// Slower than [`body_allowance`]: not read to its end, so the connection must close.
+    TooSlow,
 }
 
 /// How much of an oversized body is read and thrown away, so that the client gets its 413 on a connection
 /// still in step (closing mid-upload makes clients see a reset instead of the answer).
 const DRAIN_BYTES: usize = 16 * 1024 * 1024;
 
+/// Reads a body within `limit` bytes and [`body_allowance`], which grows with what has arrived: a few
+/// seconds, plus time at a minimum rate.
 async fn read_body(body: Body, limit: usize) -> ReadBody {
+    read_body_within(body, limit, body_allowance).await
+}
+
+/// [`read_body`], with the time allowed for `n` bytes received given by `allowance(n)`.
+async fn read_body_within(body: Body, limit: usize, allowance: impl Fn(usize) -> Duration) -> ReadBody {
     use futures::StreamExt;
+    let started = tokio::time::Instant::now();
     let mut stream = body.into_data_stream();
     let mut kept = Vec::new();
     let mut seen = 0usize;
-    while let Some(chunk) = stream.next().await {
+    loop {
+        let next = tokio::time::timeout_at(started + allowance(seen), stream.next()).await;
+        let chunk = match next {
+            Err(_) => return ReadBody::TooSlow,
+            Ok(None) => break,
+            Ok(Some(chunk)) => chunk,
+        };
         let Ok(chunk) = chunk else { return ReadBody::Broken };
         seen = seen.saturating_add(chunk.len());
         if seen > DRAIN_BYTES {

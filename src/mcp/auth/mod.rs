@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 pub(crate) use self::{
     access::{Access, Granted, Verb, required_access},
-    guard::{guard, rpc_error},
+    guard::{Guard, guard, rpc_error},
     origins::Origins,
     review::Authenticator,
 };

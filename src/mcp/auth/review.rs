@@ -1,6 +1,7 @@
 //! Bearer tokens and permissions, reviewed by the API server: a TokenReview for the MCP audience says who a
 //! token stands for, a SubjectAccessReview whether RBAC allows them an operation. Answers are cached
-//! within bounds, and reviews of tokens never seen before are rationed (see `limits`).
+//! within bounds; reviews of tokens never seen before are rationed, and SubjectAccessReviews are charged to
+//! the caller that asks (see `limits`).
 
 use std::{sync::Arc, time::Duration};
 
@@ -13,7 +14,8 @@ use sha2::{Digest, Sha256};
 
 use super::{Access, Identity, Mode, Origins};
 use crate::mcp::limits::{
-    Cached, DECISION_TTL, DECISIONS_CACHED, IDENTITIES_CACHED, IDENTITY_TTL, ReviewBudget, TtlLru,
+    ACCESS_REVIEWS_PER_CALLER, ACCESS_REVIEWS_PER_TENANT, Cached, Caller, CallerBudgets, DECISION_TTL,
+    DECISIONS_CACHED, IDENTITIES_CACHED, IDENTITY_TTL, ReviewBudget, TtlLru,
 };
 
 /// What a token turned out to be.
@@ -21,6 +23,16 @@ pub enum Reviewed {
     Valid(Identity),
     Invalid,
     /// Not reviewed: unknown tokens arrive faster than the budget allows; come back after this long.
+    Limited(Duration),
+}
+
+/// Whether RBAC allows a caller an operation.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decision {
+    Allowed,
+    Denied,
+    /// Not reviewed: the caller (or its tenant) asks for new reviews faster than its budget allows; come
+    /// back after this long.
     Limited(Duration),
 }
 
@@ -36,6 +48,8 @@ pub struct Authenticator {
     tokens: Arc<TtlLru<[u8; 32], Identity>>,
     decisions: Arc<TtlLru<(Identity, Access), bool>>,
     budget: Arc<ReviewBudget>,
+    /// SubjectAccessReviews, per caller and tenant.
+    access_budgets: Arc<CallerBudgets>,
 }
 
 /// The identity a TokenReview vouched for, if it did so for `audience`.
@@ -63,6 +77,11 @@ impl Authenticator {
             tokens: Arc::new(TtlLru::new(IDENTITIES_CACHED, IDENTITY_TTL)),
             decisions: Arc::new(TtlLru::new(DECISIONS_CACHED, DECISION_TTL)),
             budget: Arc::new(ReviewBudget::default()),
+            access_budgets: Arc::new(CallerBudgets::new(
+                ACCESS_REVIEWS_PER_CALLER,
+                ACCESS_REVIEWS_PER_TENANT,
+                2 * IDENTITIES_CACHED,
+            )),
         }
     }
 
@@ -98,11 +117,15 @@ impl Authenticator {
         })
     }
 
-    /// Whether RBAC allows `who` the `access`.
-    pub async fn authorize(&self, who: &Identity, access: &Access) -> Result<bool, kube::Error> {
+    /// Whether RBAC allows `who` the `access`. An answer not in the cache costs a SubjectAccessReview from
+    /// the caller's own budget.
+    pub async fn authorize(&self, who: &Identity, access: &Access) -> Result<Decision, kube::Error> {
         let key = (who.clone(), access.clone());
         if let Some(Cached::Fresh(allowed)) = self.decisions.get(&key) {
-            return Ok(allowed);
+            return Ok(if allowed { Decision::Allowed } else { Decision::Denied });
+        }
+        if let Err(wait) = self.access_budgets.take(&Caller::of(&who.username)) {
+            return Ok(Decision::Limited(wait));
         }
         let review = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
@@ -127,6 +150,6 @@ impl Authenticator {
             .await?;
         let allowed = reviewed.status.is_some_and(|s| s.allowed);
         self.decisions.insert(key, allowed);
-        Ok(allowed)
+        Ok(if allowed { Decision::Allowed } else { Decision::Denied })
     }
 }

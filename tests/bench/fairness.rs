@@ -1,0 +1,135 @@
+//! Fair shares on `/mcp`, measured: an agent's `tasks/get` latency while another tenant's caller holds as
+//! many slow-body POSTs as it can (each promising a body it never sends), beside the same agent unflooded,
+//! both with real ServiceAccount tokens on a server that checks them.
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use kube::Client;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::{Report, Sizes, bench_support, common, row};
+use common::{
+    flood,
+    operator::Operator,
+    tenant::{Grant, Tenant, token_for},
+};
+
+/// The agent's concurrent pollers: an agent watching a few tasks at once, within its share of requests.
+const POLLERS: usize = 4;
+/// The flooder's slow-body POSTs held at once: more than all the server's request slots.
+const SLOW_BODIES: usize = 260;
+
+/// `tasks/get` of `task` as `token`, on `POLLERS` loops for `seconds`: sorted latencies (s), and the
+/// statuses of calls that were not answered with a result.
+async fn poll(url: &str, token: &str, task: &str, seconds: u64) -> (Vec<f64>, Vec<String>) {
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let loops = (0..POLLERS).map(|_| {
+        let (url, token, task) = (url.to_string(), token.to_string(), task.to_string());
+        tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let (mut latencies, mut failed) = (Vec::new(), Vec::new());
+            while Instant::now() < until {
+                let started = Instant::now();
+                let tasks = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+                let params = json!({"taskId": task});
+                let r = common::mcp::post(&http, &url, Some(&token), "tasks/get", &task, params, tasks).await;
+                let status = r.status();
+                let body: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap_or_default();
+                latencies.push(started.elapsed().as_secs_f64());
+                if !status.is_success() || body.get("result").is_none() {
+                    failed.push(format!("{status}: {body}"));
+                }
+            }
+            (latencies, failed)
+        })
+    });
+    let (mut latencies, mut failed) = (Vec::new(), Vec::new());
+    for done in join_all(loops).await {
+        let (l, f) = done.unwrap();
+        latencies.extend(l);
+        failed.extend(f);
+    }
+    latencies.sort_by(f64::total_cmp);
+    (latencies, failed)
+}
+
+pub async fn mcp_fairness(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: &mut Vec<String>) {
+    let seconds = sizes.fairness_seconds;
+    eprintln!(
+        "fairness: an agent's tasks/get for {seconds}s unflooded, then beside {SLOW_BODIES} slow bodies"
+    );
+    let ns = common::create_namespace(client, "bench-fair", &[]).await;
+    let other = common::create_namespace(client, "bench-fair-x", &[]).await;
+    namespaces.extend([ns.clone(), other.clone()]);
+    let edit = [Grant::cluster_role("edit")];
+    let (agent, flooder) = tokio::join!(
+        Tenant::create(client, &ns, "agent", &edit),
+        Tenant::create(client, &other, "flooder", &edit)
+    );
+    let op = Operator::start(
+        &ns,
+        &["--auth", "serviceaccount", "--mcp-audience", "http://127.0.0.1:{port}/mcp"],
+        &[],
+    );
+    op.ready().await;
+    let url = op.mcp_url();
+    let agent_token = token_for(client, &agent.namespace, &agent.name, Some(&url)).await;
+    let flooder_token = token_for(client, &flooder.namespace, &flooder.name, Some(&url)).await;
+
+    // The agent starts a paused rollout over no targets (only the MCP path is measured) and polls its task.
+    let args = json!({"name": "rollout_fleet", "arguments": {"namespace": ns, "name": "fair", "image": "example.invalid/x:1",
+        "paused": true, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"none": "none"}}}}});
+    let tasks = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    let http = reqwest::Client::new();
+    let started =
+        common::mcp::post(&http, &url, Some(&agent_token), "tools/call", "rollout_fleet", args, tasks).await;
+    let started: Value = serde_json::from_slice(&started.bytes().await.unwrap()).unwrap();
+    let task =
+        started["result"]["taskId"].as_str().unwrap_or_else(|| panic!("no task: {started}")).to_string();
+
+    let (calm, calm_failed) = poll(&url, &agent_token, &task, seconds).await;
+    // The flood outlasts the polling by a body allowance, so that the whole poll is under it.
+    let until = Instant::now() + Duration::from_secs(seconds + 6);
+    let flood = tokio::spawn({
+        let (url, token) = (url.clone(), flooder_token.clone());
+        async move { flood::slow_bodies(&url, &token, SLOW_BODIES, until).await }
+    });
+    let (flooded, flooded_failed) = poll(&url, &agent_token, &task, seconds).await;
+    let flood = flood.await.unwrap();
+    assert!(
+        calm_failed.is_empty() && flooded_failed.is_empty(),
+        "fairness: the agent was refused: {calm_failed:?} {flooded_failed:?}"
+    );
+    assert!(flood.statuses.get(&408).is_some_and(|n| *n > 0), "fairness: the flood held no slot: {flood:?}");
+
+    let p99 = |sorted: &[f64]| bench_support::percentile(sorted, 99.0);
+    report.rows.push(row(
+        format!("MCP fairness: an agent's tasks/get, {POLLERS} concurrent, unflooded: p50 / p99"),
+        format!("{} ({} calls)", bench_support::p50_p99_ms(&calm), calm.len()),
+        "",
+        None,
+    ));
+    report.rows.push(row(
+        format!(
+            "known caller's tasks/get p99 under a slow-body flood by another identity ({SLOW_BODIES} at once): p50 / p99"
+        ),
+        format!(
+            "{} ({} calls, 0 refused; flood: {} slow bodies cut at the body timeout, {} refused 503)",
+            bench_support::p50_p99_ms(&flooded),
+            flooded.len(),
+            flood.statuses.get(&408).copied().unwrap_or(0),
+            flood.statuses.get(&503).copied().unwrap_or(0),
+        ),
+        "every call served",
+        Some(true),
+    ));
+    let ratio = p99(&flooded) / p99(&calm);
+    report.rows.push(row(
+        "tasks/get p99 flooded / unflooded",
+        format!("{ratio:.2}"),
+        "≤ 2",
+        Some(ratio <= 2.0),
+    ));
+}
