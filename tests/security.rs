@@ -15,6 +15,8 @@
 
 #[path = "security/admission.rs"]
 mod admission;
+#[path = "security/bypass.rs"]
+mod bypass;
 mod common;
 #[path = "security/mcp.rs"]
 mod mcp_attacks;
@@ -26,6 +28,7 @@ mod operator_attacks;
 mod overlap;
 
 use admission::*;
+use bypass::*;
 use mcp_attacks::*;
 use mcp_shares::*;
 use operator_attacks::*;
@@ -95,6 +98,13 @@ const ATTACKS: &[Entry] = &[
     attack!(oversized_health_soak),
     attack!(oversized_pause_between_batches),
     attack!(approver_forges_who_approved),
+    attack!(finalizer_stripped_from_a_held_node_rollout),
+    attack!(owner_reference_makes_the_garbage_collector_delete_a_rollout),
+    attack!(deleting_a_rollout_that_still_runs),
+    attack!(deleting_a_finished_rollout),
+    attack!(fleet_namespace_editor_unmakes_a_cross_namespace_rollout),
+    attack!(creator_annotation_names_someone_else),
+    attack!(task_annotations_rewritten),
     attack!(node_rollout_switches_its_daemonset),
     attack!(tenant_replaces_a_frozen_plan),
     attack!(tenant_preplants_a_plan),
