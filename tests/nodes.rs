@@ -294,7 +294,9 @@ async fn a_node_that_joins_mid_rollout_is_reported_and_left_to_the_daemonset() {
             let late = format!("{pool}-late");
             nodes::add_node(&client, &pool, &late, &[]).await;
             wait_for_pod(&client, &fleet.ns, &late, READY_IMAGE).await;
-            fleet.patch_spec("agents", json!({"approvals": [{"batch": 0, "planHash": plan_hash}]})).await;
+            {
+                fleet.approve("agents", &[0], &plan_hash).await;
+            }
             let fr = fleet
                 .wait_rollout("agents", "the rollout to succeed", Duration::from_secs(120), |f| {
                     phase(f) == Phase::Succeeded
@@ -382,7 +384,9 @@ async fn an_abort_stops_at_once_and_keeps_the_daemonset_held() {
                 .wait_rollout("agents", "batch 1 to wait for approval", Duration::from_secs(60), waiting(0))
                 .await;
             let hash = fr.status.unwrap().plan.unwrap().hash;
-            fleet.patch_spec("agents", json!({"approvals": [{"batch": 0, "planHash": hash}]})).await;
+            {
+                fleet.approve("agents", &[0], &hash).await;
+            }
             fleet
                 .wait_rollout("agents", "batch 2 to wait for approval", Duration::from_secs(60), waiting(1))
                 .await;

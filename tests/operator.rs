@@ -215,7 +215,7 @@ async fn approvals_gate_batches_and_pause_holds_them() {
         );
 
         // An approval of another plan does not count.
-        fleet.patch_spec("gated", json!({"approvals": [{"batch": 0, "planHash": "0000000000000000"}]})).await;
+        fleet.approve("gated", &[0], "0000000000000000").await;
         fleet.patch_spec("gated", json!({"paused": true})).await;
         fleet
             .wait_rollout("gated", "the status to see the new generation", DEADLINE, |f| {
@@ -224,14 +224,12 @@ async fn approvals_gate_batches_and_pause_holds_them() {
             .await;
         assert!(fleet.all_deployments().await.iter().all(|d| image_of(d) == READY_IMAGE));
 
-        // The right approval while paused: pause wins.
-        fleet
-            .patch_spec(
-                "gated",
-                // An approval may name only the user who writes it (the admission policy).
-                json!({"approvals": [{"batch": 0, "planHash": hash, "approvedBy": "fleetroll-admin"}]}),
-            )
-            .await;
+        // The right approval while paused: pause wins. An approval may name only the user who writes it (the
+        // admission policy).
+        let gates = fleet.gates("gated").await;
+        let approval =
+            json!({"batch": 0, "planHash": hash, "gatesHash": gates, "approvedBy": "fleetroll-admin"});
+        fleet.patch_spec("gated", json!({ "approvals": [approval] })).await;
         let fr = fleet
             .wait_rollout("gated", "the rollout to be paused", DEADLINE, |f| phase(f) == Phase::Paused)
             .await;
@@ -253,12 +251,7 @@ async fn approvals_gate_batches_and_pause_holds_them() {
             d.status.as_ref().and_then(|s| s.available_replicas) == Some(1)
         })
         .await;
-        fleet
-            .patch_spec(
-                "gated",
-                json!({"approvals": [{"batch": 0, "planHash": hash}, {"batch": 1, "planHash": hash}]}),
-            )
-            .await;
+        fleet.approve("gated", &[0, 1], &hash).await;
         let fr = fleet
             .wait_rollout("gated", "the rollout to succeed", DEADLINE, |f| phase(f) == Phase::Succeeded)
             .await;
@@ -292,7 +285,7 @@ async fn a_new_image_mid_rollout_supersedes_the_revision_and_rollback_restores_t
             .wait_rollout("web", "the first approval", DEADLINE, |f| phase(f) == Phase::WaitingForApproval)
             .await;
         let hash = fr.status.unwrap().plan.unwrap().hash;
-        fleet.patch_spec("web", json!({"approvals": [{"batch": 0, "planHash": hash}]})).await;
+        fleet.approve("web", &[0], &hash).await;
         fleet
             .wait_rollout("web", "the second approval", DEADLINE, |f| {
                 f.status.as_ref().and_then(|s| s.pending_approval.as_ref()).is_some_and(|p| p.batch == 1)
@@ -315,12 +308,7 @@ async fn a_new_image_mid_rollout_supersedes_the_revision_and_rollback_restores_t
         );
         let hash2 = s.plan.unwrap().hash;
         assert_ne!(hash, hash2, "a changed plan needs a new approval");
-        fleet
-            .patch_spec(
-                "web",
-                json!({"approvals": [{"batch": 0, "planHash": hash2}, {"batch": 1, "planHash": hash2}]}),
-            )
-            .await;
+        fleet.approve("web", &[0, 1], &hash2).await;
         fleet.wait_rollout("web", "revision 2 to succeed", DEADLINE, |f| phase(f) == Phase::Succeeded).await;
         let gens = generations(&fleet).await;
         assert!(gens.values().all(|(_, i)| i == THIRD), "{gens:?}");

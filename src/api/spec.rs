@@ -360,6 +360,12 @@ pub struct Approval {
     #[schemars(length(min = 1, max = 64))]
     pub plan_hash: String,
 
+    /// The gates this approves (status.pendingApproval.gatesHash): health, analysis, strategy.maxFailures,
+    /// strategy.onFailure and strategy.approval as they are when approving. A change to any of them needs a
+    /// new approval.
+    #[schemars(length(min = 1, max = 64))]
+    pub gates_hash: String,
+
     /// Who approved, when known (the MCP server fills it in from the caller's verified identity).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 512))]

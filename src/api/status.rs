@@ -334,6 +334,10 @@ pub struct PendingApproval {
     pub batch: u32,
     /// The plan to approve (status.plan.hash): the `planHash` of the approval to add.
     pub plan_hash: String,
+    /// The gates to approve (health, analysis, strategy.maxFailures, strategy.onFailure and
+    /// strategy.approval, hashed): the `gatesHash` of the approval to add.
+    #[serde(default)]
+    pub gates_hash: String,
     /// Since when the batch has been waiting (RFC 3339).
     pub since: Time,
 }
@@ -346,6 +350,9 @@ pub struct ApprovalRecord {
     pub batch: u32,
     /// The plan it approved (status.plan.hash at the time).
     pub plan_hash: String,
+    /// The gates it approved: a change to them since needs another approval before the next batch.
+    #[serde(default)]
+    pub gates_hash: String,
     /// Who approved, when known (spec.approvals[].approvedBy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approved_by: Option<String>,

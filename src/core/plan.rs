@@ -202,6 +202,23 @@ pub(crate) fn sha256_hex(value: &impl Serialize) -> String {
     hex(&Sha256::digest(canonical.as_bytes()))
 }
 
+/// What judges a rollout's batches and decides what happens when they fail: `health`, `analysis`,
+/// `strategy.maxFailures`, `strategy.onFailure` and `strategy.approval`, hashed (16 hex digits). An approval
+/// binds it beside the plan's hash: a change to any of these after an approval needs another one, so the
+/// gates a person approved cannot be loosened behind them.
+pub fn gates_hash(spec: &crate::api::FleetRolloutSpec) -> String {
+    let gates = serde_json::json!({
+        "health": spec.health,
+        "analysis": spec.analysis,
+        "maxFailures": spec.strategy.max_failures,
+        "onFailure": spec.strategy.on_failure,
+        "approval": spec.strategy.approval,
+    });
+    let mut full = sha256_hex(&gates);
+    full.truncate(16);
+    full
+}
+
 fn plan_hash(spec_hash: &str, batches: &[Vec<PlannedTarget>]) -> String {
     let mut full = sha256_hex(&(spec_hash, batches));
     full.truncate(16);

@@ -125,16 +125,17 @@ pub fn describe(s: &Summary) -> String {
 
 /// The key of the input request asking to approve `batch` of plan `plan_hash` in revision `revision`;
 /// unique over the task's lifetime, as the Tasks extension requires.
-pub fn approval_key(revision: u32, batch: u32, plan_hash: &str) -> String {
-    format!("approve-r{revision}-b{batch}-{plan_hash}")
+pub fn approval_key(revision: u32, batch: u32, plan_hash: &str, gates_hash: &str) -> String {
+    format!("approve-r{revision}-b{batch}-{plan_hash}-{gates_hash}")
 }
 
 /// (revision, batch, plan hash) of an approval key.
-pub fn parse_approval_key(key: &str) -> Option<(u32, u32, String)> {
+pub fn parse_approval_key(key: &str) -> Option<(u32, u32, String, String)> {
     let rest = key.strip_prefix("approve-r")?;
     let (revision, rest) = rest.split_once("-b")?;
-    let (batch, hash) = rest.split_once('-')?;
-    Some((revision.parse().ok()?, batch.parse().ok()?, hash.to_string()))
+    let (batch, hashes) = rest.split_once('-')?;
+    let (plan, gates) = hashes.split_once('-')?;
+    Some((revision.parse().ok()?, batch.parse().ok()?, plan.to_string(), gates.to_string()))
 }
 
 /// Where a rollout's task stands.
@@ -238,19 +239,21 @@ fn approval_request(
     let revision = s.revision_number();
     let total = s.plan.as_ref().map_or(0, |p| p.total_batches);
     let mut message = format!(
-        "Approve batch {}/{total} of FleetRollout {}/{} (image {}, plan {})?",
+        "Approve batch {}/{total} of FleetRollout {}/{} (image {}, plan {}, gates {})?",
         pending.batch + 1,
         fr.namespace().unwrap_or_default(),
         fr.name_any(),
         fr.spec.image,
-        pending.plan_hash
+        pending.plan_hash,
+        pending.gates_hash
     );
     if !batch_targets.is_empty() {
         let named: Vec<String> =
             batch_targets.iter().take(TARGETS_NAMED).map(|t| format!("{}/{}", t.namespace, t.name)).collect();
         message.push_str(&format!(" Targets: {}", named.join(", ")));
     }
-    Some(ApprovalRequest { key: approval_key(revision, pending.batch, &pending.plan_hash), message })
+    let key = approval_key(revision, pending.batch, &pending.plan_hash, &pending.gates_hash);
+    Some(ApprovalRequest { key, message })
 }
 
 /// The TTL counts from creation: it covers the rollout so far plus the retention after it ends (the

@@ -45,20 +45,30 @@ pub async fn set(
         .map_err(|e| explain(&e, &what(ns, name)))
 }
 
-/// Approves `batch` (default: the one waiting) of `plan_hash` (default: the current plan), recording `who`
-/// approved when known: the admission policy lets an approval name only the user who writes it.
-/// Refuses a plan that is not the rollout's current one, so a plan that changed under the approver is never
-/// approved by mistake. Read-modify-write with the resourceVersion: a concurrent change is never lost.
+/// What an approval approves; each part defaults to what the rollout waits for now.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Approving<'a> {
+    pub batch: Option<u32>,
+    pub plan_hash: Option<&'a str>,
+    pub gates_hash: Option<&'a str>,
+}
+
+/// Approves `batch` (default: the one waiting) of `plan_hash` (default: the current plan) under
+/// `gates_hash` (default: the gates of the spec as first read here), recording `who` approved when known:
+/// the admission policy lets an approval name only the user who writes it. Refuses a plan or gates that are
+/// not the rollout's current ones, so what changed under the approver is never approved by mistake.
+/// Read-modify-write with the resourceVersion: a concurrent change is never lost.
 pub async fn approve(
     client: &Client,
     ns: &str,
     name: &str,
-    batch: Option<u32>,
-    plan_hash: Option<&str>,
+    approving: Approving<'_>,
     who: Option<&str>,
     manager: &str,
 ) -> Result<FleetRollout, String> {
+    let Approving { batch, plan_hash, gates_hash } = approving;
     let api = Api::<FleetRollout>::namespaced(client.clone(), ns);
+    let mut approved_gates = gates_hash.map(String::from);
     for _ in 0..5 {
         let fr = get(client, ns, name).await?;
         let status = fr.status.clone().unwrap_or_default();
@@ -67,6 +77,14 @@ pub async fn approve(
         if plan_hash != current {
             return Err(format!(
                 "plan {plan_hash} is not the rollout's plan any more (now {current}): review it and approve again"
+            ));
+        }
+        let gates = crate::core::plan::gates_hash(&fr.spec);
+        let gates_hash = approved_gates.get_or_insert_with(|| gates.clone()).clone();
+        if gates_hash != gates {
+            return Err(format!(
+                "the rollout's gates (health, analysis, maxFailures, onFailure, approval) are not {gates_hash} \
+                 any more (now {gates}): review them and approve again"
             ));
         }
         let batch = match (batch, &status.pending_approval) {
@@ -78,7 +96,12 @@ pub async fn approve(
         };
         let mut approvals: Vec<Approval> =
             fr.spec.approvals.iter().filter(|a| a.batch != batch).cloned().collect();
-        approvals.push(Approval { batch, plan_hash: plan_hash.clone(), approved_by: who.map(String::from) });
+        approvals.push(Approval {
+            batch,
+            plan_hash: plan_hash.clone(),
+            gates_hash,
+            approved_by: who.map(String::from),
+        });
         approvals.sort_by_key(|a| a.batch);
         let patch =
             json!({"metadata": {"resourceVersion": fr.resource_version()}, "spec": {"approvals": approvals}});

@@ -100,6 +100,11 @@ pub struct ApproveArgs {
     /// plan is refused, so a plan that changed under you is never approved by mistake.
     #[serde(default)]
     pub plan_hash: Option<String>,
+    /// The gates being approved (status.pendingApproval.gatesHash: health, analysis, maxFailures,
+    /// onFailure, approval); the current ones when absent. An approval of other gates is refused, so gates
+    /// loosened under you are never approved by mistake.
+    #[serde(default)]
+    pub gates_hash: Option<String>,
 }
 
 impl RolloutFleetArgs {

@@ -167,10 +167,12 @@ impl FleetMcp {
     ) -> Result<(), McpError> {
         let revision = status.revision_number();
         // Keys that are not outstanding (answered, superseded, unknown) are ignored, as the extension asks.
-        let Some((rev, batch, hash)) = parse_approval_key(key) else { return Ok(()) };
-        let outstanding =
-            status.pending_approval.as_ref().is_some_and(|p| p.batch == batch && p.plan_hash == hash)
-                && rev == revision;
+        let Some((rev, batch, hash, gates)) = parse_approval_key(key) else { return Ok(()) };
+        let outstanding = status
+            .pending_approval
+            .as_ref()
+            .is_some_and(|p| p.batch == batch && p.plan_hash == hash && p.gates_hash == gates)
+            && rev == revision;
         if !outstanding {
             return Ok(());
         }
@@ -185,6 +187,7 @@ impl FleetMcp {
             name: id.name.clone(),
             batch: Some(batch),
             plan_hash: Some(hash),
+            gates_hash: Some(gates),
         };
         self.ops.approve(&args, who).await.map(drop).map_err(|e| {
             warn!(error = %e, user = %who.username, "approval through tasks/update failed");

@@ -212,8 +212,11 @@ impl Ops {
             &client,
             &args.namespace,
             &args.name,
-            args.batch,
-            args.plan_hash.as_deref(),
+            control::Approving {
+                batch: args.batch,
+                plan_hash: args.plan_hash.as_deref(),
+                gates_hash: args.gates_hash.as_deref(),
+            },
             // Written as the caller, the approval names it; without authentication there is no one to name.
             matches!(self.writer, Writer::Caller(_)).then_some(who.username.as_str()),
             FIELD_MANAGER,

@@ -71,6 +71,10 @@ pub(super) enum PluginCommand {
         /// The plan being approved; the current plan when absent.
         #[arg(long)]
         plan_hash: Option<String>,
+        /// The gates being approved (health, analysis, maxFailures, onFailure, approval:
+        /// status.pendingApproval.gatesHash); the current ones when absent.
+        #[arg(long)]
+        gates_hash: Option<String>,
     },
     /// Stop the rollout for good (changed targets keep the new image).
     Abort { name: String },

@@ -27,21 +27,22 @@ pub(super) async fn set(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Approves `batch` (1-based, as `status` shows them; the waiting one when absent) of `plan_hash`.
+/// Approves `batch` (1-based, as `status` shows them; the waiting one when absent) of `plan_hash` under
+/// `gates_hash` (each the current one when absent).
 pub(super) async fn approve(
     client: &Client,
     ns: &str,
     name: &str,
-    batch: Option<u32>,
-    plan_hash: Option<&str>,
+    what: control::Approving<'_>,
     output: Option<Output>,
 ) -> Result<ExitCode, String> {
     let who = whoami(client).await;
-    let batch = match batch {
+    let batch = match what.batch {
         Some(0) => return Err("batches are numbered from 1".into()),
         b => b.map(|b| b - 1),
     };
-    let fr = control::approve(client, ns, name, batch, plan_hash, who.as_deref(), FIELD_MANAGER).await?;
+    let what = control::Approving { batch, ..what };
+    let fr = control::approve(client, ns, name, what, who.as_deref(), FIELD_MANAGER).await?;
     match output {
         Some(o) => print(&fr, o)?,
         None => println!("{}", approved(name, &fr, who.as_deref())),
@@ -52,7 +53,9 @@ pub(super) async fn approve(
 /// What an approval says: the latest batch approved, of which plan, and by whom when known.
 fn approved(name: &str, fr: &FleetRollout, who: Option<&str>) -> String {
     let latest = fr.spec.approvals.iter().max_by_key(|a| a.batch);
-    let what = latest.map(|a| format!("batch {} of plan {}", a.batch + 1, a.plan_hash)).unwrap_or_default();
+    let what = latest
+        .map(|a| format!("batch {} of plan {} with gates {}", a.batch + 1, a.plan_hash, a.gates_hash))
+        .unwrap_or_default();
     let as_who = who.map(|w| format!(" as {w}")).unwrap_or_default();
     format!("fleetrollout.fleetroll.dev/{name} approved {what}{as_who}")
 }
@@ -77,13 +80,17 @@ mod tests {
             "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout",
             "metadata": {"name": "web", "namespace": "shop"},
             "spec": {"image": "web:v2", "targets": {"kind": "Deployment", "selector": {}},
-                     "approvals": [{"batch": 1, "planHash": "abc"}, {"batch": 0, "planHash": "abc"}]}
+                     "approvals": [{"batch": 1, "planHash": "abc", "gatesHash": "def"},
+                                   {"batch": 0, "planHash": "abc", "gatesHash": "def"}]}
         }))
         .unwrap();
         assert_eq!(
             approved("web", &fr, Some("alice")),
-            "fleetrollout.fleetroll.dev/web approved batch 2 of plan abc as alice"
+            "fleetrollout.fleetroll.dev/web approved batch 2 of plan abc with gates def as alice"
         );
-        assert_eq!(approved("web", &fr, None), "fleetrollout.fleetroll.dev/web approved batch 2 of plan abc");
+        assert_eq!(
+            approved("web", &fr, None),
+            "fleetrollout.fleetroll.dev/web approved batch 2 of plan abc with gates def"
+        );
     }
 }

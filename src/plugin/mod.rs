@@ -68,8 +68,13 @@ async fn execute(cli: PluginCli) -> Result<ExitCode, String> {
         PluginCommand::Rollback { name } => {
             controls::set(client, ns, name, json!({"rollback": true}), "rollback requested", output).await
         }
-        PluginCommand::Approve { name, batch, plan_hash } => {
-            controls::approve(client, ns, name, *batch, plan_hash.as_deref(), output).await
+        PluginCommand::Approve { name, batch, plan_hash, gates_hash } => {
+            let what = crate::edge::control::Approving {
+                batch: *batch,
+                plan_hash: plan_hash.as_deref(),
+                gates_hash: gates_hash.as_deref(),
+            };
+            controls::approve(client, ns, name, what, output).await
         }
     }
 }

@@ -163,6 +163,20 @@ impl Fleet {
         self.rollouts().create(&PostParams::default(), &fr).await.expect("create the FleetRollout")
     }
 
+    /// The gates hash an approval of rollout `name` must name now (status.pendingApproval.gatesHash).
+    pub async fn gates(&self, name: &str) -> String {
+        fleetroll::core::plan::gates_hash(&self.rollouts().get(name).await.expect("the rollout").spec)
+    }
+
+    /// Approves `batches` of plan `plan_hash` under the rollout's gates as they are now (spec.approvals,
+    /// replaced; approvedBy left out).
+    pub async fn approve(&self, name: &str, batches: &[u32], plan_hash: &str) {
+        let gates = self.gates(name).await;
+        let approvals: Vec<Value> =
+            batches.iter().map(|b| json!({"batch": b, "planHash": plan_hash, "gatesHash": gates})).collect();
+        self.patch_spec(name, json!({ "approvals": approvals })).await;
+    }
+
     /// Patches the spec the way a person or agent would (merge patch).
     pub async fn patch_spec(&self, name: &str, spec: Value) {
         self.rollouts()

@@ -78,7 +78,7 @@ async fn approvals_and_a_metric_per_cluster_gate_each_member_batch_and_a_failing
         assert_eq!(images(&two.state().await), [READY_IMAGE, READY_IMAGE]);
 
         // Approved: the canary cluster's batch changes, passes its analysis, and the next waits in turn.
-        fleet.patch_spec("gated", json!({"approvals": [{"batch": 0, "planHash": hash}]})).await;
+        fleet.approve("gated", &[0], &hash).await;
         let fr = fleet.wait_rollout("gated", "approval of batch 2", DEADLINE, waiting_for_approval(1)).await;
         let canary = metric_run(&fr, 0, "error-rate");
         assert_eq!((canary.phase, canary.successful, canary.failed), (MetricPhase::Successful, 2, 0));
@@ -107,12 +107,7 @@ async fn approvals_and_a_metric_per_cluster_gate_each_member_batch_and_a_failing
             &["web-00"],
             0.5,
         );
-        fleet
-            .patch_spec(
-                "gated",
-                json!({"approvals": [{"batch": 0, "planHash": hash}, {"batch": 1, "planHash": hash}]}),
-            )
-            .await;
+        fleet.approve("gated", &[0, 1], &hash).await;
         let fr =
             fleet.wait_rollout("gated", "the rollout to end", DEADLINE, |fr| phase(fr).is_terminal()).await;
         errors.abort();

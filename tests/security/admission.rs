@@ -259,7 +259,9 @@ fn merge(into: &mut Value, from: &Value) {
 
 pub(super) async fn approver_forges_who_approved(env: &'static Env) -> Row {
     admin_rollout(env, &env.t1, "approved").await;
-    let approval = json!({"spec": {"approvals": [{"batch": 0, "planHash": "0123456789abcdef", "approvedBy": "the-cto"}]}});
+    let forged = json!({"batch": 0, "planHash": "0123456789abcdef", "gatesHash": "0123456789abcdef",
+        "approvedBy": "the-cto"});
+    let approval = json!({"spec": {"approvals": [forged]}});
     let ran = env
         .dev1
         .kubectl(&[

@@ -271,7 +271,9 @@ pub(super) async fn namespace_opts_out_mid_rollout(env: &'static Env) -> Row {
         .await
         .unwrap();
     let hash = fr.status.and_then(|s| s.plan).map(|p| p.hash).unwrap();
-    fleet.patch_spec("fleet", json!({"approvals": [{"batch": 0, "planHash": hash}]})).await;
+    {
+        fleet.approve("fleet", &[0], &hash).await;
+    }
     let fr = fleet.wait_rollout("fleet", "the rollout to finish", VERDICT, |f| phase(f).is_terminal()).await;
     let rolled = images(env, &stays).await.iter().all(|(_, i)| i == NEXT_IMAGE);
     let safe = untouched(env, &leaves).await;
@@ -347,7 +349,9 @@ pub(super) async fn node_rollouts_fight_over_a_daemonset(env: &'static Env) -> R
             fleet.wait_rollout("first", "approval", VERDICT, |f| phase(f) == Phase::WaitingForApproval).await;
         let first_uid = fr.uid().unwrap();
         let hash = fr.status.and_then(|s| s.plan).map(|p| p.hash).unwrap();
-        fleet.patch_spec("first", json!({"approvals": [{"batch": 0, "planHash": hash}]})).await;
+        {
+            fleet.approve("first", &[0], &hash).await;
+        }
         // Batch 1 done, batch 2 awaited: the first holds the DaemonSet (OnDelete, its strategy saved).
         fleet
             .wait_rollout("first", "batch 2 to wait", VERDICT, |f| {

@@ -19,7 +19,7 @@ use crate::{
         Blocked,
         clusters::{self, PlannedWave},
         count, duration,
-        plan::Plan,
+        plan::{self, Plan},
         reason,
     },
 };
@@ -232,18 +232,37 @@ fn paused(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, ne
     None
 }
 
-/// A batch that needs an approval waits for one bound to this plan's hash, and records it once given.
+/// A batch that needs an approval waits for one bound to this plan's hash and these gates, and records it
+/// once given. Once a batch was approved, a change of the gates (health, analysis, failure budget and
+/// policy, the approval mode) makes the next batch wait for another approval, whatever the mode says.
 fn approved(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, next: u32) -> Gate {
-    if !needs_approval(f.spec.strategy.approval, next) {
+    let gates = plan::gates_hash(f.spec);
+    let loosened = s.approvals.last().is_some_and(|a| a.gates_hash != gates);
+    if !needs_approval(f.spec.strategy.approval, next) && !loosened {
         return None;
     }
     let total = total_batches(f);
     let plan_hash = f.plan.hash.clone();
-    let Some(a) = f.spec.approvals.iter().find(|a| a.batch == next && a.plan_hash == plan_hash) else {
-        if s.pending_approval.as_ref().is_none_or(|p| p.batch != next || p.plan_hash != plan_hash) {
-            s.pending_approval =
-                Some(PendingApproval { batch: next, plan_hash: plan_hash.clone(), since: time(f.now) });
-            let message = format!("batch {}/{total} waits for an approval of plan {plan_hash}", next + 1);
+    let given = f
+        .spec
+        .approvals
+        .iter()
+        .find(|a| a.batch == next && a.plan_hash == plan_hash && a.gates_hash == gates);
+    let Some(a) = given else {
+        let waiting = PendingApproval {
+            batch: next,
+            plan_hash: plan_hash.clone(),
+            gates_hash: gates.clone(),
+            since: time(f.now),
+        };
+        let same = |p: &PendingApproval| p.batch == next && p.plan_hash == plan_hash && p.gates_hash == gates;
+        if !s.pending_approval.as_ref().is_some_and(same) {
+            s.pending_approval = Some(waiting);
+            let why = if loosened { ": its gates changed since the last approval" } else { "" };
+            let message = format!(
+                "batch {}/{total} waits for an approval of plan {plan_hash} and gates {gates}{why}",
+                next + 1
+            );
             events.push(Event::normal(reason::WAITING_FOR_APPROVAL, Some(next), message));
         }
         s.phase = Phase::WaitingForApproval;
@@ -253,6 +272,7 @@ fn approved(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, 
     s.approvals.push(ApprovalRecord {
         batch: next,
         plan_hash,
+        gates_hash: gates,
         approved_by: a.approved_by.clone(),
         approved_at: time(f.now),
     });

@@ -18,7 +18,7 @@ fn waiting(inline: usize) -> FleetRollout {
         "spec": {"image": "web:v2", "targets": {"kind": "Deployment", "selector": {}}},
         "status": {
             "phase": "WaitingForApproval",
-            "pendingApproval": {"batch": 1, "planHash": "feedbeef", "since": "2027-01-15T08:00:20Z"},
+            "pendingApproval": {"batch": 1, "planHash": "feedbeef", "gatesHash": "0123abcd", "since": "2027-01-15T08:00:20Z"},
             "plan": {"hash": "feedbeef", "totalTargets": 2 * inline, "totalBatches": 2, "storage": "Status",
                      "batches": [batch(0), batch(1)]},
         },
@@ -43,12 +43,10 @@ fn the_approval_form_names_the_targets_it_is_given_whatever_the_status_holds() {
     // The status holds a plan of its own; the form names what the caller read from the frozen plan.
     let named = view(&waiting(3), true, &targets(&["a", "b"]), now());
     let TaskState::InputRequired(request) = named.state else { panic!("{:?}", named.state) };
-    assert_eq!(request.key, approval_key(0, 1, "feedbeef"));
-    assert!(
-        request
-            .message
-            .starts_with("Approve batch 2/2 of FleetRollout team/web (image web:v2, plan feedbeef)?")
-    );
+    assert_eq!(request.key, approval_key(0, 1, "feedbeef", "0123abcd"));
+    assert!(request.message.starts_with(
+        "Approve batch 2/2 of FleetRollout team/web (image web:v2, plan feedbeef, gates 0123abcd)?"
+    ));
     assert!(request.message.ends_with(" Targets: shard/a, shard/b"), "{}", request.message);
     assert_eq!(named.poll_interval_ms, Some(POLL_INPUT_MS));
 

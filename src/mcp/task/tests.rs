@@ -167,17 +167,21 @@ fn waiting_for_approval_asks_with_a_form_only_when_the_client_can_answer() {
         inputs: crate::api::RevisionInputs::of(&fr.spec),
         started_at: Time(at(1)),
     });
-    s.pending_approval =
-        Some(PendingApproval { batch: 1, plan_hash: "feedbeef00000000".into(), since: Time(at(20)) });
+    s.pending_approval = Some(PendingApproval {
+        batch: 1,
+        plan_hash: "feedbeef00000000".into(),
+        gates_hash: "0123abcd0123abcd".into(),
+        since: Time(at(20)),
+    });
     let (status, wire) = status_of(&fr, true);
     assert_eq!(status, TaskStatus::InputRequired);
-    let key = approval_key(2, 1, "feedbeef00000000");
+    let key = approval_key(2, 1, "feedbeef00000000", "0123abcd0123abcd");
     let request = &wire["inputRequests"][&key];
     assert_eq!(request["method"], json!("elicitation/create"));
     assert_eq!(request["params"]["mode"], json!("form"));
     assert_eq!(request["params"]["requestedSchema"]["required"], json!(["approve"]));
     assert_eq!(wire["pollIntervalMs"], json!(POLL_INPUT_MS));
-    assert_eq!(parse_approval_key(&key), Some((2, 1, "feedbeef00000000".into())));
+    assert_eq!(parse_approval_key(&key), Some((2, 1, "feedbeef00000000".into(), "0123abcd0123abcd".into())));
 
     let (status, wire) = status_of(&fr, false);
     assert_eq!(status, TaskStatus::Working, "no elicitation capability: no input request");

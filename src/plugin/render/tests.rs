@@ -63,8 +63,12 @@ fn the_view_has_a_bar_per_batch_and_says_what_to_do() {
     s.phase = Phase::WaitingForApproval;
     s.message = Some("batch 2/3 waits".into());
     s.batches = vec![checkpoint(0, 1, BatchState::Succeeded)];
-    s.pending_approval =
-        Some(PendingApproval { batch: 1, plan_hash: "abc".into(), since: Time(Timestamp::UNIX_EPOCH) });
+    s.pending_approval = Some(PendingApproval {
+        batch: 1,
+        plan_hash: "abc".into(),
+        gates_hash: "def".into(),
+        since: Time(Timestamp::UNIX_EPOCH),
+    });
     fr.status = Some(s);
     let view = render(&fr, None);
     assert!(view.contains("batch   1/3  [########################]     1 targets  Succeeded"), "{view}");

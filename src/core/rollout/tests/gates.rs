@@ -30,15 +30,77 @@ fn approvals_are_bound_to_the_plan_hash() {
     let pending = sim.status.pending_approval.clone().unwrap();
     assert_eq!((pending.batch, pending.plan_hash.as_str()), (0, sim.plan.hash.as_str()));
 
-    sim.spec.approvals = vec![Approval { batch: 0, plan_hash: "0000000000000000".into(), approved_by: None }];
+    let gates = pending.gates_hash.clone();
+    assert_eq!(gates, plan::gates_hash(&sim.spec));
+    let approval = |plan_hash: &str, gates_hash: &str| Approval {
+        batch: 0,
+        plan_hash: plan_hash.into(),
+        gates_hash: gates_hash.into(),
+        approved_by: Some("alice".into()),
+    };
+    sim.spec.approvals = vec![approval("0000000000000000", &gates)];
     sim.settle();
     assert_eq!(sim.status.phase, Phase::WaitingForApproval, "an approval of another plan does not count");
+    sim.spec.approvals = vec![approval(&pending.plan_hash, "0000000000000000")];
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::WaitingForApproval, "nor one of other gates");
 
-    sim.spec.approvals =
-        vec![Approval { batch: 0, plan_hash: pending.plan_hash.clone(), approved_by: Some("alice".into()) }];
+    sim.spec.approvals = vec![approval(&pending.plan_hash, &gates)];
     sim.settle();
     assert_eq!(sim.status.phase, Phase::Succeeded, "FirstBatch gates only the first batch");
     assert_eq!(sim.status.approvals[0].approved_by.as_deref(), Some("alice"));
+}
+
+#[test]
+fn gates_loosened_after_an_approval_hold_the_next_batch_for_another() {
+    let mut s = spec(5);
+    s.strategy.approval = ApprovalMode::FirstBatch;
+    s.health.timeout = "10m".into();
+    let mut sim = Sim::new(s, 15);
+    sim.settle();
+    let pending = sim.status.pending_approval.clone().unwrap();
+    sim.spec.approvals = vec![Approval {
+        batch: 0,
+        plan_hash: pending.plan_hash.clone(),
+        gates_hash: pending.gates_hash.clone(),
+        approved_by: Some("alice".into()),
+    }];
+    sim.auto_ready = false;
+    sim.step(); // approved, intent
+    sim.step(); // applied
+    assert_eq!(sim.status.approvals.len(), 1);
+    // Loosened after the approval: a later batch waits for another, whatever FirstBatch says; so does
+    // turning approvals off.
+    for loosen in [
+        |s: &mut FleetRolloutSpec| s.strategy.max_failures = IntOrString::String("100%".into()),
+        |s: &mut FleetRolloutSpec| s.health.timeout = "720h".into(),
+        |s: &mut FleetRolloutSpec| s.strategy.on_failure = FailurePolicy::Abort,
+        |s: &mut FleetRolloutSpec| s.strategy.approval = ApprovalMode::None,
+    ] {
+        let mut loosened = sim.spec.clone();
+        loosen(&mut loosened);
+        assert_ne!(plan::gates_hash(&loosened), pending.gates_hash);
+    }
+    sim.spec.strategy.approval = ApprovalMode::None;
+    for t in sim.plan.batches[0].clone() {
+        sim.world.get_mut(&key(&t)).unwrap().readiness = Readiness::Ready;
+    }
+    sim.auto_ready = true;
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::WaitingForApproval);
+    let again = sim.status.pending_approval.clone().unwrap();
+    assert_eq!(again.batch, 1);
+    assert_ne!(again.gates_hash, pending.gates_hash);
+    assert_eq!(sim.changes.len(), 5, "nothing past the approved batch changed");
+    // The new gates approved: on it goes, and the unchanged gates let the rest through.
+    sim.spec.approvals.push(Approval {
+        batch: 1,
+        plan_hash: again.plan_hash,
+        gates_hash: again.gates_hash,
+        approved_by: Some("bob".into()),
+    });
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Succeeded);
 }
 
 #[test]
@@ -51,7 +113,13 @@ fn every_batch_approval_gates_each_batch() {
         assert_eq!(sim.status.phase, Phase::WaitingForApproval);
         assert_eq!(sim.status.pending_approval.as_ref().map(|p| p.batch), Some(batch));
         assert_eq!(sim.changes.len(), 5 * batch as usize);
-        sim.spec.approvals.push(Approval { batch, plan_hash: sim.plan.hash.clone(), approved_by: None });
+        let gates_hash = plan::gates_hash(&sim.spec);
+        sim.spec.approvals.push(Approval {
+            batch,
+            plan_hash: sim.plan.hash.clone(),
+            gates_hash,
+            approved_by: None,
+        });
     }
     sim.settle();
     assert_eq!(sim.status.phase, Phase::Succeeded);
