@@ -125,21 +125,17 @@ pub(super) fn change_of<'a>(
     Change { kind: fr.spec.targets.kind, container: container(fr), key, rollout, between, holder }
 }
 
-/// Who holds a target carrying `key`: the other rollout, still running, whose key it is, as the store has
-/// it when asked (not a snapshot: a rollout that changed a target is in the store before it reconciles).
-pub(super) fn holder(ctx: &Context, fr: &FleetRollout) -> impl Fn(&str) -> Option<String> + Sync {
+/// Which other rollout changed a target carrying `key`, and whether it still runs, as the store has it when
+/// asked (not a snapshot: a rollout that changed a target is in the store before it reconciles).
+pub(super) fn holder(ctx: &Context, fr: &FleetRollout) -> impl Fn(&str) -> Option<targets::Owner> + Sync {
     let (own, rollouts) = (fr.uid().unwrap_or_default(), ctx.rollouts.clone());
     move |key: &str| {
         let owner = scope::key_owner(key);
         if owner == own || owner.is_empty() {
             return None;
         }
-        rollouts
-            .state()
-            .iter()
-            .find(|r| r.uid().as_deref() == Some(owner))
-            .filter(|r| !r.status.as_ref().is_some_and(|s| s.phase.is_terminal()))
-            .map(|r| rollout_key(r))
+        let found = rollouts.state().into_iter().find(|r| r.uid().as_deref() == Some(owner))?;
+        Some(targets::Owner { rollout: rollout_key(&found), running: holds_targets(&found) })
     }
 }
 
@@ -238,6 +234,12 @@ impl Seen for WorkloadsSeen {
     }
 }
 
+/// Whether a rollout still holds the targets it changed: it runs, and is not being deleted (one whose
+/// deletion waits on someone else's finalizer changes nothing any more, and must not hold others off).
+fn holds_targets(fr: &FleetRollout) -> bool {
+    fr.metadata.deletion_timestamp.is_none() && !fr.status.as_ref().is_some_and(|s| s.phase.is_terminal())
+}
+
 /// The other rollouts still running, by uid (`namespace/name`): a target one of them changed last is held.
 pub(super) fn running_rollouts(
     rollouts: &kube::runtime::reflector::Store<FleetRollout>,
@@ -246,7 +248,7 @@ pub(super) fn running_rollouts(
     rollouts
         .state()
         .iter()
-        .filter(|fr| !fr.status.as_ref().is_some_and(|s| s.phase.is_terminal()))
+        .filter(|fr| holds_targets(fr))
         .filter_map(|fr| {
             let uid = fr.uid()?;
             (uid != own_uid).then(|| (uid, rollout_key(fr)))

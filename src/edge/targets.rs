@@ -176,9 +176,18 @@ impl Outcome {
 /// A target's facts as a watch cache holds them; None when it holds none (yet).
 pub type CachedFacts<'a> = &'a (dyn Fn(&PlannedTarget) -> Option<WorkloadFacts> + Sync);
 
-/// Another rollout, still running, that owns a `fleetroll.dev/applied` key (`namespace/name`); None when
-/// the key is this rollout's own, or its owner is finished or gone.
-pub type Holder<'a> = &'a (dyn Fn(&str) -> Option<String> + Sync);
+/// The other rollout that owns a `fleetroll.dev/applied` key; None when the key is this rollout's own, or its
+/// owner is gone.
+pub type Holder<'a> = &'a (dyn Fn(&str) -> Option<Owner> + Sync);
+
+/// Another rollout that changed a target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    /// `namespace/name`.
+    pub rollout: String,
+    /// It still runs (it holds what it changed until it ends).
+    pub running: bool,
+}
 
 /// One image change to make.
 pub struct Change<'a> {
@@ -187,7 +196,8 @@ pub struct Change<'a> {
     pub key: &'a str,
     pub rollout: &'a str,
     pub between: &'static str,
-    /// Who holds a target that carries another key: such a target is not changed, whatever the plan says.
+    /// Which other rollout changed a target that carries another key: while that one runs, or when it
+    /// changed the target after this plan was frozen, the target is not changed, whatever the plan says.
     pub holder: Holder<'a>,
 }
 
@@ -265,7 +275,7 @@ async fn patch_one(
             info!(target = %t.key(), "target is gone; skipped");
             return Ok(PatchResult::Skipped);
         };
-        let body = match judge(change, &seen, image) {
+        let body = match judge(change, &seen, image, &t.previous_image) {
             Judged::Done(result) => return Ok(result),
             Judged::Send(body) => body,
         };
@@ -301,10 +311,15 @@ enum Judged {
     Send(serde_json::Value),
 }
 
-fn judge(change: &Change<'_>, seen: &WorkloadFacts, image: &str) -> Judged {
-    if let Some(other) = seen.applied.as_deref().filter(|k| *k != change.key).and_then(change.holder) {
-        info!(target = %seen.key(), holder = %other, "another rollout, still running, changed it first; not changed");
-        return Judged::Done(PatchResult::Held(other));
+/// `planned`: the image the plan found on the target. Another rollout's change since then means the two
+/// rollouts' plans overlapped: the target is that one's, even once it has ended (changing it again would
+/// undo a rollout that reported it done).
+fn judge(change: &Change<'_>, seen: &WorkloadFacts, image: &str, planned: &str) -> Judged {
+    let owner = seen.applied.as_deref().filter(|k| *k != change.key).and_then(change.holder);
+    let current = seen.container_image(change.container).ok().map(|(_, i)| i);
+    if let Some(owner) = owner.filter(|o| o.running || current.is_some_and(|c| c != planned && c != image)) {
+        info!(target = %seen.key(), holder = %owner.rollout, "another rollout changed it first; not changed");
+        return Judged::Done(PatchResult::Held(owner.rollout));
     }
     match seen.container_image(change.container) {
         Ok((_, current)) if seen.applied.as_deref() == Some(change.key) && current == image => {
@@ -398,7 +413,14 @@ mod tests {
 
     #[test]
     fn a_target_is_changed_only_as_it_was_judged_and_never_under_another_running_rollout() {
-        let holder = |key: &str| key.starts_with("other-uid/").then(|| "team/other".to_string());
+        let holder = |key: &str| {
+            let owner = |rollout: &str, running| Owner { rollout: rollout.into(), running };
+            match key.split('/').next() {
+                Some("other-uid") => Some(owner("team/other", true)),
+                Some("finished-uid") => Some(owner("team/finished", false)),
+                _ => None,
+            }
+        };
         let change = Change {
             kind: TargetKind::Deployment,
             container: None,
@@ -407,19 +429,23 @@ mod tests {
             between: "",
             holder: &holder,
         };
-        // Free (never rolled, or last changed by a finished rollout): sent against the version judged.
-        for applied in [None, Some("finished-uid/3/1")] {
-            let Judged::Send(body) = judge(&change, &facts(applied, "web:v1"), "web:v2") else {
+        // Free (never rolled, or last changed by a finished rollout before this plan): sent against the
+        // version judged.
+        for applied in [None, Some("finished-uid/3/1"), Some("gone-uid/1/0")] {
+            let Judged::Send(body) = judge(&change, &facts(applied, "web:v1"), "web:v2", "web:v1") else {
                 panic!("a free target is changed");
             };
             assert_eq!(body["metadata"]["resourceVersion"], "41");
             assert_eq!(body["spec"]["template"]["spec"]["containers"][0]["image"], "web:v2");
         }
         // Another running rollout changed it first: left alone, whatever the plan says.
-        let held = judge(&change, &facts(Some("other-uid/1/0"), "web:v9"), "web:v2");
+        let held = judge(&change, &facts(Some("other-uid/1/0"), "web:v9"), "web:v2", "web:v1");
         assert!(matches!(held, Judged::Done(PatchResult::Held(ref o)) if o == "team/other"));
+        // Changed by another rollout after this plan was frozen: that one's, even once it has ended.
+        let since = judge(&change, &facts(Some("finished-uid/3/1"), "web:v9"), "web:v2", "web:v1");
+        assert!(matches!(since, Judged::Done(PatchResult::Held(ref o)) if o == "team/finished"));
         // Ours already: a replay changes nothing.
-        let replay = judge(&change, &facts(Some("own-uid/1/0"), "web:v2"), "web:v2");
+        let replay = judge(&change, &facts(Some("own-uid/1/0"), "web:v2"), "web:v2", "web:v1");
         assert!(matches!(replay, Judged::Done(PatchResult::Unchanged)));
     }
 }
