@@ -127,7 +127,7 @@ async fn a_member_namespace_not_opted_in_there_blocks_the_plan_and_nothing_chang
             })
             .await;
         let message = condition(&fr, "Degraded").unwrap().message.clone();
-        assert!(message.contains("member cluster member-2") && message.contains(&team), "{message}");
+        assert!(message.contains("member cluster member-2: 1 namespace(s) match"), "{message}");
         // A rollout outside the fleet namespace reaches no member at all.
         let tenant = common::create_namespace(&fleet.client, "optin-tenant", &[]).await;
         let elsewhere: Api<FleetRollout> = Api::namespaced(fleet.client.clone(), &tenant);

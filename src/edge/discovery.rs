@@ -65,19 +65,19 @@ pub(crate) fn allowed_namespaces(
             format!("no namespace matches targets.namespaceSelector ({selector})"),
         ));
     }
-    let not_opted_in: Vec<String> = matching
+    let not_opted_in = matching
         .iter()
         .filter(|n| n.labels().get(OPT_IN_LABEL).map(String::as_str) != Some(OPT_IN_VALUE))
-        .map(|n| n.name_any())
-        .collect();
-    if !not_opted_in.is_empty() {
+        .count();
+    if not_opted_in > 0 {
+        // Counted, never named: whoever reads the rollout may not be allowed to list namespaces, and the
+        // names of those that never opted in are not the rollout's to tell.
         return Err(blocked(
             reason::NAMESPACE_NOT_OPTED_IN,
             format!(
-                "{} namespace(s) match targets.namespaceSelector but are not labelled {OPT_IN_LABEL}={OPT_IN_VALUE}: {} \
-                 (no target was changed)",
-                not_opted_in.len(),
-                sample(&not_opted_in)
+                "{not_opted_in} namespace(s) match targets.namespaceSelector but are not labelled \
+                 {OPT_IN_LABEL}={OPT_IN_VALUE} (they are not named; whoever may list namespaces finds them with the \
+                 selector and -l {OPT_IN_LABEL}!={OPT_IN_VALUE}); no target was changed"
             ),
         ));
     }
@@ -380,7 +380,8 @@ mod tests {
             allowed_namespaces(&rollout("fleetroll-system", Some("tier")), "fleetroll-system", Some(&listed))
                 .unwrap_err();
         assert_eq!(err.reason, reason::NAMESPACE_NOT_OPTED_IN);
-        assert!(err.message.contains("t2"), "{}", err.message);
+        assert!(err.message.starts_with("1 namespace(s) match"), "{}", err.message);
+        assert!(!err.message.contains("t2"), "a namespace that never opted in is not named: {}", err.message);
         let ok = allowed_namespaces(
             &rollout("fleetroll-system", Some("tier")),
             "fleetroll-system",
