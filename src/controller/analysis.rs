@@ -71,7 +71,8 @@ pub(super) fn recorded(
 
 /// Counts measurements a status write recorded.
 pub(super) fn observe(ctx: &Context, recorded: Vec<(MeasurementLabel, u32)>) {
-    for (label, n) in recorded {
+    for (mut label, n) in recorded {
+        label.metric = ctx.metrics.measured_metric(&label.metric);
         ctx.metrics.analysis_measurements.get_or_create(&label).inc_by(u64::from(n));
     }
 }

@@ -89,9 +89,9 @@ where
             each(serde_json::from_str(item.get()).map_err(kube::Error::SerdeError)?)?;
         }
         // The pages of one list are one snapshot: the first says at which version.
-        version = version.or(page.metadata.resource_version);
+        version = version.or(page.metadata.resource_version.map(bounded).transpose()?);
         match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => lp = lp.continue_token(&token),
+            Some(token) if !token.is_empty() => lp = lp.continue_token(&bounded(token)?),
             _ => return Ok(version),
         }
     }
@@ -122,6 +122,19 @@ where
     })
     .await?;
     Ok(found)
+}
+
+/// The longest continue token or resourceVersion sent back: the API server's are far shorter, and one a
+/// member made megabytes long would be copied, percent-encoded, into the next request's URL.
+pub const TOKEN_MAX: usize = 4096;
+
+/// `token` (a continue token or a resourceVersion read from an answer) if it may be sent back.
+pub fn bounded(token: String) -> Result<String> {
+    if token.len() <= TOKEN_MAX {
+        return Ok(token);
+    }
+    let refused = format!("the answer's continue token or resourceVersion is {} bytes long", token.len());
+    Err(kube::Error::Service(refused.into()).into())
 }
 
 fn too_long(limit: usize, scope: &'static str) -> crate::error::Error {
@@ -236,6 +249,22 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("past 4096 JSON objects in one item of a list"), "{err}");
         assert_eq!(seen, 1, "the item before it was handed on, the crafted one never decoded");
+    }
+
+    #[tokio::test]
+    async fn a_continue_token_or_version_too_long_to_send_back_is_refused() {
+        let (client, asked) = serving(vec![page(&["a"], &"&".repeat(TOKEN_MAX + 1))]);
+        let err = kept(&client, None, &ListParams::default(), std::convert::identity, |_: &Namespace| 1)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("continue token or resourceVersion is 4097 bytes"), "{err}");
+        assert_eq!(asked.lock().unwrap().len(), 1, "never sent back");
+        let (client, _) = serving(vec![versioned(&["a"], "", &"9".repeat(TOKEN_MAX + 1))]);
+        assert!(
+            kept(&client, None, &ListParams::default(), std::convert::identity, |_: &Namespace| 1)
+                .await
+                .is_err()
+        );
     }
 
     #[tokio::test]

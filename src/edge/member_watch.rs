@@ -314,15 +314,25 @@ where
             WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
                 cache.apply(facts(&obj))?;
                 wake_for(&obj);
-                version = obj.resource_version().filter(|v| !v.is_empty()).or(version);
+                version = obj
+                    .resource_version()
+                    .filter(|v| !v.is_empty())
+                    .map(lists::bounded)
+                    .transpose()?
+                    .or(version);
             }
             WatchEvent::Deleted(obj) => {
                 cache.delete(&target_key(&obj.namespace().unwrap_or_default(), &obj.name_any()));
                 wake_for(&obj);
-                version = obj.resource_version().filter(|v| !v.is_empty()).or(version);
+                version = obj
+                    .resource_version()
+                    .filter(|v| !v.is_empty())
+                    .map(lists::bounded)
+                    .transpose()?
+                    .or(version);
             }
             WatchEvent::Bookmark(b) if !b.metadata.resource_version.is_empty() => {
-                version = Some(b.metadata.resource_version)
+                version = Some(lists::bounded(b.metadata.resource_version)?)
             }
             WatchEvent::Bookmark(_) => {}
             WatchEvent::Error(status) => return Err(kube::Error::Api(status).into()),

@@ -76,9 +76,15 @@ impl Rollouts {
 
     /// Deletes the rollout (its TTL has passed); gone already is fine.
     pub async fn delete(&self, fr: &FleetRollout) -> Result<()> {
-        match self.api(fr).delete(&fr.name_any(), &Default::default()).await {
+        // Only the rollout as judged: one changed since (a rollback asked for, a new image) is read again,
+        // not deleted with the request.
+        let preconditions =
+            kube::api::Preconditions { uid: fr.uid(), resource_version: fr.resource_version() };
+        let params = kube::api::DeleteParams { preconditions: Some(preconditions), ..Default::default() };
+        match self.api(fr).delete(&fr.name_any(), &params).await {
             Ok(_) => Ok(()),
             Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) if crate::error::is_conflict(&e) => Err(Error::Conflict),
             Err(e) => Err(Error::Kube(e)),
         }
     }

@@ -179,7 +179,7 @@ impl FleetMcp {
         let accepted = answer.get("action").and_then(Value::as_str) == Some("accept")
             && answer.pointer("/content/approve").and_then(Value::as_bool) == Some(true);
         if !accepted {
-            info!(task = %id, user = %who.username, "approval declined; the rollout keeps waiting");
+            info!(rollout = %format!("{}/{}", id.namespace, id.name), user = %who.username, "approval declined; the rollout keeps waiting");
             return Ok(());
         }
         let args = ApproveArgs {
@@ -270,7 +270,8 @@ impl ServerHandler for FleetMcp {
                 .set(&r, Control::Abort.patch(k8s_openapi::jiff::Timestamp::now()), &who)
                 .await
                 .map_err(refused)?;
-            info!(task = %p.task_id, user = %who.username, "cancel requested: abort");
+            let rollout = p.task_id.rsplit_once('/').map_or("", |(rollout, _)| rollout);
+            info!(%rollout, user = %who.username, "cancel requested: abort");
         }
         Ok(())
     }

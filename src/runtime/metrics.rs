@@ -56,8 +56,31 @@ pub struct Metrics {
     pub target_patches: Counter,
     /// Analysis measurements recorded in status, by metric name, outcome and dry run.
     pub analysis_measurements: Family<MeasurementLabel, Counter>,
+    /// The metric names labelled so far: tenants name their metrics, so past [`METRIC_NAMES_LABELLED`] of
+    /// them the rest share one label, and a series is never made per name a tenant invents.
+    metric_names: Mutex<std::collections::HashSet<String>>,
     /// 1 while this replica holds the lease.
     pub leader: Gauge,
+}
+
+/// Distinct analysis metric names with series of their own.
+pub const METRIC_NAMES_LABELLED: usize = 256;
+/// The label of measurements of every later metric name.
+pub const OTHER_METRICS: &str = "(other)";
+
+impl Metrics {
+    /// The `metric` label a measurement of `name` is counted under.
+    pub fn measured_metric(&self, name: &str) -> String {
+        let Ok(mut names) = self.metric_names.lock() else { return OTHER_METRICS.into() };
+        if names.contains(name) {
+            return name.into();
+        }
+        if names.len() < METRIC_NAMES_LABELLED {
+            names.insert(name.into());
+            return name.into();
+        }
+        OTHER_METRICS.into()
+    }
 }
 
 impl Default for Metrics {
@@ -75,6 +98,7 @@ impl Default for Metrics {
             status_writes: Counter::default(),
             target_patches: Counter::default(),
             analysis_measurements: Family::default(),
+            metric_names: Mutex::default(),
             leader: Gauge::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
@@ -128,5 +152,21 @@ impl Metrics {
             let _ = encode(&mut out, &r);
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenants_cannot_make_a_series_per_metric_name_they_invent() {
+        let m = Metrics::default();
+        for i in 0..10_000 {
+            m.measured_metric(&format!("renamed-{i}"));
+        }
+        assert_eq!(m.measured_metric("renamed-0"), "renamed-0", "names labelled first keep their label");
+        assert_eq!(m.measured_metric("renamed-9999"), OTHER_METRICS);
+        assert_eq!(m.metric_names.lock().unwrap().len(), METRIC_NAMES_LABELLED);
     }
 }
