@@ -99,9 +99,11 @@ impl StartKeys {
     fn annotations(&self, who: &Identity) -> BTreeMap<String, String> {
         let mut annotations = BTreeMap::from([
             (TASK_TOKEN_HASH_ANNOTATION.to_string(), task::token_hash(&self.token)),
-            (CREATED_BY_ANNOTATION.to_string(), who.username.clone()),
             (REQUEST_HASH_ANNOTATION.to_string(), self.request_hash.clone()),
         ]);
+        if who.username != task::ANONYMOUS {
+            annotations.insert(CREATED_BY_ANNOTATION.to_string(), who.username.clone());
+        }
         if let Some(key_hash) = &self.key_hash {
             annotations.insert(IDEMPOTENCY_KEY_HASH_ANNOTATION.to_string(), key_hash.clone());
         }
@@ -113,7 +115,7 @@ impl StartKeys {
         let a = existing.annotations();
         let same_key =
             self.key_hash.is_some() && a.get(IDEMPOTENCY_KEY_HASH_ANNOTATION) == self.key_hash.as_ref();
-        let same_caller = a.get(CREATED_BY_ANNOTATION) == Some(&who.username);
+        let same_caller = task::created_by(existing) == who.username;
         (same_key && same_caller, a.get(REQUEST_HASH_ANNOTATION) == Some(&self.request_hash))
     }
 }
@@ -235,9 +237,8 @@ impl Ops {
         let Some(fr) = self.rollouts.get(&id.namespace, &id.name).await? else {
             return Ok(None);
         };
-        let owner = fr.annotations().get(CREATED_BY_ANNOTATION).cloned();
         Ok((id.matches(&fr)
-            && owner.as_deref() == Some(who.username.as_str())
+            && task::created_by(&fr) == who.username
             && fr.metadata.deletion_timestamp.is_none())
         .then_some(fr))
     }

@@ -22,6 +22,16 @@ use crate::{
 pub const TASK_TOKEN_HASH_ANNOTATION: &str = "fleetroll.dev/task-token-sha256";
 /// Annotation naming the identity that created the rollout over MCP (tasks are bound to it).
 pub const CREATED_BY_ANNOTATION: &str = "fleetroll.dev/created-by";
+/// Who created `fr` over MCP: its created-by annotation, which the admission policy makes the user who
+/// created it; without one, an anonymous caller (`--auth none`, where the server writes as itself and
+/// records no one, since the policy would refuse a name that is not the writer's).
+pub fn created_by(fr: &FleetRollout) -> &str {
+    fr.annotations().get(CREATED_BY_ANNOTATION).map_or(ANONYMOUS, String::as_str)
+}
+
+/// The user name of an anonymous caller.
+pub const ANONYMOUS: &str = "system:anonymous";
+
 /// Annotation holding a hash of the client's idempotency key ([`key_hash`]), and the hash of the
 /// arguments it was used with.
 pub const IDEMPOTENCY_KEY_HASH_ANNOTATION: &str = "fleetroll.dev/idempotency-key-sha256";

@@ -46,7 +46,7 @@ impl Identity {
     /// The caller under `--auth none`.
     pub fn anonymous() -> Self {
         Identity {
-            username: "system:anonymous".into(),
+            username: crate::mcp::task::ANONYMOUS.into(),
             uid: None,
             groups: vec!["system:unauthenticated".into()],
             extra: BTreeMap::new(),
