@@ -203,7 +203,8 @@ async fn tasks_outlive_the_server_and_resolve_on_any_replica() {
 
         // The process that created the task, controller and MCP server both, dies without warning.
         first.kill();
-        let second = Operator::start(&fleet.ns, &[], &[]);
+        // Its replacement (the same replica's identity, so the lease is taken again at once).
+        let second = Operator::start(&fleet.ns, &["--identity", &first.identity], &[]);
         let other = Operator::start_mcp(&fleet.ns, &[], &[]);
         let seen = drive(&["get", &second.mcp_url(), &id]).await;
         assert_eq!(seen["status"], "input_required", "{seen}");

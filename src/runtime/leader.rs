@@ -1,5 +1,5 @@
 //! Leader election through a coordination.k8s.io Lease, as client-go does it: one holder at a time,
-//! renewed every `duration / 3`; another replica takes over once it has seen the lease record stay the same
+//! renewed every `duration / 5` (at most 2 s, client-go's retry period); another replica takes over once it has seen the lease record stay the same
 //! for the lease's duration, timed on its own monotonic clock from when it saw the record change. The times
 //! in the record (renewTime, acquireTime) are written for people and other tools but never read for a
 //! decision: they come from another replica's wall clock, which may be minutes off ours. Every write
@@ -157,7 +157,9 @@ impl Elector {
                         self.leading.send_replace(true);
                     }
                     renewed_at = started;
-                    tokio::time::sleep(self.config.duration / 3).await;
+                    // As client-go's retry period: several tries fit before the deadline, so one slow
+                    // request on a loaded API server does not make the leader step down.
+                    tokio::time::sleep(self.retry()).await;
                     continue;
                 }
                 Ok(Ok(Round::Held { by, wait })) => {

@@ -12,6 +12,9 @@ use std::{
 /// A running operator. Killed (SIGKILL) when dropped.
 pub struct Operator {
     child: Child,
+    /// The lease holder identity it campaigns as (`--identity`): an operator started again with the same
+    /// one takes its lease back at once, as a restarted pod of a StatefulSet would.
+    pub identity: String,
     pub port: u16,
     pub log: PathBuf,
     lines: Arc<Mutex<mpsc::Receiver<String>>>,
@@ -74,7 +77,9 @@ impl Operator {
         let identity = format!("test-operator-{n}");
         let mut defaults = vec![("--fleet-namespace", ns), ("--auth", "none")];
         if subcommand == "operator" {
-            defaults.extend([("--identity", identity.as_str()), ("--lease-duration", "4s")]);
+            // A lease long enough that a renewal delayed by a loaded machine (every test's operators and control
+            // planes on two cores) does not make a leader step down mid-test; tests of leadership set their own.
+            defaults.extend([("--identity", identity.as_str()), ("--lease-duration", "30s")]);
         }
         for (flag, value) in defaults {
             if !extra.contains(&flag) {
@@ -99,7 +104,12 @@ impl Operator {
                 }
             }
         });
-        Operator { child, port, log, lines: Arc::new(Mutex::new(rx)) }
+        let identity = extra
+            .iter()
+            .position(|a| *a == "--identity")
+            .and_then(|i| extra.get(i + 1))
+            .map_or(identity, |given| given.to_string());
+        Operator { child, identity, port, log, lines: Arc::new(Mutex::new(rx)) }
     }
 
     /// Waits until the operator prints a line containing `needle`; false after `timeout`.
