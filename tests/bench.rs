@@ -3,7 +3,7 @@
 //!   cargo test --release --test bench -- --full    the full run (make bench); writes bench/results/
 //!   cargo test --test bench                        a reduced smoke run, part of `make test`
 //!   ... -- --full --only transitions,mcp           some scenarios only (overhead, transitions, analysis, members, scale, mcp,
-//!                                                  fairness)
+//!                                                  fairness, memory)
 //!
 //! Every figure that has a goal is a ratio or a latency measured side by side in the same run, because these
 //! machines are noisy. Goals are reported, not asserted: the run fails only when an invariant breaks (a
@@ -18,6 +18,8 @@ mod common;
 mod fairness;
 #[path = "bench/members.rs"]
 mod members;
+#[path = "bench/memory.rs"]
+mod memory;
 
 use std::{
     collections::HashMap,
@@ -53,6 +55,8 @@ struct Sizes {
     members_batch: usize,
     /// Deployments over the hub and the two members, for the operator's memory.
     members_scale_targets: usize,
+    /// Tenant Deployments of near-maximal size beside which the operator's memory is measured.
+    heavy_deployments: usize,
 }
 
 const FULL: Sizes = Sizes {
@@ -74,6 +78,7 @@ const FULL: Sizes = Sizes {
     members_targets: 250,
     members_batch: 50,
     members_scale_targets: 10_000,
+    heavy_deployments: 200,
 };
 
 const SMOKE: Sizes = Sizes {
@@ -95,6 +100,7 @@ const SMOKE: Sizes = Sizes {
     members_targets: 10,
     members_batch: 5,
     members_scale_targets: 30,
+    heavy_deployments: 20,
 };
 
 const LONG: Duration = Duration::from_secs(3600);
@@ -143,6 +149,9 @@ async fn run(sizes: Sizes, only: Option<Vec<String>>) {
     }
     if wanted("fairness") {
         fairness::mcp_fairness(&client, &sizes, &mut report, &mut namespaces).await;
+    }
+    if wanted("memory") {
+        memory::tenant_sized(&client, &sizes, &mut report, &mut namespaces).await;
     }
     // Last: 10,000 Deployments keep the control plane busy for minutes after the rollout ends, which
     // would be measured as the next scenario's latency.

@@ -26,6 +26,10 @@ mod mcp_shares;
 mod operator_attacks;
 #[path = "security/overlap.rs"]
 mod overlap;
+#[path = "security/reads.rs"]
+mod reads;
+#[path = "security/starve.rs"]
+mod starve;
 
 use admission::*;
 use bypass::*;
@@ -33,6 +37,8 @@ use mcp_attacks::*;
 use mcp_shares::*;
 use operator_attacks::*;
 use overlap::*;
+use reads::*;
+use starve::*;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -111,6 +117,7 @@ const ATTACKS: &[Entry] = &[
     attack!(rollout_aims_at_the_operator),
     attack!(rollout_reaches_a_protected_namespace),
     attack!(namespace_opts_out_mid_rollout),
+    attack!(fleet_admin_probes_namespaces_that_never_opted_in),
     attack!(two_rollouts_take_one_target),
     attack!(two_rollouts_applied_together_race),
     attack!(node_rollouts_fight_over_a_daemonset),
@@ -123,6 +130,8 @@ const ATTACKS: &[Entry] = &[
     attack!(tenant_queries_another_tenants_metrics_backend),
     attack!(a_change_the_api_server_refuses),
     attack!(a_reconcile_panics),
+    attack!(tenant_deployments_of_maximal_size, exclusive),
+    attack!(another_tenants_workload_wakes_a_rollout, exclusive),
     attack!(mcp_caller_rolls_what_it_may_not_patch),
     attack!(mcp_caller_previews_what_it_may_not_list),
     attack!(a_foreign_page_calls_the_mcp_server),

@@ -714,6 +714,6 @@ pub(super) async fn tenant_queries_another_tenants_metrics_backend(env: &'static
 }
 
 /// `ns/name` of a tenant, short enough for the table.
-fn short_user(t: &Tenant) -> String {
+pub(super) fn short_user(t: &Tenant) -> String {
     format!("{}/{}", short(&t.namespace), t.name)
 }
