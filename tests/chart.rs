@@ -310,3 +310,17 @@ async fn analysis_backends_bound_to_namespaces_render_as_flags() {
         assert!(args.as_array().unwrap().iter().any(|a| a == flag), "{flag} not in {args}");
     }
 }
+
+/// The chart's exec plugin arguments are the binary's defaults, rendered one flag per entry; none at all
+/// renders as the flag that allows none (the binary's defaults would apply otherwise).
+#[tokio::test]
+async fn exec_plugin_arguments_render_as_the_binarys_defaults_or_as_none() {
+    let rendered = |objects: &[Value]| -> Vec<String> {
+        let args = pod_spec(objects)["containers"][0]["args"].as_array().unwrap().clone();
+        let strip = |a: &Value| a.as_str()?.strip_prefix("--member-exec-args=").map(str::to_string);
+        args.iter().filter_map(strip).collect()
+    };
+    let defaults = rendered(&render(&[]).await);
+    assert_eq!(defaults, fleetroll::core::exec::DEFAULT_ARGS, "values.yaml's members.execArgs");
+    assert_eq!(rendered(&render(&["members.execArgs={}"]).await), [""]);
+}
