@@ -41,19 +41,27 @@ pub const DEFAULT_ARGS: &[&str] = &[
      --environment|-e=AzurePublicCloud|AzureChinaCloud|AzureUSGovernmentCloud,--legacy={switch}",
 ];
 
-/// The environment variables an exec plugin may be given by default (`*` ends a prefix): those the
-/// default plugins document for picking a cloud identity. Others can make an allowed plugin run other code
-/// (`CLOUDSDK_PYTHON_ARGS` for gcloud, `AWS_CONFIG_FILE` with a `credential_process`, `BASH_ENV`).
+/// The environment variables the default plugins may be given (`--member-exec-env`), each checked against
+/// what the plugin documents it for: those that pick an identity or a region, never one that names a file
+/// (`AZURE_FEDERATED_TOKEN_FILE`, `AZURE_CLIENT_CERTIFICATE_PATH`, `AWS_WEB_IDENTITY_TOKEN_FILE`,
+/// `AWS_CONFIG_FILE`, `GOOGLE_APPLICATION_CREDENTIALS`, `KUBECACHEDIR`) or an endpoint
+/// (`AZURE_AUTHORITY_HOST`, `AWS_ENDPOINT_URL_STS`, `GCE_METADATA_HOST`, `IDENTITY_ENDPOINT`), nor one that
+/// makes a plugin run other code (`CLOUDSDK_PYTHON_ARGS`, `BASH_ENV`).
 pub const DEFAULT_ENV: &[&str] = &[
-    "AAD_*",
-    "AZURE_*",
-    "AWS_REGION",
-    "AWS_DEFAULT_REGION",
-    "AWS_PROFILE",
-    "AWS_ROLE_ARN",
-    "AWS_ROLE_SESSION_NAME",
-    "AWS_STS_REGIONAL_ENDPOINTS",
-    "GOOGLE_APPLICATION_CREDENTIALS",
+    // argocd-k8s-auth: `aws` reads the AWS SDK's; `azure` kubelogin's token.OptionsWithEnv and
+    // AAD_ENVIRONMENT_NAME (not AAD_SERVER_APPLICATION_ID: the AKS server application stays the audience).
+    "argocd-k8s-auth=AWS_REGION={region},AWS_DEFAULT_REGION={region},AWS_PROFILE,AWS_ROLE_ARN={arn},\
+     AWS_ROLE_SESSION_NAME,AWS_STS_REGIONAL_ENDPOINTS=legacy|regional,AAD_LOGIN_METHOD=spn|msi|workloadidentity,\
+     AAD_SERVICE_PRINCIPAL_CLIENT_ID={guid},AAD_SERVICE_PRINCIPAL_CLIENT_SECRET={secret},AZURE_CLIENT_ID={guid},\
+     AZURE_CLIENT_SECRET={secret},AZURE_TENANT_ID,AAD_ENVIRONMENT_NAME=AzurePublicCloud|AzureChinaCloud|AzureUSGovernmentCloud",
+    // aws-iam-authenticator: the AWS SDK's region, profile and role.
+    "aws-iam-authenticator=AWS_REGION={region},AWS_DEFAULT_REGION={region},AWS_PROFILE,AWS_ROLE_ARN={arn},\
+     AWS_ROLE_SESSION_NAME,AWS_STS_REGIONAL_ENDPOINTS=legacy|regional",
+    // kubelogin (pkg/internal/env/variables.go): login mode, client and tenant; not the ROPC user's, nor
+    // ARM_* (read only with --use-azurerm-env-vars). gke-gcloud-auth-plugin: none (its credentials are the
+    // operator's application default credentials or gcloud's, whose variables name files and programs).
+    "kubelogin=AAD_LOGIN_METHOD=spn|msi|workloadidentity,AAD_SERVICE_PRINCIPAL_CLIENT_ID={guid},\
+     AAD_SERVICE_PRINCIPAL_CLIENT_SECRET={secret},AZURE_CLIENT_ID={guid},AZURE_CLIENT_SECRET={secret},AZURE_TENANT_ID",
 ];
 
 /// What a switch takes: `true` or `false`, after `=`.
@@ -73,33 +81,33 @@ enum Takes {
 struct Plugin {
     /// By subcommand path (empty: the command itself), the flags that follow it, by name.
     grammar: BTreeMap<Vec<String>, BTreeMap<String, Takes>>,
+    /// The variables it may be given, with the values each may take.
+    env: BTreeMap<String, Vec<Kind>>,
 }
 
 /// What a member Secret's exec credential plugins may be: one of the commands allowed, given only the
-/// arguments its grammar allows and the variables `env` names (exactly, or by a prefix ending in `*`).
+/// arguments its grammar allows and the variables allowed for it, each with a value it may take.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExecPolicy {
     plugins: BTreeMap<String, Plugin>,
-    env: Vec<String>,
     /// Why no plugin runs at all here, when none may (`kubectl fleetroll plan`, on a person's machine).
     off: Option<String>,
 }
 
 impl Default for ExecPolicy {
     fn default() -> Self {
-        let owned = |list: &[&str]| list.iter().map(|c| c.to_string()).collect::<Vec<_>>();
-        let args: Result<Vec<ArgsEntry>, String> = DEFAULT_ARGS.iter().map(|e| e.parse()).collect();
+        let commands: Vec<String> = DEFAULT_COMMANDS.iter().map(|c| c.to_string()).collect();
         // The built-in entries are constants, parsed by a unit test: they cannot fail here.
-        let args = args.unwrap_or_default();
-        Self::new(&owned(DEFAULT_COMMANDS), &args, owned(DEFAULT_ENV)).unwrap_or_else(|_| Self::never(""))
+        let args: Vec<ArgsEntry> = DEFAULT_ARGS.iter().filter_map(|e| e.parse().ok()).collect();
+        let env: Vec<EnvEntry> = DEFAULT_ENV.iter().filter_map(|e| e.parse().ok()).collect();
+        Self::new(&commands, &args, &env).unwrap_or_else(|_| Self::never(""))
     }
 }
 
 impl ExecPolicy {
-    /// The policy the operator's flags give: `commands` may run, each given only what the `args` entries
-    /// for it allow, and the variables `env` names. Err when two entries disagree on whether a flag is a
-    /// switch.
-    pub fn new(commands: &[String], args: &[ArgsEntry], env: Vec<String>) -> Result<Self, String> {
+    /// The policy the operator's flags give: `commands` may run, each given only what the `args` and `env`
+    /// entries for it allow. Err when two entries disagree on whether a flag is a switch.
+    pub fn new(commands: &[String], args: &[ArgsEntry], env: &[EnvEntry]) -> Result<Self, String> {
         let mut plugins: BTreeMap<String, Plugin> =
             commands.iter().filter(|c| !c.is_empty()).map(|c| (c.clone(), Plugin::default())).collect();
         for entry in args {
@@ -127,13 +135,23 @@ impl ExecPolicy {
                 }
             }
         }
-        let env = env.into_iter().filter(|e| !e.is_empty()).collect();
-        Ok(Self { plugins, env, off: None })
+        for entry in env {
+            let Some(plugin) = plugins.get_mut(&entry.command) else { continue };
+            for declared in &entry.vars {
+                for name in &declared.names {
+                    let had = plugin.env.entry(name.clone()).or_default();
+                    had.extend(
+                        declared.kinds.iter().filter(|k| !had.contains(k)).cloned().collect::<Vec<_>>(),
+                    );
+                }
+            }
+        }
+        Ok(Self { plugins, off: None })
     }
 
     /// No plugin runs: each is refused, saying that it `why` (`is not run by kubectl fleetroll plan`).
     pub fn never(why: &str) -> Self {
-        Self { plugins: BTreeMap::new(), env: Vec::new(), off: Some(why.to_string()) }
+        Self { plugins: BTreeMap::new(), off: Some(why.to_string()) }
     }
 
     /// The commands that may run.
@@ -162,26 +180,33 @@ impl ExecPolicy {
                 commands.join(", ")
             ));
         };
-        if let Err(why) = allowed.check(command, args) {
-            return Some(format!("{plugin} {why}"));
+        match allowed.check(command, args).and_then(|()| allowed.check_env(env)) {
+            Ok(()) => None,
+            Err(why) => Some(format!("{plugin} {why}")),
         }
-        let name = env.iter().map(|(n, _)| *n).find(|n| !self.env_allowed(n))?;
-        Some(format!(
-            "{plugin} may not be given variable {} (--member-exec-env: {})",
-            shown(name),
-            self.env.join(", ")
-        ))
-    }
-
-    fn env_allowed(&self, name: &str) -> bool {
-        self.env.iter().any(|a| match a.strip_suffix('*') {
-            Some(prefix) => name.starts_with(prefix),
-            None => a == name,
-        })
     }
 }
 
 impl Plugin {
+    /// Whether each variable is one this plugin may be given, with a value it may take. Err names the
+    /// variable, never its value.
+    fn check_env(&self, env: &[(&str, Option<&str>)]) -> Result<(), String> {
+        for (name, value) in env {
+            let Some(kinds) = self.env.get(*name) else {
+                return Err(format!("may not be given variable {} (--member-exec-env)", shown(name)));
+            };
+            if value.is_some_and(|v| !kinds.iter().any(|k| k.admits(v))) {
+                let wanted: Vec<&str> = kinds.iter().map(Kind::describe).collect();
+                return Err(format!(
+                    "may not be given that value of variable {} (not shown): it takes {} (--member-exec-env)",
+                    shown(name),
+                    wanted.join(" or ")
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether `args` follow this plugin's grammar, as its own parser (Go's pflag) reads them: a
     /// subcommand path first, then flags only, `--flag value` or `--flag=value`, `-f value` or `-f=value`.
     /// Err says which argument is refused (by its flag name, or its position), never its value.

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::client::Body;
 use serde_json::json;
 
-use crate::core::exec::{ArgsEntry, Declared, Kind};
+use crate::core::exec::{ArgsEntry, Declared, EnvEntry, Kind};
 
 use super::{
     kubeconfig::CONNECT_TIMEOUT,
@@ -108,7 +108,9 @@ fn client_of(hub: &Arc<Mutex<Hub>>) -> Client {
 /// `sh`, `sleep` and `fleetroll-no-such-plugin` with the arguments the Secrets give them.
 pub(crate) fn fleet(secrets: Vec<Secret>) -> (Members, Arc<Mutex<Hub>>) {
     let plugins = ["sh", "sleep", "fleetroll-no-such-plugin"].map(String::from).to_vec();
-    let exec = ExecPolicy::new(&plugins, &as_given(&secrets), vec!["PLUGIN_*".into()]).unwrap();
+    let env = plugins.iter().map(|p| format!("{p}=PLUGIN_SECRET,PLUGIN_PYTHON_ARGS=-c print(1)").parse());
+    let env: Vec<EnvEntry> = env.collect::<Result<_, _>>().unwrap();
+    let exec = ExecPolicy::new(&plugins, &as_given(&secrets), &env).unwrap();
     let hub = Arc::new(Mutex::new(Hub { secrets, ..Default::default() }));
     (Members::new(client_of(&hub), "fleet".into()).with_exec(exec), hub)
 }
@@ -278,7 +280,7 @@ async fn kubelogin_asked_to_send_the_operators_token_to_an_endpoint_is_never_run
     let command = plugin.display().to_string();
     let builtin = crate::core::exec::DEFAULT_ARGS.iter().find(|e| e.starts_with("kubelogin ")).unwrap();
     let entry: ArgsEntry = builtin.replacen("kubelogin", &command, 1).parse().unwrap();
-    let policy = ExecPolicy::new(std::slice::from_ref(&command), &[entry], vec![]).unwrap();
+    let policy = ExecPolicy::new(std::slice::from_ref(&command), &[entry], &[]).unwrap();
     let with_args = |args: &[&str]| {
         let exec = json!({"command": command, "args": args, "apiVersion": "client.authentication.k8s.io/v1"});
         argo("cluster-dev", "dev", SERVER, &json!({"execProviderConfig": exec}))
@@ -316,7 +318,7 @@ async fn an_allowed_plugin_given_a_variable_this_installation_does_not_allow_is_
     let refused = failed(members.client("dev").await).to_string();
     assert!(refused.contains("may not be given variable \"CLOUDSDK_PYTHON_ARGS\""), "{refused}");
     assert!(!marker.exists(), "the plugin ran");
-    // A variable the installation allows (PLUGIN_* in these tests): the plugin runs.
+    // A variable the installation allows for sh (in these tests), with that value: the plugin runs.
     let (members, _) = fleet(vec![with_env("PLUGIN_PYTHON_ARGS")]);
     let _ = members.client("dev").await;
     assert!(marker.exists(), "the allowed plugin did not run: the check above proves nothing");

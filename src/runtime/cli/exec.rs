@@ -1,7 +1,7 @@
 //! The flags that say what member Secrets' exec credential plugins may be: which commands, with which
 //! arguments and variables ([`crate::core::exec`]).
 
-use crate::core::exec::{ArgsEntry, DEFAULT_ARGS, DEFAULT_COMMANDS, ExecPolicy};
+use crate::core::exec::{ArgsEntry, DEFAULT_ARGS, DEFAULT_COMMANDS, DEFAULT_ENV, EnvEntry, ExecPolicy};
 
 #[derive(Debug, clap::Args)]
 pub(super) struct ExecArgs {
@@ -30,22 +30,24 @@ pub(super) struct ExecArgs {
     )]
     args: Vec<ArgsEntry>,
 
-    /// The environment variables a member Secret's exec plugin may be given (comma-separated, `*` ending a
-    /// prefix; "" for none): others can make an allowed plugin run other code (gcloud's
-    /// CLOUDSDK_PYTHON_ARGS, say). PATH, LD_* and DYLD_* are refused whatever this allows.
+    /// The environment variables each exec credential plugin may be given, as entries
+    /// `COMMAND=VARIABLE[=VALUES],...` (`;`-separated or repeated; "" for none), values as in
+    /// --member-exec-args: any other variable or value is refused and the plugin not run. The default allows,
+    /// for each default plugin, only variables that pick an identity or a region, none that names a file or
+    /// an endpoint. PATH, LD_* and DYLD_* are refused whatever this allows.
     #[arg(
         long = "member-exec-env",
         env = "FLEETROLL_MEMBER_EXEC_ENV",
-        value_delimiter = ',',
-        default_value = "AAD_*,AZURE_*,AWS_REGION,AWS_DEFAULT_REGION,AWS_PROFILE,AWS_ROLE_ARN,AWS_ROLE_SESSION_NAME,AWS_STS_REGIONAL_ENDPOINTS,GOOGLE_APPLICATION_CREDENTIALS"
+        value_delimiter = ';',
+        default_values = DEFAULT_ENV.iter().copied()
     )]
-    env: Vec<String>,
+    env: Vec<EnvEntry>,
 }
 
 impl ExecArgs {
     /// The policy; `--member-exec-commands=""`, `--member-exec-args=""` and `--member-exec-env=""` allow
     /// none. Err when entries contradict each other.
     pub(super) fn policy(&self) -> Result<ExecPolicy, String> {
-        ExecPolicy::new(&self.commands, &self.args, self.env.clone())
+        ExecPolicy::new(&self.commands, &self.args, &self.env)
     }
 }

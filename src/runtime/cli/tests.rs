@@ -73,6 +73,30 @@ fn exec_plugin_arguments_are_extended_by_entries_and_refused_when_they_contradic
 }
 
 #[test]
+fn exec_plugin_variables_are_given_per_plugin() {
+    let file = "/var/run/secrets/azure/tokens/azure-identity-token";
+    let flag = format!(
+        "--member-exec-env=kubelogin=AZURE_FEDERATED_TOKEN_FILE={file};aws-iam-authenticator=AWS_REGION"
+    );
+    let policy = operator(&[&flag]).settings.member_exec;
+    let set = |command: &str, name: &'static str, value: &str| {
+        policy.refusal("m", command, &[], &[(name, Some(value))])
+    };
+    assert_eq!(set("kubelogin", "AZURE_FEDERATED_TOKEN_FILE", file), None);
+    let token = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+    assert!(set("kubelogin", "AZURE_FEDERATED_TOKEN_FILE", token).is_some(), "only the file allowed");
+    assert!(set("kubelogin", "AZURE_CLIENT_ID", "x").is_some(), "the defaults are replaced");
+    assert_eq!(set("aws-iam-authenticator", "AWS_REGION", "eu-west-1"), None);
+    for bad in [
+        "--member-exec-env=AAD_*",
+        "--member-exec-env=kubelogin=AZURE_*",
+        "--member-exec-env=kubelogin=LD_PRELOAD",
+    ] {
+        assert!(Cli::try_parse_from(["fleetroll", "operator", bad]).is_err(), "{bad}");
+    }
+}
+
+#[test]
 fn the_security_flags_parse_strictly() {
     let s = operator(&[
         "--protected-namespaces=",
