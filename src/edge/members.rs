@@ -178,11 +178,11 @@ impl Members {
             namespace: fleet_namespace,
             state: Arc::default(),
             build_timeout: BUILD_TIMEOUT,
-            exec: Arc::default(),
+            exec: Arc::new(ExecPolicy::never("is not run here: no exec policy was given")),
         }
     }
 
-    /// Runs only the exec credential plugins `exec` allows ([`ExecPolicy::default`] otherwise).
+    /// Runs the exec credential plugins `exec` allows (none otherwise).
     pub fn with_exec(mut self, exec: ExecPolicy) -> Self {
         self.exec = Arc::new(exec);
         self

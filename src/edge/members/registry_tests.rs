@@ -255,13 +255,18 @@ async fn an_exec_plugin_this_installation_does_not_allow_is_never_run() {
     let marker = std::env::temp_dir().join(format!("fleetroll-exec-ran-{}", std::process::id()));
     let secret = exec("sh", &["-c", &format!("touch {}", marker.display())], "");
     let (allowed, _) = fleet(vec![secret.clone()]);
-    let (default, _) = fleet(vec![secret]);
+    let (default, _) = fleet(vec![secret.clone()]);
     let default = default.with_exec(ExecPolicy::default());
     let refused = failed(default.client("dev").await).to_string();
     assert!(
         refused.contains("\"sh\" of member cluster \"dev\" is not one this installation runs"),
         "{refused}"
     );
+    assert!(!marker.exists(), "the plugin ran");
+    // Members given no policy run no plugin.
+    let (_, hub) = fleet(vec![secret]);
+    let refused = failed(Members::new(client_of(&hub), "fleet".into()).client("dev").await).to_string();
+    assert!(refused.contains("\"sh\" of member cluster \"dev\" is not run here"), "{refused}");
     assert!(!marker.exists(), "the plugin ran");
     // The same Secret where sh is allowed: the plugin runs (and fails, printing no credential).
     let _ = allowed.client("dev").await;
