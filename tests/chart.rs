@@ -323,7 +323,7 @@ async fn exec_plugin_arguments_and_variables_render_as_the_binarys_defaults_or_a
     let defaults = render(&[]).await;
     assert_eq!(rendered(&defaults, "--member-exec-args="), fleetroll::core::exec::DEFAULT_ARGS, "execArgs");
     assert_eq!(rendered(&defaults, "--member-exec-env="), fleetroll::core::exec::DEFAULT_ENV, "execEnv");
-    let none = render(&["members.execArgs={}", "members.execEnv={}"]).await;
+    let none = render(&["--set-json=members.execArgs=[]", "--set-json=members.execEnv=[]"]).await;
     assert_eq!(rendered(&none, "--member-exec-args="), [""]);
     assert_eq!(rendered(&none, "--member-exec-env="), [""]);
 }

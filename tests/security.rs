@@ -20,6 +20,8 @@ mod common;
 mod mcp_attacks;
 #[path = "security/mcp_shares.rs"]
 mod mcp_shares;
+#[path = "security/members.rs"]
+mod member_attacks;
 #[path = "security/operator.rs"]
 mod operator_attacks;
 #[path = "security/overlap.rs"]
@@ -28,6 +30,7 @@ mod overlap;
 use admission::*;
 use mcp_attacks::*;
 use mcp_shares::*;
+use member_attacks::*;
 use operator_attacks::*;
 use overlap::*;
 
@@ -111,6 +114,8 @@ const ATTACKS: &[Entry] = &[
     attack!(health_check_aims_at_the_metadata_service),
     attack!(health_check_redirects_elsewhere),
     attack!(tenant_queries_another_tenants_metrics_backend),
+    attack!(fleet_admin_has_an_exec_plugin_send_the_operators_token_elsewhere),
+    attack!(member_secret_runs_its_plugin_on_the_previewers_machine),
     attack!(a_change_the_api_server_refuses),
     attack!(a_reconcile_panics),
     attack!(mcp_caller_rolls_what_it_may_not_patch),
