@@ -122,9 +122,7 @@ impl ExecPolicy {
                     match (flags.get_mut(name), &takes) {
                         (None, _) => drop(flags.insert(name.clone(), takes.clone())),
                         (Some(Takes::Switch), Takes::Switch) => {}
-                        (Some(Takes::Value(had)), Takes::Value(more)) => {
-                            had.extend(more.iter().filter(|k| !had.contains(k)).cloned().collect::<Vec<_>>());
-                        }
+                        (Some(Takes::Value(had)), Takes::Value(more)) => add(had, more),
                         _ => {
                             return Err(format!(
                                 "--member-exec-args: {} {name} is declared both as a {{switch}} and with values",
@@ -139,10 +137,7 @@ impl ExecPolicy {
             let Some(plugin) = plugins.get_mut(&entry.command) else { continue };
             for declared in &entry.vars {
                 for name in &declared.names {
-                    let had = plugin.env.entry(name.clone()).or_default();
-                    had.extend(
-                        declared.kinds.iter().filter(|k| !had.contains(k)).cloned().collect::<Vec<_>>(),
-                    );
+                    add(plugin.env.entry(name.clone()).or_default(), &declared.kinds);
                 }
             }
         }
@@ -272,6 +267,15 @@ impl Plugin {
             }
         }
         Ok(())
+    }
+}
+
+/// Adds to `had` the kinds of `more` it lacks: entries for one flag or variable add up.
+fn add(had: &mut Vec<Kind>, more: &[Kind]) {
+    for kind in more {
+        if !had.contains(kind) {
+            had.push(kind.clone());
+        }
     }
 }
 
