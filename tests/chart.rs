@@ -310,3 +310,20 @@ async fn analysis_backends_bound_to_namespaces_render_as_flags() {
         assert!(args.as_array().unwrap().iter().any(|a| a == flag), "{flag} not in {args}");
     }
 }
+
+/// The chart's exec plugin arguments and variables are the binary's defaults, rendered one flag per entry;
+/// none at all renders as the flag that allows none (the binary's defaults would apply otherwise).
+#[tokio::test]
+async fn exec_plugin_arguments_and_variables_render_as_the_binarys_defaults_or_as_none() {
+    let rendered = |objects: &[Value], flag: &str| -> Vec<String> {
+        let args = pod_spec(objects)["containers"][0]["args"].as_array().unwrap().clone();
+        let strip = |a: &Value| a.as_str()?.strip_prefix(flag).map(str::to_string);
+        args.iter().filter_map(strip).collect()
+    };
+    let defaults = render(&[]).await;
+    assert_eq!(rendered(&defaults, "--member-exec-args="), fleetroll::core::exec::DEFAULT_ARGS, "execArgs");
+    assert_eq!(rendered(&defaults, "--member-exec-env="), fleetroll::core::exec::DEFAULT_ENV, "execEnv");
+    let none = render(&["--set-json=members.execArgs=[]", "--set-json=members.execEnv=[]"]).await;
+    assert_eq!(rendered(&none, "--member-exec-args="), [""]);
+    assert_eq!(rendered(&none, "--member-exec-env="), [""]);
+}

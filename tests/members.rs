@@ -3,7 +3,7 @@
 //! kubeconfig Secret (member-2) in the fleet namespace: two waves with a canary cluster; a rollback across
 //! both; approvals and a metric per cluster gating each member's batch; a member whose namespace is not
 //! opted in; a member frozen mid-batch; a token rotated and the old one revoked mid-rollout; the operator
-//! SIGKILLed 20 times; a member answering without end.
+//! SIGKILLed 20 times; a member answering without end; exec plugins asked for what they may not do.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -20,6 +20,8 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use support::{DEADLINE, OPERATOR_ACCOUNT, Site, register, site, spec, tidy, unique};
 
+#[path = "members/exec.rs"]
+mod exec;
 #[path = "members/faults.rs"]
 mod faults;
 #[path = "members/gates.rs"]

@@ -22,6 +22,8 @@ mod common;
 mod mcp_attacks;
 #[path = "security/mcp_shares.rs"]
 mod mcp_shares;
+#[path = "security/members.rs"]
+mod member_attacks;
 #[path = "security/operator.rs"]
 mod operator_attacks;
 #[path = "security/overlap.rs"]
@@ -35,6 +37,7 @@ use admission::*;
 use bypass::*;
 use mcp_attacks::*;
 use mcp_shares::*;
+use member_attacks::*;
 use operator_attacks::*;
 use overlap::*;
 use reads::*;
@@ -128,6 +131,8 @@ const ATTACKS: &[Entry] = &[
     attack!(health_check_aims_at_the_metadata_service),
     attack!(health_check_redirects_elsewhere),
     attack!(tenant_queries_another_tenants_metrics_backend),
+    attack!(fleet_admin_has_an_exec_plugin_send_the_operators_token_elsewhere),
+    attack!(member_secret_runs_its_plugin_on_the_previewers_machine),
     attack!(a_change_the_api_server_refuses),
     attack!(a_reconcile_panics),
     attack!(tenant_deployments_of_maximal_size, exclusive),

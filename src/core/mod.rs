@@ -5,6 +5,7 @@ pub(crate) mod analysis;
 pub(crate) mod clusters;
 pub(crate) mod conditions;
 pub(crate) mod duration;
+pub mod exec;
 pub(crate) mod http_check;
 pub mod nodes;
 pub mod plan;

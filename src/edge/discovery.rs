@@ -253,15 +253,18 @@ pub struct Preview {
 
 /// The plan a rollout would get if it were planned now: discovery, then planning, exactly as the
 /// operator does it. Everything is read with `client`'s rights, the member Secrets included (the plugin's
-/// `plan` reads as the person running it). The outer error is an API failure; the inner one says why it
-/// could not be planned.
+/// `plan` reads as the person running it); member Secrets' exec plugins run only as `exec` allows (on a
+/// person's machine, with their environment: the plugin runs none unless asked). The outer error is an
+/// API failure; the inner one says why it could not be planned.
 pub async fn preview(
     client: &Client,
     fleet_namespace: &str,
     fr: &FleetRollout,
+    exec: super::members::ExecPolicy,
 ) -> Result<Result<Preview, Blocked>> {
     if fr.spec.targets.clusters.is_some() {
-        let members = super::members::Members::new(client.clone(), fleet_namespace.to_string());
+        let members =
+            super::members::Members::new(client.clone(), fleet_namespace.to_string()).with_exec(exec);
         return preview_members(&members, fleet_namespace, fr).await;
     }
     Ok(discover(client, fleet_namespace, fr).await?.and_then(|d| planned(fr, d)))

@@ -138,7 +138,7 @@ pub(crate) async fn discover(
     let pick = fr.spec.targets.clusters.clone().unwrap_or_default().selector;
     let chosen = match clusters::select(&known, &pick) {
         Ok(c) => c,
-        Err(b) => return Ok(Err(b)),
+        Err(b) => return Ok(Err(with_refused(b, &notes))),
     };
     let listed = join_all(chosen.iter().map(|c| async move {
         let listed =
@@ -189,6 +189,21 @@ pub(crate) async fn discover(
         Err(b) => return Ok(Err(b)),
     };
     Ok(Ok(Discovered { candidates, waves, refused: notes, left_out, unanswered }))
+}
+
+/// `blocked`, saying why Secrets were refused when no member matched: the member wanted may be among them.
+fn with_refused(mut blocked: Blocked, refused: &[String]) -> Blocked {
+    if blocked.reason == reason::NO_CLUSTERS && !refused.is_empty() {
+        let shown: Vec<&str> = refused.iter().take(3).map(String::as_str).collect();
+        let more = refused.len().saturating_sub(shown.len());
+        let more = if more > 0 { format!("; and {more} more") } else { String::new() };
+        blocked.message.push_str(&format!(
+            "; {} Secret(s) refused: {}{more}",
+            refused.len(),
+            shown.join("; ")
+        ));
+    }
+    blocked
 }
 
 /// What members hold of a rollout's fleet: workloads (with the namespaces they were looked for in), or the

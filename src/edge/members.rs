@@ -5,8 +5,10 @@
 //! name given twice refused. A member's client is cached while its Secret is unchanged, and rebuilt
 //! after a 401 ([`Members::forget`]), so rotated credentials are used without a restart.
 //!
-//! Trust: whoever may write Secrets in the fleet namespace chooses what an allowed exec plugin is asked,
-//! inside the operator (as Argo CD does). `insecure` (Argo CD) and `insecure-skip-tls-verify` are honoured, as
+//! Trust: whoever may write Secrets in the fleet namespace chooses which member an exec plugin fetches a
+//! token for, inside the operator (as Argo CD does), but only within the installation's policy: the
+//! command, its arguments and its variables (`members/exec.rs`, [`crate::core::exec`]); a Secret asking
+//! for more is refused and its plugin never runs. `insecure` (Argo CD) and `insecure-skip-tls-verify` are honoured, as
 //! Argo CD honours them, and shown on the [`Member`].
 
 mod argo;
@@ -176,11 +178,11 @@ impl Members {
             namespace: fleet_namespace,
             state: Arc::default(),
             build_timeout: BUILD_TIMEOUT,
-            exec: Arc::default(),
+            exec: Arc::new(ExecPolicy::never("is not run here: no exec policy was given")),
         }
     }
 
-    /// Runs only the exec credential plugins `exec` allows ([`ExecPolicy::default`] otherwise).
+    /// Runs the exec credential plugins `exec` allows (none otherwise).
     pub fn with_exec(mut self, exec: ExecPolicy) -> Self {
         self.exec = Arc::new(exec);
         self
@@ -206,7 +208,8 @@ impl Members {
             true => self.cluster_labels().await,
             false => Ok(HashMap::new()),
         };
-        let parsed = secrets.iter().map(|s| parse_with_labels(s, &labels)).collect();
+        let parsed =
+            secrets.iter().map(|s| exec::judged(&self.exec, parse_with_labels(s, &labels))).collect();
         let (members, refused) = secrets::group(parsed);
         self.keep_current(&members);
         Ok((members.into_iter().map(|(m, _)| m).collect(), refused))
@@ -228,6 +231,7 @@ impl Members {
         let parsed = secrets
             .iter()
             .map(|s| parse(s, None).map(|found| found.map(|(m, c)| (m, (c, SecretVersion::of(&s.metadata))))))
+            .map(|parsed| exec::judged(&self.exec, parsed))
             .collect();
         let (members, refused) = secrets::group(parsed);
         let Some((member, (config, version))) = members.into_iter().find(|(m, _)| m.name == cluster) else {
@@ -237,13 +241,6 @@ impl Members {
                 None => MemberError::NotFound { cluster, namespace: self.namespace.clone() },
             });
         };
-        if let Some(reason) = self.exec.refusal(&config) {
-            return Err(MemberError::Credentials {
-                cluster: cluster.to_string(),
-                secret: member.secret,
-                reason,
-            });
-        }
         let client = self.build(cluster, config).await.map_err(|reason| MemberError::Credentials {
             cluster: cluster.to_string(),
             secret: member.secret.clone(),

@@ -39,7 +39,9 @@ impl Ops {
             may_create(&client, &fr).await?;
             discovery::preview_members(&self.members, &self.fleet_namespace, &fr).await
         } else {
-            discovery::preview(&client, &self.fleet_namespace, &fr).await
+            // In the rollout's own cluster: no member, no exec plugin.
+            let exec = crate::edge::members::ExecPolicy::never("is not run for a preview in one cluster");
+            discovery::preview(&client, &self.fleet_namespace, &fr, exec).await
         };
         match previewed {
             Ok(Ok(preview)) => Ok(preview_result(&preview, &args.image)),

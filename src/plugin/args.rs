@@ -57,6 +57,11 @@ pub(super) enum PluginCommand {
         /// The fleet namespace the operator honours cross-namespace rollouts in (for previews).
         #[arg(long, default_value = "fleetroll-system")]
         fleet_namespace: String,
+        /// Run the exec credential plugins member Secrets name (those the operator allows by default), on
+        /// this machine, with your environment and cloud credentials. Without it a member whose Secret
+        /// needs one is left out of a preview, with a note saying so.
+        #[arg(long)]
+        run_exec_plugins: bool,
     },
     /// Hold the rollout before its next batch.
     Pause { name: String },

@@ -51,8 +51,9 @@ async fn execute(cli: PluginCli) -> Result<ExitCode, String> {
         PluginCommand::Status { name, no_follow, timeout } => {
             status::status(client, ns, name, !no_follow && output.is_none(), *timeout, output).await
         }
-        PluginCommand::Plan { name, file, fleet_namespace } => {
-            plan::plan(client, ns, name.as_deref(), file.as_deref(), fleet_namespace, output).await
+        PluginCommand::Plan { name, file, fleet_namespace, run_exec_plugins } => {
+            let exec = plan::exec_policy(*run_exec_plugins);
+            plan::plan(client, ns, name.as_deref(), file.as_deref(), fleet_namespace, exec, output).await
         }
         PluginCommand::Pause { name } => {
             controls::set(client, ns, name, json!({"paused": true}), "paused", output).await

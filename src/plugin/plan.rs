@@ -9,7 +9,7 @@ use super::{args::Output, print};
 use crate::{
     api::{ClusterCount, ClustersStatus, FleetRollout, WaveStatus},
     core::{clusters, plan::Plan},
-    edge::{control, discovery, plans::PlanStore},
+    edge::{control, discovery, members::ExecPolicy, plans::PlanStore},
 };
 
 /// A plan as the plugin prints it.
@@ -100,13 +100,28 @@ fn plan_view(fr: &FleetRollout, plan: &Plan, preview: bool, across: Across) -> P
     }
 }
 
-/// The plan of the rollout `name`, or of the manifest `file` (in namespace `ns` unless it names one).
+/// What member Secrets' exec plugins may do in a preview: nothing, unless the person running it asks
+/// (`--run-exec-plugins`: then what the operator allows by default). A plugin would run on this machine,
+/// with this person's environment and cloud credentials, chosen by whoever wrote the Secret.
+pub(super) fn exec_policy(run: bool) -> ExecPolicy {
+    match run {
+        true => ExecPolicy::default(),
+        false => ExecPolicy::never(
+            "is not run by kubectl fleetroll plan, which leaves this member out: it would run on this machine, \
+             with your environment and cloud credentials (--run-exec-plugins runs it)",
+        ),
+    }
+}
+
+/// The plan of the rollout `name`, or of the manifest `file` (in namespace `ns` unless it names one), across
+/// member clusters through the fleet namespace's Secrets, their exec plugins run as `exec` allows.
 pub(super) async fn plan(
     client: &Client,
     ns: &str,
     name: Option<&str>,
     file: Option<&Path>,
     fleet_namespace: &str,
+    exec: ExecPolicy,
     output: Option<Output>,
 ) -> Result<ExitCode, String> {
     let (fr, frozen) = match (name, file) {
@@ -120,18 +135,20 @@ pub(super) async fn plan(
     };
     let view = match frozen {
         Some(plan) => plan_view(&fr, &plan, false, Across::of_status(&fr)),
-        None => match discovery::preview(client, fleet_namespace, &fr).await.map_err(|e| e.to_string())? {
-            Ok(preview) => {
-                let across = Across { clusters: preview.clusters, left_out: preview.notes };
-                plan_view(&fr, &preview.plan, true, across)
+        None => {
+            match discovery::preview(client, fleet_namespace, &fr, exec).await.map_err(|e| e.to_string())? {
+                Ok(preview) => {
+                    let across = Across { clusters: preview.clusters, left_out: preview.notes };
+                    plan_view(&fr, &preview.plan, true, across)
+                }
+                Err(blocked) => {
+                    return Err(format!(
+                        "this rollout could not be planned ({}): {}",
+                        blocked.reason, blocked.message
+                    ));
+                }
             }
-            Err(blocked) => {
-                return Err(format!(
-                    "this rollout could not be planned ({}): {}",
-                    blocked.reason, blocked.message
-                ));
-            }
-        },
+        }
     };
     match output {
         Some(o) => print(&view, o)?,
@@ -213,6 +230,17 @@ mod tests {
             previous_image: "web:v1".into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_preview_runs_no_exec_plugin_unless_asked() {
+        let refused = exec_policy(false).refusal("prod", "kubelogin", &["get-token".into()], &[]);
+        let refused = refused.expect("refused");
+        assert!(
+            refused.contains("\"kubelogin\" of member cluster \"prod\" is not run by kubectl fleetroll plan")
+        );
+        assert!(refused.contains("--run-exec-plugins"), "{refused}");
+        assert_eq!(exec_policy(true), ExecPolicy::default(), "asked: what the operator allows by default");
     }
 
     #[test]

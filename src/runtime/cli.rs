@@ -122,27 +122,8 @@ struct McpArgs {
     #[arg(long, env = "FLEETROLL_TASK_RETENTION", default_value = "24h", value_parser = crate::core::duration::parse)]
     task_retention: Duration,
 
-    /// The exec credential plugins member Secrets may name (comma-separated; "" for none): a command is
-    /// run only when it is one of these, as given (looked up in PATH when a bare name). Whoever may write
-    /// a Secret of the fleet namespace otherwise chooses what the operator runs, with its rights.
-    #[arg(
-        long,
-        env = "FLEETROLL_MEMBER_EXEC_COMMANDS",
-        value_delimiter = ',',
-        default_value = "argocd-k8s-auth,aws-iam-authenticator,gke-gcloud-auth-plugin,kubelogin"
-    )]
-    member_exec_commands: Vec<String>,
-
-    /// The environment variables a member Secret's exec plugin may be given (comma-separated, `*` ending a
-    /// prefix; "" for none): others can make an allowed plugin run other code (gcloud's
-    /// CLOUDSDK_PYTHON_ARGS, say). PATH, LD_* and DYLD_* are refused whatever this allows.
-    #[arg(
-        long,
-        env = "FLEETROLL_MEMBER_EXEC_ENV",
-        value_delimiter = ',',
-        default_value = "AAD_*,AZURE_*,AWS_REGION,AWS_DEFAULT_REGION,AWS_PROFILE,AWS_ROLE_ARN,AWS_ROLE_SESSION_NAME,AWS_STS_REGIONAL_ENDPOINTS,GOOGLE_APPLICATION_CREDENTIALS"
-    )]
-    member_exec_env: Vec<String>,
+    #[command(flatten)]
+    exec: exec::ExecArgs,
 
     /// Also serve the MCP conformance suite's fixture tools (tests only: built with the `conformance`
     /// feature, never into a release).
@@ -152,19 +133,10 @@ struct McpArgs {
 }
 
 impl McpArgs {
-    /// `--member-exec-commands=""` and `--member-exec-env=""` allow none.
-    fn exec(&self) -> crate::edge::members::ExecPolicy {
-        let given = |list: &[String]| list.iter().filter(|c| !c.is_empty()).cloned().collect();
-        crate::edge::members::ExecPolicy {
-            commands: given(&self.member_exec_commands),
-            env: given(&self.member_exec_env),
-        }
-    }
-
-    fn options(&self, listen: SocketAddr, fleet_namespace: &str) -> crate::mcp::Options {
+    fn options(&self, listen: SocketAddr, fleet_namespace: &str) -> Result<crate::mcp::Options, String> {
         let audience =
             self.mcp_audience.clone().unwrap_or_else(|| format!("http://localhost:{}/mcp", listen.port()));
-        crate::mcp::Options {
+        Ok(crate::mcp::Options {
             auth: match self.auth {
                 AuthMode::None => crate::mcp::auth::Mode::None,
                 AuthMode::Serviceaccount => {
@@ -178,10 +150,10 @@ impl McpArgs {
             allowed_origins: self.mcp_allowed_origins.clone(),
             resource: audience,
             authorization_servers: self.mcp_authorization_servers.clone(),
-            member_exec: self.exec(),
+            member_exec: self.exec.policy()?,
             #[cfg(feature = "conformance")]
             conformance_fixtures: self.conformance_fixtures,
-        }
+        })
     }
 }
 
@@ -328,13 +300,13 @@ impl OperatorArgs {
         }
     }
 
-    fn options(self) -> operator::Options {
+    fn options(self) -> Result<operator::Options, String> {
         let cluster_domain = self.cluster_domain.trim_matches('.').to_ascii_lowercase();
         let analysis = self.analysis(&cluster_domain);
-        let member_exec = self.mcp.exec();
-        operator::Options {
+        let member_exec = self.mcp.exec.policy()?;
+        Ok(operator::Options {
             listen: self.listen.listen(),
-            mcp: self.mcp.options(self.listen.listen, &self.fleet_namespace),
+            mcp: self.mcp.options(self.listen.listen, &self.fleet_namespace)?,
             lease_namespace: self.lease_namespace.unwrap_or_else(|| self.fleet_namespace.clone()),
             lease_name: self.lease_name,
             lease_duration: self.lease_duration,
@@ -362,7 +334,7 @@ impl OperatorArgs {
                 },
                 analysis,
             },
-        }
+        })
     }
 }
 
@@ -418,11 +390,18 @@ pub fn run() -> ExitCode {
         }
         Command::Operator(args) => {
             init_tracing(&cli.log_level, cli.log_format);
-            runtime::block_on(async { operator::run(args.options()).await.map(|()| ExitCode::SUCCESS) })
+            let options = match args.options() {
+                Ok(options) => options,
+                Err(e) => return refused(&e),
+            };
+            runtime::block_on(async { operator::run(options).await.map(|()| ExitCode::SUCCESS) })
         }
         Command::Mcp(args) => {
             init_tracing(&cli.log_level, cli.log_format);
-            let mcp = args.mcp.options(args.listen.listen, &args.fleet_namespace);
+            let mcp = match args.mcp.options(args.listen.listen, &args.fleet_namespace) {
+                Ok(mcp) => mcp,
+                Err(e) => return refused(&e),
+            };
             runtime::block_on(async {
                 operator::serve_mcp(args.listen.listen(), mcp).await.map(|()| ExitCode::SUCCESS)
             })
@@ -430,5 +409,12 @@ pub fn run() -> ExitCode {
     }
 }
 
+/// Settings that parse one by one but not together: said as clap says a bad flag.
+fn refused(why: &str) -> ExitCode {
+    eprintln!("error: {why}");
+    ExitCode::from(2)
+}
+
+mod exec;
 #[cfg(test)]
 mod tests;

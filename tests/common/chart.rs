@@ -4,12 +4,15 @@ use serde_json::Value;
 
 use super::cli::{Ran, helm, repo_path};
 
-/// `helm template` of the chart with `--set` values.
+/// `helm template` of the chart with `--set` values (or flags of helm's own, such as `--set-json=...`).
 pub async fn template(sets: &[&str]) -> Ran {
     let chart = repo_path("charts/fleetroll");
     let mut args = vec!["template", "fr", chart.as_str(), "--namespace", "ns"];
     for set in sets {
-        args.extend(["--set", set]);
+        match set.starts_with("--") {
+            true => args.push(set),
+            false => args.extend(["--set", set]),
+        }
     }
     helm(&args).await
 }

@@ -50,9 +50,19 @@ impl Ran {
 }
 
 pub async fn run(program: &Path, args: &[&str], kubeconfig: Option<&Path>) -> Ran {
+    run_in(program, args, kubeconfig, plugin_path()).await
+}
+
+/// `kubectl` (with `kubeconfig`, else the test cluster's) with `dir` in front of its PATH too (a stand-in
+/// for a program it may run).
+pub async fn kubectl_with_path(dir: &Path, kubeconfig: Option<&Path>, args: &[&str]) -> Ran {
+    run_in(&binary("kubectl"), args, kubeconfig, format!("{}:{}", dir.display(), plugin_path())).await
+}
+
+async fn run_in(program: &Path, args: &[&str], kubeconfig: Option<&Path>, path: String) -> Ran {
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
-        .env("PATH", plugin_path())
+        .env("PATH", path)
         .env("KUBECONFIG", kubeconfig.map_or_else(|| super::cluster().kubeconfig, Path::to_path_buf))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -234,8 +234,19 @@ impl Fleet {
         reasons: &[&str],
         timeout: Duration,
     ) -> Vec<(String, String)> {
-        let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(self.client.clone(), &self.ns);
         let complete = |seen: &[(String, String)]| reasons.iter().all(|r| seen.iter().any(|(x, _)| x == r));
+        self.wait_events_until(name, complete, timeout).await
+    }
+
+    /// The events recorded for a FleetRollout, as (reason, message), once they are `complete`, up to
+    /// `timeout` (see [`Fleet::wait_events`]).
+    pub async fn wait_events_until(
+        &self,
+        name: &str,
+        complete: impl Fn(&[(String, String)]) -> bool,
+        timeout: Duration,
+    ) -> Vec<(String, String)> {
+        let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(self.client.clone(), &self.ns);
         let mut seen = Vec::new();
         let events = watcher(api, watcher::Config::default()).default_backoff().applied_objects();
         futures::pin_mut!(events);
@@ -251,10 +262,7 @@ impl Fleet {
             }
         })
         .await;
-        assert!(
-            waited.is_ok() && complete(&seen),
-            "no {reasons:?} among the events of {name} within {timeout:?}: {seen:?}"
-        );
+        assert!(waited.is_ok() && complete(&seen), "the events of {name} within {timeout:?}: {seen:?}");
         seen
     }
 }

@@ -233,11 +233,26 @@ pub async fn write_argo_secret(
     token: &str,
     labels: &[(&str, &str)],
 ) -> Secret {
-    let config = json!({"bearerToken": token, "tlsClientConfig": {"caData": member.ca_data()}}).to_string();
+    let config = json!({"bearerToken": token, "tlsClientConfig": {"caData": member.ca_data()}});
+    write_argo_config(hub, namespace, member, &member.name, config, labels).await
+}
+
+/// Writes an Argo CD cluster Secret for `member` under the cluster name `name`, with `config` (its
+/// `tlsClientConfig.caData` set to the member's CA), labelled as [`write_argo_secret`] labels it.
+pub async fn write_argo_config(
+    hub: &Client,
+    namespace: &str,
+    member: &Member,
+    name: &str,
+    mut config: serde_json::Value,
+    labels: &[(&str, &str)],
+) -> Secret {
+    config["tlsClientConfig"] = json!({"caData": member.ca_data()});
+    let config = config.to_string();
     let mut all = label_map(labels);
     all.insert(ARGO_SECRET_TYPE.0.to_string(), ARGO_SECRET_TYPE.1.to_string());
     // The cluster's name may be no object name (an EKS ARN): the Secret's is made of it.
-    let object_name: String = format!("cluster-{}", member.name)
+    let object_name: String = format!("cluster-{name}")
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
         .take(63)
@@ -246,7 +261,7 @@ pub async fn write_argo_secret(
     let secret = Secret {
         metadata: ObjectMeta { name: Some(object_name), labels: Some(all), ..Default::default() },
         type_: Some("Opaque".to_string()),
-        data: Some(data(&[("name", &member.name), ("server", &member.server), ("config", &config)])),
+        data: Some(data(&[("name", name), ("server", &member.server), ("config", &config)])),
         ..Default::default()
     };
     apply_secret(hub, namespace, &secret).await

