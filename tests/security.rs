@@ -121,6 +121,7 @@ const ATTACKS: &[Entry] = &[
     attack!(rollout_reaches_a_protected_namespace),
     attack!(namespace_opts_out_mid_rollout),
     attack!(fleet_admin_probes_namespaces_that_never_opted_in),
+    attack!(fleet_admin_reads_member_credentials),
     attack!(two_rollouts_take_one_target),
     attack!(two_rollouts_applied_together_race),
     attack!(node_rollouts_fight_over_a_daemonset),
@@ -158,7 +159,7 @@ pub struct Env {
     pub creator: Tenant,
     /// Every verb on fleetrollouts in t1 (get, list, create, update, patch): still no rights over workloads.
     pub rollouts_only: Tenant,
-    /// A platform team: the chart's fleet-admin role (span-namespaces) and `edit` in the fleet namespace.
+    /// A platform team: the chart's fleet-admin role (span-namespaces, patch on workloads) in the fleet namespace.
     pub fleet_admin: Tenant,
     /// May create rollouts and update DaemonSets in t1, but not delete pods.
     pub no_pod_delete: Tenant,
@@ -282,7 +283,9 @@ async fn setup(admin: Client, namespaces: &[String; 3]) -> Env {
     let creator = [Grant::rules(vec![rule("fleetroll.dev", &["fleetrollouts"], &["create", "get"])])];
     let every_rollout_verb = ["get", "list", "watch", "create", "update", "patch"];
     let rollouts_only = [Grant::rules(vec![rule("fleetroll.dev", &["fleetrollouts"], &every_rollout_verb)])];
-    let fleet_admin = [Grant::cluster_role(FLEET_ADMIN_ROLE), Grant::cluster_role("edit")];
+    // The chart's fleet-admin role alone, as the chart's notes say to bind it: it patches workloads, and does
+    // not read Secrets (the members' credentials live in the fleet namespace).
+    let fleet_admin = [Grant::cluster_role(FLEET_ADMIN_ROLE)];
     let no_pod_delete = [Grant::rules(vec![
         rule("fleetroll.dev", &["fleetrollouts"], &["create", "get"]),
         rule("apps", &["daemonsets"], &["get", "update", "patch"]),

@@ -40,3 +40,24 @@ pub(super) async fn fleet_admin_probes_namespaces_that_never_opted_in(env: &'sta
         contained: !named && listed.code != 0 && message.starts_with("1 namespace(s) match") && alive,
     }
 }
+
+pub(super) async fn fleet_admin_reads_member_credentials(env: &'static Env) -> Row {
+    // A member cluster's Secret in the fleet namespace, as Argo CD writes them: its token reaches every
+    // namespace of the member, opted in or not.
+    let secret = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "cluster-prod", "labels": {"argocd.argoproj.io/secret-type": "cluster"}},
+        "stringData": {"name": "prod", "server": "https://prod.example:6443",
+            "config": json!({"bearerToken": "member-token"}).to_string()}});
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(secret).unwrap();
+    Api::namespaced(env.admin.clone(), &env.fleet).create(&PostParams::default(), &secret).await.unwrap();
+    let ran =
+        env.fleet_admin.kubectl(&["get", "secret", "cluster-prod", "-n", &env.fleet, "-o", "yaml"]).await;
+    let expect =
+        Expect::Rbac(format!("User \"{}\" cannot get resource \"secrets\"", env.fleet_admin.username));
+    row(
+        "reads a member cluster's credentials from the fleet namespace",
+        who(&env.fleet_admin, "fleet-admin in the fleet namespace, as the chart's notes bind it"),
+        expect,
+        &ran,
+    )
+}
