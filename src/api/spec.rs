@@ -361,9 +361,10 @@ pub struct Approval {
     pub plan_hash: String,
 
     /// The gates this approves (status.pendingApproval.gatesHash): health, analysis, strategy.maxFailures,
-    /// strategy.onFailure and strategy.approval as they are when approving. A change to any of them needs a
-    /// new approval.
-    #[schemars(length(min = 1, max = 64))]
+    /// strategy.onFailure, strategy.approval and resumeToken as they are when approving. A change to any of
+    /// them needs a new approval; an approval without it never counts (it was written for plans alone).
+    #[serde(default)]
+    #[schemars(length(max = 64))]
     pub gates_hash: String,
 
     /// Who approved, when known (the MCP server fills it in from the caller's verified identity).

@@ -18,7 +18,7 @@ use crate::{
     core::{
         Blocked, nodes,
         plan::{Discovered, Plan},
-        rollout::{Carrier, TargetState},
+        rollout::{Carrier, HeldBy, TargetState},
         scope,
     },
     edge::{
@@ -126,16 +126,22 @@ pub(super) fn change_of<'a>(
 }
 
 /// Which other rollout changed a target carrying `key`, and whether it still runs, as the store has it when
-/// asked (not a snapshot: a rollout that changed a target is in the store before it reconciles).
-pub(super) fn holder(ctx: &Context, fr: &FleetRollout) -> impl Fn(&str) -> Option<targets::Owner> + Sync {
+/// asked (not a snapshot: a rollout that changed a target is in the store before it reconciles). The key of
+/// a rollout no longer there is another's all the same: one since deleted.
+pub(super) fn holder(ctx: &Context, fr: &FleetRollout) -> impl Fn(&str) -> Option<HeldBy> + Sync {
     let (own, rollouts) = (fr.uid().unwrap_or_default(), ctx.rollouts.clone());
     move |key: &str| {
         let owner = scope::key_owner(key);
         if owner == own || owner.is_empty() {
             return None;
         }
-        let found = rollouts.state().into_iter().find(|r| r.uid().as_deref() == Some(owner))?;
-        Some(targets::Owner { rollout: rollout_key(&found), running: holds_targets(&found) })
+        Some(match rollouts.state().into_iter().find(|r| r.uid().as_deref() == Some(owner)) {
+            Some(found) => HeldBy { rollout: rollout_key(&found), running: holds_targets(&found) },
+            None => HeldBy {
+                rollout: format!("(since deleted, uid {})", crate::core::rollout::shortened(owner, 40)),
+                running: false,
+            },
+        })
     }
 }
 

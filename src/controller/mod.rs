@@ -241,9 +241,9 @@ async fn watch_config(client: &Client) -> watcher::Config {
     }
 }
 
-/// Objects per page of a cache's list, where lists are not streamed: what a page of near-maximal objects
-/// (1.5 MiB each, as etcd allows) may cost at once.
-const LIST_PAGE: u32 = 25;
+/// Objects per page of a cache's list, where lists are not streamed: a page is read whole, so with objects
+/// of near-maximal size (1.5 MiB, as etcd allows) a page may cost a few times its count in MiB at once.
+const LIST_PAGE: u32 = 5;
 
 /// The controller over the FleetRollouts, woken by changes of the workloads they changed last (as far as
 /// they may wake them), and the caches of the workloads and namespaces. `other_wakes`: wakes from
@@ -288,8 +288,10 @@ async fn watches(
 }
 
 /// Reconciles at once: each may hold probes, queries and lists, so their number bounds what the operator
-/// holds; far more than a fleet's rollouts in flight need (a reconcile takes milliseconds).
-const RECONCILES_AT_ONCE: u16 = 32;
+/// holds; a reconcile waiting on slow probes or queries holds its slot up to their budgets (15 s, 40 s), so
+/// there are enough that one tenant's slow rollouts do not hold every other tenant's off (a share per
+/// namespace would be better still).
+const RECONCILES_AT_ONCE: u16 = 256;
 
 /// A namespace as the cache keeps it: name and labels (the opt-in label at least, all of them unless
 /// they weigh more than a workload's may).

@@ -350,11 +350,9 @@ fn restored(
     };
     not_restored
         .extend(out.denied.iter().map(|(t, message)| failure(t, reason::CHANGE_DENIED, message.clone())));
-    not_restored.extend(out.held.iter().map(|(t, other)| {
-        let message =
-            format!("{}: FleetRollout {other}, still running, changed it since; not restored", t.key());
-        failure(t, reason::TARGET_HELD, message)
-    }));
+    not_restored.extend(
+        out.held.iter().map(|(t, by)| failure(t, reason::TARGET_HELD, by.refusal(&t.key(), "restored"))),
+    );
     waiting.extend(out.unreached);
     let generation = fr.metadata.generation.unwrap_or(0);
     let restored = out.changed + out.unchanged;

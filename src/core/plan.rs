@@ -203,7 +203,8 @@ pub(crate) fn sha256_hex(value: &impl Serialize) -> String {
 }
 
 /// What judges a rollout's batches and decides what happens when they fail: `health`, `analysis`,
-/// `strategy.maxFailures`, `strategy.onFailure` and `strategy.approval`, hashed (16 hex digits). An approval
+/// `strategy.maxFailures`, `strategy.onFailure`, `strategy.approval` and `resumeToken`, hashed (16 hex
+/// digits). An approval
 /// binds it beside the plan's hash: a change to any of these after an approval needs another one, so the
 /// gates a person approved cannot be loosened behind them.
 pub fn gates_hash(spec: &crate::api::FleetRolloutSpec) -> String {
@@ -213,6 +214,8 @@ pub fn gates_hash(spec: &crate::api::FleetRolloutSpec) -> String {
         "maxFailures": spec.strategy.max_failures,
         "onFailure": spec.strategy.on_failure,
         "approval": spec.strategy.approval,
+        // A new resumeToken releases a hold of the analysis: a person's decision as much as an approval.
+        "resumeToken": spec.resume_token,
     });
     let mut full = sha256_hex(&gates);
     full.truncate(16);

@@ -17,7 +17,7 @@ use crate::{
     api::{FIELD_MANAGER, PlannedTarget, TargetKind},
     core::{
         count,
-        rollout::{Carrier, TargetState},
+        rollout::{Carrier, HeldBy, TargetState},
         workload::{self, Cached, WorkloadFacts},
     },
     error::{Error, Result, denial, is_conflict, is_not_found},
@@ -150,8 +150,8 @@ pub struct Outcome {
     pub skipped: u32,
     /// Refused by the API server, with its message.
     pub denied: Vec<(PlannedTarget, String)>,
-    /// Not changed: another rollout, still running, had changed it first (`namespace/name` of that one).
-    pub held: Vec<(PlannedTarget, String)>,
+    /// Not changed: another rollout had changed it first (still running, or since this plan was frozen).
+    pub held: Vec<(PlannedTarget, HeldBy)>,
     /// Member clusters that could not be reached (their targets were not all changed), with why.
     pub unreached: std::collections::BTreeMap<String, String>,
 }
@@ -176,18 +176,9 @@ impl Outcome {
 /// A target's facts as a watch cache holds them; None when it holds none (yet).
 pub type CachedFacts<'a> = &'a (dyn Fn(&PlannedTarget) -> Option<WorkloadFacts> + Sync);
 
-/// The other rollout that owns a `fleetroll.dev/applied` key; None when the key is this rollout's own, or its
-/// owner is gone.
-pub type Holder<'a> = &'a (dyn Fn(&str) -> Option<Owner> + Sync);
-
-/// Another rollout that changed a target.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Owner {
-    /// `namespace/name`.
-    pub rollout: String,
-    /// It still runs (it holds what it changed until it ends).
-    pub running: bool,
-}
+/// The other rollout that owns a `fleetroll.dev/applied` key (`running`: whether it still runs); None when
+/// the key is this rollout's own.
+pub type Holder<'a> = &'a (dyn Fn(&str) -> Option<HeldBy> + Sync);
 
 /// One image change to make.
 pub struct Change<'a> {
@@ -251,7 +242,7 @@ enum PatchResult {
     Unchanged,
     Skipped,
     Denied(String),
-    Held(String),
+    Held(HeldBy),
 }
 
 /// Changes one target, judged as it is: from the cache first, then, after a conflict, as read anew. The
@@ -319,7 +310,7 @@ fn judge(change: &Change<'_>, seen: &WorkloadFacts, image: &str, planned: &str) 
     let current = seen.container_image(change.container).ok().map(|(_, i)| i);
     if let Some(owner) = owner.filter(|o| o.running || current.is_some_and(|c| c != planned && c != image)) {
         info!(target = %seen.key(), holder = %owner.rollout, "another rollout changed it first; not changed");
-        return Judged::Done(PatchResult::Held(owner.rollout));
+        return Judged::Done(PatchResult::Held(owner));
     }
     match seen.container_image(change.container) {
         Ok((_, current)) if seen.applied.as_deref() == Some(change.key) && current == image => {

@@ -117,17 +117,38 @@ pub fn denied(mut after: Transition, batch: u32, denied: Vec<(PlannedTarget, Str
     after
 }
 
+/// Another rollout that changed a target first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldBy {
+    /// `namespace/name`, or what is known of one since deleted.
+    pub rollout: String,
+    /// It still runs; otherwise it changed the target after this rollout's plan was frozen.
+    pub running: bool,
+}
+
+impl HeldBy {
+    /// Why `key` is not changed (or restored).
+    pub fn refusal(&self, key: &str, verb: &str) -> String {
+        match self.running {
+            true => {
+                format!("{key}: FleetRollout {}, still running, changed it first; not {verb}", self.rollout)
+            }
+            false => format!(
+                "{key}: FleetRollout {} changed it after this rollout's plan was made (their plans overlap); \
+                 not {verb}",
+                self.rollout
+            ),
+        }
+    }
+}
+
 /// Records, in the status written after a batch was applied, the targets left alone because another
-/// rollout, still running, had changed them first (each `(target, that rollout)`): refused now, as a
-/// target the scope rules refuse at the start of a batch is, and never awaited.
-pub fn held(mut after: Transition, batch: u32, held: Vec<(PlannedTarget, String)>) -> Transition {
+/// rollout had changed them first (still running, or since this plan was frozen): refused now, as a target
+/// the scope rules refuse at the start of a batch is, and never awaited.
+pub fn held(mut after: Transition, batch: u32, held: Vec<(PlannedTarget, HeldBy)>) -> Transition {
     let refusals = held
         .into_iter()
-        .map(|(t, other)| {
-            let message =
-                format!("{}: FleetRollout {other}, still running, changed it first; not changed", t.key());
-            super::failure(&t, batch, reason::TARGET_HELD, message)
-        })
+        .map(|(t, by)| super::failure(&t, batch, reason::TARGET_HELD, by.refusal(&t.key(), "changed")))
         .collect();
     let recorded = refused(&mut after, batch, refusals);
     let s = &mut after.status;

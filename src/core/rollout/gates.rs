@@ -237,7 +237,8 @@ fn paused(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, ne
 /// policy, the approval mode) makes the next batch wait for another approval, whatever the mode says.
 fn approved(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, next: u32) -> Gate {
     let gates = plan::gates_hash(f.spec);
-    let loosened = s.approvals.last().is_some_and(|a| a.gates_hash != gates);
+    // A record written before approvals bound gates (no hash) binds none: its rollout goes on as approved.
+    let loosened = s.approvals.last().is_some_and(|a| !a.gates_hash.is_empty() && a.gates_hash != gates);
     if !needs_approval(f.spec.strategy.approval, next) && !loosened {
         return None;
     }

@@ -30,7 +30,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 pub use self::{
     analysis::due_queries,
-    failure::{denied, held, unreached},
+    failure::{HeldBy, denied, held, unreached},
     gates::{ClusterWait, NewRevision, await_clusters, blocked, start_revision},
     housekeeping::{before_observing, probes},
     rollback::{owed, restored},

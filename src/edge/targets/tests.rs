@@ -1,6 +1,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use crate::core::rollout::HeldBy;
 
 fn facts(applied: Option<&str>, image: &str) -> WorkloadFacts {
     WorkloadFacts {
@@ -19,7 +20,7 @@ fn facts(applied: Option<&str>, image: &str) -> WorkloadFacts {
 #[test]
 fn a_target_is_changed_only_as_it_was_judged_and_never_under_another_running_rollout() {
     let holder = |key: &str| {
-        let owner = |rollout: &str, running| Owner { rollout: rollout.into(), running };
+        let owner = |rollout: &str, running| HeldBy { rollout: rollout.into(), running };
         match key.split('/').next() {
             Some("other-uid") => Some(owner("team/other", true)),
             Some("finished-uid") => Some(owner("team/finished", false)),
@@ -45,10 +46,10 @@ fn a_target_is_changed_only_as_it_was_judged_and_never_under_another_running_rol
     }
     // Another running rollout changed it first: left alone, whatever the plan says.
     let held = judge(&change, &facts(Some("other-uid/1/0"), "web:v9"), "web:v2", "web:v1");
-    assert!(matches!(held, Judged::Done(PatchResult::Held(ref o)) if o == "team/other"));
+    assert!(matches!(held, Judged::Done(PatchResult::Held(ref o)) if o.rollout == "team/other"));
     // Changed by another rollout after this plan was frozen: that one's, even once it has ended.
     let since = judge(&change, &facts(Some("finished-uid/3/1"), "web:v9"), "web:v2", "web:v1");
-    assert!(matches!(since, Judged::Done(PatchResult::Held(ref o)) if o == "team/finished"));
+    assert!(matches!(since, Judged::Done(PatchResult::Held(ref o)) if o.rollout == "team/finished"));
     // Ours already: a replay changes nothing.
     let replay = judge(&change, &facts(Some("own-uid/1/0"), "web:v2"), "web:v2", "web:v1");
     assert!(matches!(replay, Judged::Done(PatchResult::Unchanged)));

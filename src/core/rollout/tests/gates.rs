@@ -76,6 +76,7 @@ fn gates_loosened_after_an_approval_hold_the_next_batch_for_another() {
         |s: &mut FleetRolloutSpec| s.health.timeout = "720h".into(),
         |s: &mut FleetRolloutSpec| s.strategy.on_failure = FailurePolicy::Abort,
         |s: &mut FleetRolloutSpec| s.strategy.approval = ApprovalMode::None,
+        |s: &mut FleetRolloutSpec| s.resume_token = Some("release-the-hold".into()),
     ] {
         let mut loosened = sim.spec.clone();
         loosen(&mut loosened);
@@ -101,6 +102,32 @@ fn gates_loosened_after_an_approval_hold_the_next_batch_for_another() {
     });
     sim.settle();
     assert_eq!(sim.status.phase, Phase::Succeeded);
+}
+
+#[test]
+fn an_approval_recorded_before_approvals_bound_gates_holds_nothing_back() {
+    let mut s = spec(5);
+    s.strategy.approval = ApprovalMode::FirstBatch;
+    let mut sim = Sim::new(s, 10);
+    sim.settle();
+    let pending = sim.status.pending_approval.clone().unwrap();
+    sim.spec.approvals = vec![Approval {
+        batch: 0,
+        plan_hash: pending.plan_hash,
+        gates_hash: pending.gates_hash,
+        approved_by: None,
+    }];
+    sim.auto_ready = false;
+    sim.step(); // approved, intent
+    sim.step(); // applied
+    // As an operator upgraded mid-rollout reads the record an older one wrote (no gates hash).
+    sim.status.approvals.last_mut().unwrap().gates_hash = String::new();
+    for t in sim.plan.batches[0].clone() {
+        sim.world.get_mut(&key(&t)).unwrap().readiness = Readiness::Ready;
+    }
+    sim.auto_ready = true;
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Succeeded, "not held for gates it never bound");
 }
 
 #[test]

@@ -223,7 +223,7 @@ impl Sim {
                         // As the edge: the other's change came first; ours is not made.
                         let state = self.world.get_mut(&key(t)).unwrap();
                         (state.image, state.applied) = (Ok("web:other".into()), Some("other-uid/1/0".into()));
-                        held.push((t.clone(), other));
+                        held.push((t.clone(), super::HeldBy { rollout: other, running: true }));
                     } else if self.denied.contains(&key(t)) {
                         refused.push((t.clone(), format!("admission webhook denied {}", key(t))));
                     } else {
