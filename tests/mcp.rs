@@ -356,6 +356,13 @@ async fn bad_requests_get_the_right_code_and_the_server_keeps_serving() {
         assert_eq!((broken["status"].as_i64(), code(&broken)), (Some(400), Some(-32700)), "{broken}");
         let too_big = drive(&["raw", &url, "tools/list", "{}", "--pad", "2097152"]).await;
         assert_eq!(too_big["status"], 413, "{}", too_big["status"]);
+        // Small in bytes, but 5,000 values: refused before it is parsed (each would cost tens of bytes).
+        let numbers = vec!["0"; 5000].join(",");
+        let heavy = format!(
+            r#"{{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {{"pad": [{numbers}]}}}}"#
+        );
+        let heavy = drive(&["raw", &url, "tools/list", "{}", "--body", &heavy]).await;
+        assert_eq!(heavy["status"], 413, "{heavy}");
         let mismatch = raw("tools/list", json!({}), vec!["--header", "Mcp-Method=tools/call"]).await;
         assert_eq!((mismatch["status"].as_i64(), code(&mismatch)), (Some(400), Some(-32020)), "{mismatch}");
         let unknown = raw("rollouts/launch", json!({}), vec![]).await;

@@ -8,7 +8,7 @@ use super::Context;
 use crate::{
     api::{FleetRollout, FleetRolloutStatus, MetricRun},
     core::{
-        analysis::{Measured, measured},
+        analysis::{self, Measured, measured},
         plan::Plan,
         rollout,
     },
@@ -26,10 +26,10 @@ pub(super) async fn measure(
     now: Timestamp,
 ) -> Vec<Measured> {
     let Some((batch, queries)) = rollout::due_queries(&fr.spec, status, plan, now) else { return Vec::new() };
-    let Some(analysis) = fr.spec.analysis.as_ref() else { return Vec::new() };
-    let failed = |why: &str| queries.iter().map(|q| (q.clone(), Err(why.to_string()))).collect();
+    let Some(spec) = fr.spec.analysis.as_ref() else { return Vec::new() };
+    let failed = |why: &str| queries.iter().map(|q| (q.clone(), analysis::not_taken(why))).collect();
     let namespace = fr.namespace().unwrap_or_default();
-    let backend = match ctx.settings.analysis.resolve(analysis, &namespace) {
+    let backend = match ctx.settings.analysis.resolve(spec, &namespace) {
         Ok(b) => b,
         Err(blocked) => return measured(batch, failed(&blocked.message)),
     };
@@ -40,9 +40,17 @@ pub(super) async fn measure(
             Err(e) => return measured(batch, failed(&e)),
         },
     };
-    let answers = ctx.querier.measure(&backend, credentials.as_ref(), queries).await;
+    let judge = |q: &analysis::Query, answer: analysis::Answer| match spec
+        .metrics
+        .iter()
+        .find(|m| m.name == q.metric)
+    {
+        Some(metric) => analysis::judge(metric, &answer),
+        None => analysis::not_taken("the metric is no longer in the spec"),
+    };
+    let verdicts = ctx.querier.measure(&backend, credentials.as_ref(), queries, &judge).await;
     failpoint::hit(failpoint::AFTER_MEASURE).await;
-    measured(batch, answers)
+    measured(batch, verdicts)
 }
 
 /// The measurements a status about to be written adds, by metric, outcome and dry run.

@@ -33,6 +33,10 @@ const BUDGET: Duration = Duration::from_secs(40);
 /// The largest answer read; a bigger one is not judged.
 pub const MAX_ANSWER_BYTES: usize = 4 * 1024 * 1024;
 
+/// The most JSON values one answer may hold before it is decoded (10,000 samples of a dozen labels fit):
+/// what a 4 MiB answer costs decoded is bounded by its values, not only its bytes.
+pub const MAX_ANSWER_VALUES: usize = 256 * 1024;
+
 /// Sends analysis queries within the operator's rules for where they may go.
 #[derive(Clone)]
 pub struct Querier {
@@ -57,12 +61,17 @@ impl Querier {
     /// Sends each query to `backend` and reads its answer; the result is in the order of `queries`. A
     /// query not answered within the measurement's budget is an error, as is every query when the backend
     /// may not be reached or no client can be built for it.
-    pub async fn measure(
+    /// Sends `queries` to `backend`, and makes each answer what the caller keeps of it (`judge`: the core's
+    /// verdict, [`crate::core::analysis::judge`]) as soon as it arrives, so that at most [`CONCURRENCY`]
+    /// answers are held at once however many queries a measurement has; one not sent or not answered within
+    /// the budget is judged as the error it is.
+    pub async fn measure<T: Send>(
         &self,
         backend: &Backend,
         credentials: Option<&Credentials>,
         queries: Vec<Query>,
-    ) -> Vec<(Query, Answer)> {
+        judge: &(dyn Fn(&Query, Answer) -> T + Sync),
+    ) -> Vec<(Query, T)> {
         let url = format!("{}/api/v1/query", backend.address.trim_end_matches('/'));
         let prepared = match refusal(&self.policy, Purpose::ANALYSIS, &url) {
             Some(why) => Err(format!("POST {url} refused: {why}")),
@@ -70,7 +79,13 @@ impl Querier {
         };
         let http = match prepared {
             Ok(http) => http,
-            Err(why) => return queries.into_iter().map(|q| (q, Err(why.clone()))).collect(),
+            Err(why) => {
+                return queries
+                    .into_iter()
+                    .map(|q| (judge(&q, Err(why.clone())), q))
+                    .map(|(t, q)| (q, t))
+                    .collect();
+            }
         };
         let ask = Ask {
             http,
@@ -85,20 +100,21 @@ impl Querier {
         let ask = &ask;
         // Owned items: over borrowed ones, the compiler cannot prove the future Send (the controller spawns it).
         let promql: Vec<(usize, String)> = queries.iter().map(|q| q.promql.clone()).enumerate().collect();
-        let answered: Vec<(usize, Answer)> = stream::iter(promql)
-            .map(|(i, promql)| async move { (i, ask.send(&promql).await) })
+        let queries = &queries;
+        let answered: Vec<(usize, T)> = stream::iter(promql)
+            .map(|(i, promql)| async move { (i, judge(&queries[i], ask.send(&promql).await)) })
             .buffer_unordered(CONCURRENCY)
             .take_until(budget)
             .collect()
             .await;
-        let mut answers: Vec<Option<Answer>> = vec![None; queries.len()];
-        for (i, answer) in answered {
-            answers[i] = Some(answer);
+        let mut kept: Vec<Option<T>> = std::iter::repeat_with(|| None).take(queries.len()).collect();
+        for (i, t) in answered {
+            kept[i] = Some(t);
         }
         queries
-            .into_iter()
-            .zip(answers)
-            .map(|(q, a)| (q, a.unwrap_or_else(|| Err("not answered in time".into()))))
+            .iter()
+            .zip(kept)
+            .map(|(q, t)| (q.clone(), t.unwrap_or_else(|| judge(q, Err("not answered in time".into())))))
             .collect()
     }
 
@@ -171,6 +187,15 @@ impl Ask {
         let response = request.send().await.map_err(failed)?;
         let status = response.status().as_u16();
         let body = read_capped(response, failed).await?;
+        let bound = crate::edge::answers::Bound {
+            bytes: MAX_ANSWER_BYTES,
+            values: MAX_ANSWER_VALUES,
+            objects: MAX_ANSWER_VALUES,
+            per_line: false,
+        };
+        if crate::edge::answers::Budget::new(bound).take(&body).is_err() {
+            return Err(format!("answer of more than {MAX_ANSWER_VALUES} JSON values"));
+        }
         parse_answer(status, &body)
     }
 }

@@ -50,7 +50,11 @@ use self::{
 use crate::edge::{members::Members, plans::PlanStore};
 
 /// Largest request body accepted (413 beyond).
-pub(crate) const MAX_BODY_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_BODY_BYTES: usize = 256 * 1024;
+/// The most JSON values one request may hold (a rollout_fleet call holds a few dozen): the body is parsed
+/// into values for its checks, each tens of bytes, so a body of small numbers would otherwise cost twenty
+/// times its size.
+pub(crate) const MAX_BODY_VALUES: usize = 4096;
 
 /// How the MCP endpoint is set up.
 #[derive(Clone, Debug)]

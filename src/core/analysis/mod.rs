@@ -37,25 +37,34 @@ pub struct Query {
     pub promql: String,
 }
 
-/// A measurement the edge took: the answers to a metric's queries for one batch, by target (None for a
-/// Batch metric).
+/// A measurement the edge took: each of a metric's queries for one batch judged as its answer arrived
+/// ([`judge`]), by target (None for a Batch metric). Only verdicts are kept: a measurement of a hundred
+/// targets never holds a hundred answers at once.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Measured {
     pub batch: u32,
     pub metric: String,
-    pub answers: Vec<(Option<String>, Answer)>,
+    pub verdicts: Vec<(Option<String>, Verdict)>,
 }
 
-/// The answers to one step's queries of batch `batch`, as one measurement per metric, in query order.
-pub fn measured(batch: u32, answers: Vec<(Query, Answer)>) -> Vec<Measured> {
+/// The verdicts of one step's queries of batch `batch`, as one measurement per metric, in query order.
+pub fn measured(batch: u32, verdicts: Vec<(Query, Verdict)>) -> Vec<Measured> {
     let mut out: Vec<Measured> = Vec::new();
-    for (query, answer) in answers {
+    for (query, verdict) in verdicts {
         match out.iter_mut().find(|m| m.metric == query.metric) {
-            Some(m) => m.answers.push((query.target, answer)),
-            None => out.push(Measured { batch, metric: query.metric, answers: vec![(query.target, answer)] }),
+            Some(m) => m.verdicts.push((query.target, verdict)),
+            None => {
+                out.push(Measured { batch, metric: query.metric, verdicts: vec![(query.target, verdict)] })
+            }
         }
     }
     out
+}
+
+/// The verdict for a query that could not be sent (or whose metric is gone): an error, as the core counts
+/// any other.
+pub fn not_taken(why: &str) -> Verdict {
+    Verdict::new(MeasurementPhase::Error, None, Some(why.to_string()))
 }
 
 /// The placeholders each scope may use.
@@ -276,9 +285,17 @@ pub fn judge(metric: &Metric, answer: &Answer) -> Verdict {
 /// Judges a measurement of several answers (a Target metric: one per target): an error anywhere means it
 /// was not taken; otherwise a failure anywhere fails it, and no data anywhere (as Inconclusive) makes it
 /// inconclusive. Messages name the targets.
+#[cfg(test)]
 pub fn judge_all(metric: &Metric, answers: &[(Option<String>, Answer)]) -> Verdict {
+    let verdicts: Vec<(Option<String>, Verdict)> =
+        answers.iter().map(|(t, a)| (t.clone(), judge(metric, a))).collect();
+    combine(&verdicts)
+}
+
+/// The verdict of a measurement from those of its queries (see [`judge_all`]).
+pub fn combine(verdicts: &[(Option<String>, Verdict)]) -> Verdict {
     let verdicts: Vec<(Option<&String>, Verdict)> =
-        answers.iter().map(|(t, a)| (t.as_ref(), judge(metric, a))).collect();
+        verdicts.iter().map(|(t, v)| (t.as_ref(), v.clone())).collect();
     let order = [MeasurementPhase::Error, MeasurementPhase::Failed, MeasurementPhase::Inconclusive];
     let worst = order
         .into_iter()

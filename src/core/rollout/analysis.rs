@@ -101,7 +101,7 @@ fn record_measured(f: &Facts<'_>, a: &mut BatchAnalysis, index: u32, events: &mu
         if analysis::due(metric, run, a.started_at.0).is_none_or(|due| due > f.now) {
             continue;
         }
-        let verdict = analysis::judge_all(metric, &measured.answers);
+        let verdict = analysis::combine(&measured.verdicts);
         analysis::record(metric, run, verdict, f.now);
         events.push(measurement_event(metric, run, index));
     }

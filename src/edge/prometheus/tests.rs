@@ -113,6 +113,11 @@ fn certificates_are_checked_when_read_and_never_shown() {
     assert!(querier.client("https://prometheus.example:9090/api/v1/query", None).is_ok());
 }
 
+/// What these tests keep of an answer: all of it.
+fn kept(_: &Query, answer: Answer) -> Answer {
+    answer
+}
+
 fn query(promql: &str) -> Query {
     Query { metric: "errors".into(), target: None, promql: promql.into() }
 }
@@ -126,7 +131,7 @@ async fn loopback_and_link_local_backends_are_refused_unless_allowed() {
     let querier = Querier::new(Policy::default(), None).unwrap();
     for (address, kind) in [("http://127.0.0.1:9090", "loopback"), ("http://169.254.169.254", "link-local")] {
         let answers =
-            querier.measure(&backend(address, Duration::from_secs(1)), None, vec![query("up")]).await;
+            querier.measure(&backend(address, Duration::from_secs(1)), None, vec![query("up")], &kept).await;
         let e = answers[0].1.clone().unwrap_err();
         assert!(e.contains("refused") && e.contains(kind) && e.contains("--analysis-allow"), "{e}");
     }
@@ -157,6 +162,14 @@ async fn serve(authorization: &'static str) -> (String, Arc<InFlight>) {
         match promql.as_str() {
             "slow" => tokio::time::sleep(Duration::from_secs(3)).await,
             "huge" => return (StatusCode::OK, " ".repeat(MAX_ANSWER_BYTES + 1)),
+            // Under 4 MiB, but one series of 300,000 labels: tens of MiB once decoded.
+            "labelled" => {
+                let labels: Vec<String> = (0..300_000).map(|i| format!(r#""l{i}":"""#)).collect();
+                let series = format!(r#"{{"metric":{{{}}},"value":[1,"0.5"]}}"#, labels.join(","));
+                let data =
+                    format!(r#"{{"status":"success","data":{{"resultType":"vector","result":[{series}]}}}}"#);
+                return (StatusCode::OK, data);
+            }
             "broken" => return (StatusCode::BAD_GATEWAY, "<html>upstream secret page</html>".into()),
             _ => {
                 let now = seen.now.fetch_add(1, Ordering::SeqCst) + 1;
@@ -195,7 +208,7 @@ async fn queries_are_posted_as_forms_with_the_credentials_and_answered_in_order(
     // The namespace header (--analysis-namespace-header) travels with every query.
     let scoped = ("X-Scope-OrgID".to_string(), "team-a".to_string());
     let backend = Backend { namespace_header: Some(scoped), ..backend(&address, Duration::from_secs(5)) };
-    let answers = querier.measure(&backend, Some(&credentials), queries.clone()).await;
+    let answers = querier.measure(&backend, Some(&credentials), queries.clone(), &kept).await;
     assert_eq!(answers.len(), 20);
     for ((sent, answer), expected) in answers.into_iter().zip(&queries) {
         assert_eq!(&sent, expected);
@@ -207,7 +220,7 @@ async fn queries_are_posted_as_forms_with_the_credentials_and_answered_in_order(
     let most = in_flight.most.load(Ordering::SeqCst);
     assert!((2..=CONCURRENCY).contains(&most), "{most} queries in flight at once");
     // Without the credentials, the backend's refusal is an error that echoes nothing of its body.
-    let answers = querier.measure(&backend, None, vec![query("up")]).await;
+    let answers = querier.measure(&backend, None, vec![query("up")], &kept).await;
     assert_eq!(answers[0].1, Err("HTTP 401".into()));
 }
 
@@ -217,23 +230,28 @@ async fn slow_huge_and_failing_answers_are_errors() {
     let credentials = labelled(&[("token", b"hunter2")]).unwrap();
     let mut querier = loopback_querier();
     let backend = backend(&address, Duration::from_millis(300));
-    let names = ["up", "slow", "huge", "broken"];
+    let names = ["up", "slow", "huge", "broken", "labelled"];
     let answers =
-        querier.measure(&backend, Some(&credentials), names.iter().map(|q| query(q)).collect()).await;
+        querier.measure(&backend, Some(&credentials), names.iter().map(|q| query(q)).collect(), &kept).await;
     let errors: Vec<String> = answers.iter().map(|(_, a)| a.clone().err().unwrap_or_default()).collect();
     assert_eq!(errors[0], "");
     assert!(errors[1].contains("no answer within 300ms (provider.prometheus.timeout)"), "{}", errors[1]);
     assert_eq!(errors[2], "answer larger than 4 MiB");
     assert_eq!(errors[3], "HTTP 502");
+    assert_eq!(errors[4], format!("answer of more than {MAX_ANSWER_VALUES} JSON values"));
     assert!(errors.iter().all(|e| !e.contains("hunter2")));
     // However long each query may take, the measurement ends within its budget.
     querier.budget = Duration::from_millis(300);
     let backend = Backend { timeout: Duration::from_secs(10), ..backend };
-    let answers = querier.measure(&backend, Some(&credentials), vec![query("slow"), query("up")]).await;
+    let answers =
+        querier.measure(&backend, Some(&credentials), vec![query("slow"), query("up")], &kept).await;
     assert_eq!(answers[0].1, Err("not answered in time".into()));
     assert!(answers[1].1.is_ok());
     // Nothing listens there: the error says why, with its causes.
     let closed = Backend { address: "http://127.0.0.1:1".into(), ..backend };
-    let e = querier.measure(&closed, Some(&credentials), vec![query("up")]).await[0].1.clone().unwrap_err();
+    let e = querier.measure(&closed, Some(&credentials), vec![query("up")], &kept).await[0]
+        .1
+        .clone()
+        .unwrap_err();
     assert!(e.starts_with("POST http://127.0.0.1:1/api/v1/query failed: ") && e.contains("onnect"), "{e}");
 }

@@ -27,7 +27,7 @@ use super::{
     review::{Decision, Reviewed},
 };
 use crate::mcp::{
-    MAX_BODY_BYTES, invalid_params,
+    MAX_BODY_BYTES, MAX_BODY_VALUES, invalid_params,
     limits::{Caller, Connection, InFlight, body_allowance, retry_after},
 };
 
@@ -187,6 +187,17 @@ async fn read_message(body: Body) -> Result<(Bytes, Value), Box<Response>> {
             return Err(response);
         }
     };
+    // Counted before it is parsed: what a request costs is bounded by its values, not only its bytes.
+    let bound = crate::edge::answers::Bound {
+        bytes: MAX_BODY_BYTES,
+        values: MAX_BODY_VALUES,
+        objects: MAX_BODY_VALUES,
+        per_line: false,
+    };
+    if crate::edge::answers::Budget::new(bound).take(&bytes).is_err() {
+        let message = format!("the request holds more than {MAX_BODY_VALUES} JSON values");
+        return Err(refuse(StatusCode::PAYLOAD_TOO_LARGE, -32600, &message));
+    }
     let message: Value = serde_json::from_slice(&bytes)
         .map_err(|e| refuse(StatusCode::BAD_REQUEST, -32700, &format!("Parse error: {e}")))?;
     let method = message.get("method").and_then(Value::as_str).unwrap_or("");

@@ -211,7 +211,9 @@ fn a_measurement_is_never_counted_twice() {
     assert_eq!(run_of(&first.status).successful, 1);
     // The same measurement handed in again with the status that recorded it: not due, dropped.
     sim.status = first.status.clone();
-    let replay = vec![Measured { batch: 0, metric: "error-rate".into(), answers: vec![(None, value(0.0))] }];
+    let metric = &sim.spec.analysis.as_ref().unwrap().metrics[0];
+    let verdicts = vec![(None, crate::core::analysis::judge(metric, &value(0.0)))];
+    let replay = vec![Measured { batch: 0, metric: "error-rate".into(), verdicts }];
     let step = decide_with(&sim, &replay);
     assert!(matches!(step, Step::Wait { .. }), "nothing to write: {step:?}");
     // The write that recorded it lost a race (409): the step is taken again from the old status, and the

@@ -154,10 +154,16 @@ impl Sim {
             return Vec::new();
         };
         self.queries.set(self.queries.get() + queries.len());
+        // As the controller does: each answer judged for its metric as it arrives.
         let answered = |q: crate::core::analysis::Query| {
             let answer =
                 self.backend.get(&q.metric).cloned().unwrap_or_else(|| Err("connection refused".into()));
-            (q, answer)
+            let metric = self.spec.analysis.iter().flat_map(|a| &a.metrics).find(|m| m.name == q.metric);
+            let verdict = match metric {
+                Some(metric) => crate::core::analysis::judge(metric, &answer),
+                None => crate::core::analysis::not_taken("no such metric"),
+            };
+            (q, verdict)
         };
         crate::core::analysis::measured(batch, queries.into_iter().map(answered).collect())
     }
