@@ -114,6 +114,7 @@ const ATTACKS: &[Entry] = &[
     attack!(fleet_namespace_editor_unmakes_a_cross_namespace_rollout),
     attack!(creator_annotation_names_someone_else),
     attack!(task_annotations_rewritten),
+    attack!(gates_loosened_after_a_persons_approval),
     attack!(node_rollout_switches_its_daemonset),
     attack!(tenant_replaces_a_frozen_plan),
     attack!(tenant_preplants_a_plan),

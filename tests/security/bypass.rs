@@ -3,6 +3,8 @@
 //! rollout that still runs, unmaking a fleet administrator's rollout from another spec, and the
 //! annotations MCP tasks rest on. Each is judged by the admission policy like a spec change.
 
+use common::fleet::phase;
+
 use super::*;
 
 /// May get, patch and delete FleetRollouts in `ns`, nothing else.
@@ -169,4 +171,51 @@ pub(super) async fn task_annotations_rewritten(env: &'static Env) -> Row {
         expect,
         &ran,
     )
+}
+
+pub(super) async fn gates_loosened_after_a_persons_approval(env: &'static Env) -> Row {
+    let ns = env.scratch_namespace("sec-gates", &[]).await;
+    let fleet = Fleet { client: env.admin.clone(), ns: ns.clone(), tenants: vec![] };
+    fleet.deployments(&ns, 4, READY_IMAGE).await;
+    let mut op = Operator::start(&ns, &[], &[]);
+    let agent = Tenant::create(&env.admin, &ns, "agent", &[Grant::cluster_role("edit")]).await;
+    let spec = json!({"image": common::fleet::NEXT_IMAGE, "strategy": {"batchSize": 2, "approval": "FirstBatch"},
+        "health": {"timeout": "2m"}, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}}});
+    create_as(&agent, &ns, "gated", spec).await;
+    let waiting = |batch: u32| {
+        move |f: &FleetRollout| {
+            f.status.as_ref().and_then(|s| s.pending_approval.as_ref()).is_some_and(|p| p.batch == batch)
+        }
+    };
+    let fr = fleet.wait_rollout("gated", "the first approval", Duration::from_secs(120), waiting(0)).await;
+    // A person approves the first batch, as the plan and gates stood.
+    let hash = fr.status.and_then(|s| s.plan).map(|p| p.hash).unwrap();
+    fleet.approve("gated", &[0], &hash).await;
+    // Then the agent loosens the gates: a day to be healthy, and every failure tolerated.
+    let loosen = json!({"spec": {"health": {"timeout": "24h"}, "strategy": {"maxFailures": "100%"}}});
+    let ran = agent
+        .kubectl(&["patch", "fleetrollout", "gated", "-n", &ns, "--type=merge", "-p", &loosen.to_string()])
+        .await;
+    let fr =
+        fleet.wait_rollout("gated", "the second batch to wait", Duration::from_secs(120), waiting(1)).await;
+    let s = fr.status.clone().unwrap_or_default();
+    let changed = s.batches.iter().map(|b| b.size).sum::<u32>();
+    let alive = serving(&mut op).await;
+    Row {
+        attack: "loosens the health timeout and failure budget after a person approved the first batch (FirstBatch)".into(),
+        who: format!("{} (edit in its namespace)", short_user(&agent)),
+        expected: "the next batch waits for another approval of the new gates".into(),
+        outcome: format!(
+            "patch {}; {}: batch 2 waits for gates {} (approved {}), {changed} targets changed",
+            if ran.code == 0 { "allowed" } else { "refused" },
+            phase(&fr),
+            s.pending_approval.as_ref().map(|p| p.gates_hash.as_str()).unwrap_or(""),
+            s.approvals.last().map(|a| a.gates_hash.as_str()).unwrap_or(""),
+        ),
+        contained: ran.code == 0
+            && phase(&fr) == Phase::WaitingForApproval
+            && changed == 2
+            && s.pending_approval.as_ref().map(|p| &p.gates_hash) != s.approvals.last().map(|a| &a.gates_hash)
+            && alive,
+    }
 }
