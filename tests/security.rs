@@ -138,6 +138,7 @@ const ATTACKS: &[Entry] = &[
     attack!(a_change_the_api_server_refuses),
     attack!(a_reconcile_panics),
     attack!(tenant_deployments_of_maximal_size, exclusive),
+    attack!(tenant_rollouts_of_maximal_size, exclusive),
     attack!(another_tenants_workload_wakes_a_rollout, exclusive),
     attack!(mcp_caller_rolls_what_it_may_not_patch),
     attack!(mcp_caller_previews_what_it_may_not_list),

@@ -31,18 +31,26 @@ pub const OPT_IN_VALUE: &str = "enabled";
 /// Field manager of every write the operator makes.
 pub const FIELD_MANAGER: &str = "fleetroll";
 
+/// The operator's finalizer on a node rollout holding a DaemonSet: the DaemonSet's update strategy is
+/// given back before the rollout goes.
+pub const RELEASE_DAEMONSET_FINALIZER: &str = "fleetroll.dev/release-daemonset";
+
 /// The longest annotation value a cache keeps of a FleetRollout (hashes and user names are far shorter).
 const CACHED_ANNOTATION_MAX: usize = 512;
 
-/// A FleetRollout as a cache keeps it: its spec, status, finalizers and identity, and of its annotations only
-/// those in `keep` (each at most [`CACHED_ANNOTATION_MAX`] bytes). Labels, other annotations (a
-/// `kubectl apply` copy of the whole object among them) and managed fields are whatever its writers made
-/// them, and no reader of a cache needs them.
+/// A FleetRollout as a cache keeps it: its spec, status, the operator's own finalizer and identity, and of
+/// its annotations only those in `keep` (each at most [`CACHED_ANNOTATION_MAX`] bytes). Labels, other
+/// annotations (a `kubectl apply` copy of the whole object among them), other finalizers and managed fields
+/// are whatever its writers made them, and no reader of a cache needs them.
 pub fn kept_for_cache(fr: &mut FleetRollout, keep: &[&str]) {
     let meta = &mut fr.metadata;
     meta.managed_fields = None;
     meta.labels = None;
     meta.owner_references = None;
+    // Anyone who may update a rollout may add finalizers, as many as fill the object.
+    if let Some(finalizers) = meta.finalizers.as_mut() {
+        finalizers.retain(|f| f == RELEASE_DAEMONSET_FINALIZER);
+    }
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.retain(|k, v| keep.contains(&k.as_str()) && v.len() <= CACHED_ANNOTATION_MAX);
     }
@@ -128,10 +136,12 @@ fn generic_int_or_string_description() -> Option<String> {
 /// - unsigned integer formats (`uint32`), which it warns about, become `int64`;
 /// - int-or-string values (always a count or a percentage here) get `maxLength: 4`, without which the
 ///   CEL cost estimate of the rules over them exceeds the budget. They keep their field's description
-///   (which costs nothing in CEL) but lose the long `generic` one, which the items of `steps` would carry.
+///   (which costs nothing in CEL) but lose the long `generic` one, which the items of `steps` would carry;
+/// - label selectors get the bounds of [`bound_label_selector`].
 fn adjust_schema(node: &mut Value, generic: Option<&str>) {
     match node {
         Value::Object(map) => {
+            bound_label_selector(map);
             if let Some(Value::String(description)) = map.get_mut("description") {
                 *description = unwrap_lines(description);
             }
@@ -152,6 +162,62 @@ fn adjust_schema(node: &mut Value, generic: Option<&str>) {
         _ => {}
     }
 }
+
+/// Label selectors in a rollout: at most this many `matchLabels`, ...
+pub const SELECTOR_LABELS_MAX: usize = 16;
+/// ... this many `matchExpressions`, ...
+pub const SELECTOR_EXPRESSIONS_MAX: usize = 8;
+/// ... and this many values in each.
+pub const SELECTOR_VALUES_MAX: usize = 16;
+
+/// Bounds a label selector's schema (Kubernetes bounds none of it: a `LabelSelector` may fill a whole
+/// object): label keys at most 317 characters (a 253-character prefix, '/', a 63-character name), values at
+/// most 63, and the counts above. With them every list and string of a spec is bounded, since every cache
+/// keeps specs whole: about 17 KiB a selector at most, 1.1 MiB for a spec with every list full (two thirds
+/// of it 1,000 approvals), typically 1–3 KiB. Selectors are told apart from other
+/// objects by their two properties.
+fn bound_label_selector(map: &mut serde_json::Map<String, Value>) {
+    let Some(Value::Object(properties)) = map.get_mut("properties") else { return };
+    if !(properties.contains_key("matchLabels") && properties.contains_key("matchExpressions")) {
+        return;
+    }
+    if let Some(Value::Object(labels)) = properties.get_mut("matchLabels") {
+        labels.insert("maxProperties".into(), Value::from(SELECTOR_LABELS_MAX));
+        if let Some(Value::Object(value)) = labels.get_mut("additionalProperties") {
+            value.insert("maxLength".into(), Value::from(LABEL_VALUE_MAX));
+        }
+        labels.insert(
+            "x-kubernetes-validations".into(),
+            serde_json::json!([{
+                "rule": format!("self.all(k, size(k) <= {LABEL_KEY_MAX})"),
+                "message": format!("a label key has at most {LABEL_KEY_MAX} characters"),
+            }]),
+        );
+    }
+    let Some(Value::Object(expressions)) = properties.get_mut("matchExpressions") else { return };
+    expressions.insert("maxItems".into(), Value::from(SELECTOR_EXPRESSIONS_MAX));
+    let Some(Value::Object(fields)) = expressions.get_mut("items").and_then(|i| i.get_mut("properties"))
+    else {
+        return;
+    };
+    if let Some(Value::Object(key)) = fields.get_mut("key") {
+        key.insert("maxLength".into(), Value::from(LABEL_KEY_MAX));
+    }
+    if let Some(Value::Object(operator)) = fields.get_mut("operator") {
+        operator.insert("enum".into(), serde_json::json!(["In", "NotIn", "Exists", "DoesNotExist"]));
+    }
+    if let Some(Value::Object(values)) = fields.get_mut("values") {
+        values.insert("maxItems".into(), Value::from(SELECTOR_VALUES_MAX));
+        if let Some(Value::Object(value)) = values.get_mut("items") {
+            value.insert("maxLength".into(), Value::from(LABEL_VALUE_MAX));
+        }
+    }
+}
+
+/// The longest label key Kubernetes takes: a 253-character DNS prefix, '/', a 63-character name.
+const LABEL_KEY_MAX: usize = 317;
+/// The longest label value Kubernetes takes.
+const LABEL_VALUE_MAX: usize = 63;
 
 /// Joins the lines of each paragraph with spaces; paragraphs stay apart.
 fn unwrap_lines(text: &str) -> String {
@@ -254,5 +320,64 @@ mod tests {
             committed == generated,
             "crds/fleetroll.dev_fleetrollouts.yaml is out of date: run `make generate` and commit the result"
         );
+    }
+
+    /// The most bytes of JSON `node` may take as the schema bounds it, or the path of what it leaves
+    /// unbounded. Numbers and booleans count 20 bytes; a map key, the longest label key.
+    fn weight_bound(node: &Value, path: &str) -> Result<usize, String> {
+        if let Some(choices) = node.get("enum").and_then(Value::as_array) {
+            return Ok(choices.iter().map(|c| c.to_string().len()).max().unwrap_or(0));
+        }
+        let max = |key: &str| node.get(key).and_then(Value::as_u64).map(|n| n as usize);
+        if node.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true)) {
+            return max("maxLength").map(|n| n + 2).ok_or(path.to_string());
+        }
+        match node.get("type").and_then(Value::as_str) {
+            Some("string") if node.get("format").is_some() => Ok(64),
+            Some("string") => max("maxLength").map(|n| n + 2).ok_or(path.to_string()),
+            Some("integer" | "number" | "boolean") => Ok(20),
+            Some("array") => {
+                let items = weight_bound(&node["items"], &format!("{path}[]"))?;
+                max("maxItems").map(|n| n * (items + 1)).ok_or(path.to_string())
+            }
+            _ if node.get("additionalProperties").is_some_and(Value::is_object) => {
+                let values = weight_bound(&node["additionalProperties"], &format!("{path}{{}}"))?;
+                max("maxProperties").map(|n| n * (super::LABEL_KEY_MAX + 3 + values)).ok_or(path.to_string())
+            }
+            _ => node.get("properties").and_then(Value::as_object).into_iter().flatten().try_fold(
+                2,
+                |sum, (name, property)| {
+                    Ok(sum + name.len() + 4 + weight_bound(property, &format!("{path}.{name}"))?)
+                },
+            ),
+        }
+    }
+
+    /// A rollout's spec is kept whole by every cache, so its schema bounds every string, list and map in
+    /// it, and all together, below what the API server takes (1.5 MiB).
+    #[test]
+    fn a_spec_at_every_bound_weighs_at_most_1_2_mib() {
+        let crd = serde_json::to_value(super::crd()).expect("the CRD serializes");
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let bound = weight_bound(spec, "spec").unwrap_or_else(|path| panic!("{path} has no bound"));
+        assert!(bound <= 1_200 * 1024, "a spec may weigh {bound} bytes");
+        assert!(bound >= 700 * 1000, "the bound ({bound} bytes) counts the 1,000 approvals");
+    }
+
+    #[test]
+    fn a_cached_rollout_keeps_only_the_operators_finalizer() {
+        let mut fr = super::FleetRollout::new(
+            "r",
+            serde_json::from_value(serde_json::json!({
+                "image": "example/app:v2",
+                "targets": {"kind": "Deployment", "selector": {"matchLabels": {"app": "web"}}},
+            }))
+            .expect("a valid spec"),
+        );
+        let others = (0..10_000).map(|i| format!("example.com/hold-{i}"));
+        fr.metadata.finalizers =
+            Some(others.chain([super::RELEASE_DAEMONSET_FINALIZER.to_string()]).collect());
+        super::kept_for_cache(&mut fr, &[]);
+        assert_eq!(fr.metadata.finalizers, Some(vec![super::RELEASE_DAEMONSET_FINALIZER.to_string()]));
     }
 }

@@ -146,6 +146,39 @@ pub fn too_heavy(scope: &'static str) -> crate::error::Error {
     kube::Error::Service(Box::new(answers::TooLarge::bytes(MAX_FACTS_BYTES, scope))).into()
 }
 
+/// How every cache lists: as a stream of single objects where the API server can (a streaming list,
+/// `sendInitialEvents`), so that a list never sits in memory whole, however large what tenants wrote into
+/// their objects; otherwise in pages of [`LIST_PAGE`] (the API server answers a list "from its cache", as
+/// `resourceVersion=0` asks, in one page whatever the limit, so those are read from etcd).
+pub async fn watch_config(client: &Client) -> kube::runtime::watcher::Config {
+    use futures::StreamExt;
+    use kube::api::WatchEvent;
+    let probe = kube::core::Request::new("/apis/apps/v1/deployments")
+        .watch(&kube::api::WatchParams::streaming_lists().timeout(1), "")
+        .map_err(kube::Error::BuildRequest);
+    let streams = match probe {
+        Ok(request) => match client.request_events::<k8s_openapi::api::apps::v1::Deployment>(request).await {
+            Ok(events) => {
+                let first = std::pin::pin!(events).next().await;
+                matches!(first, Some(Ok(e)) if !matches!(e, WatchEvent::Error(_)))
+            }
+            Err(_) => false,
+        },
+        Err(_) => false,
+    };
+    if streams {
+        tracing::info!("the API server streams lists: every cache lists object by object");
+        kube::runtime::watcher::Config::default().streaming_lists()
+    } else {
+        tracing::info!(page = LIST_PAGE, "the API server does not stream lists: caches list page by page");
+        kube::runtime::watcher::Config::default().page_size(LIST_PAGE)
+    }
+}
+
+/// Objects per page of a cache's list, where lists are not streamed: a page is read whole, so with objects
+/// of near-maximal size (1.5 MiB, as etcd allows) a page may cost a few times its count in MiB at once.
+const LIST_PAGE: u32 = 5;
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};

@@ -20,7 +20,7 @@ use crate::{
 
 /// The finalizer a node rollout carries while it holds its DaemonSet, so that deleting the rollout (by hand,
 /// or by `ttlSecondsAfterFinished`) hands the DaemonSet back instead of leaving it on OnDelete for good.
-pub const FINALIZER: &str = "fleetroll.dev/release-daemonset";
+pub use crate::api::RELEASE_DAEMONSET_FINALIZER as FINALIZER;
 
 pub struct Rollouts {
     client: Client,
@@ -151,10 +151,14 @@ pub(super) async fn set_finalizer(
     fr: &FleetRollout,
     on: bool,
 ) -> Result<Option<FleetRollout>> {
-    let mut finalizers = fr.finalizers().to_vec();
     if holds_daemonset(fr) == on {
         return Ok(None);
     }
+    let api = Api::<FleetRollout>::namespaced(client.clone(), &fr.namespace().unwrap_or_default());
+    // The caches keep only the operator's own finalizers: the others come from the object itself, and the
+    // precondition on what was decided from still holds.
+    let Some(live) = api.get_metadata_opt(&fr.name_any()).await? else { return Ok(None) };
+    let mut finalizers = live.finalizers().to_vec();
     finalizers.retain(|f| f != FINALIZER);
     if on {
         finalizers.push(FINALIZER.into());
@@ -162,9 +166,11 @@ pub(super) async fn set_finalizer(
     let patch =
         serde_json::json!({"metadata": {"resourceVersion": fr.resource_version(), "finalizers": finalizers}});
     let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-    let api = Api::<FleetRollout>::namespaced(client.clone(), &fr.namespace().unwrap_or_default());
     match api.patch(&fr.name_any(), &params, &Patch::Merge(patch)).await {
-        Ok(written) => Ok(Some(written)),
+        Ok(mut written) => {
+            crate::api::kept_for_cache(&mut written, &[]);
+            Ok(Some(written))
+        }
         // Deleted and finalized meanwhile: nothing left to hold.
         Err(e) if is_not_found(&e) && !on => Ok(None),
         Err(e) => Err(e.into()),

@@ -57,23 +57,28 @@ impl Rollouts {
     pub fn watch(client: Client) -> Self {
         let (store, writer) = reflector::store();
         let live = Arc::new(AtomicBool::new(false));
-        let events =
-            watcher(Api::<FleetRollout>::all(client.clone()), watcher::Config::default().any_semantic())
+        let flag = live.clone();
+        let lister = client.clone();
+        tokio::spawn(async move {
+            // Listed as the controller's caches are: object by object, never a list held whole.
+            let config = crate::edge::lists::watch_config(&lister).await;
+            watcher(Api::<FleetRollout>::all(lister), config)
                 .default_backoff()
                 .modify(|fr| crate::api::kept_for_cache(fr, &KEPT_ANNOTATIONS))
-                .reflect(writer);
-        let flag = live.clone();
-        tokio::spawn(events.for_each(move |event| {
-            if let Err(e) = &event {
-                warn!(error = %e, "FleetRollout watch failed; reading from the API server until it is back");
-            }
-            if let Some(now) = liveness(&event)
-                && flag.swap(now, Ordering::Relaxed) != now
-            {
-                debug!(live = now, "FleetRollout cache");
-            }
-            futures::future::ready(())
-        }));
+                .reflect(writer)
+                .for_each(move |event| {
+                    if let Err(e) = &event {
+                        warn!(error = %e, "FleetRollout watch failed; reading from the API server until it is back");
+                    }
+                    if let Some(now) = liveness(&event)
+                        && flag.swap(now, Ordering::Relaxed) != now
+                    {
+                        debug!(live = now, "FleetRollout cache");
+                    }
+                    futures::future::ready(())
+                })
+                .await
+        });
         Self { client, store, live, own: Arc::new(OwnWrites::default()) }
     }
 

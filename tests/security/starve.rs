@@ -130,3 +130,63 @@ pub(super) async fn another_tenants_workload_wakes_a_rollout(env: &'static Env) 
         contained: during <= 20.0,
     }
 }
+
+/// FleetRollouts as heavy as a namespace editor can make them: each selector as large as the API server
+/// takes (refused: the CRD bounds selectors), and rollouts carrying a megabyte of finalizers of their
+/// writer's (taken; the caches keep only the operator's own).
+pub(super) async fn tenant_rollouts_of_maximal_size(env: &'static Env) -> Row {
+    const HEAVY: usize = 8;
+    let ns = env.scratch_namespace("sec-rweight", &[]).await;
+    let fleet = Fleet { client: env.admin.clone(), ns: ns.clone(), tenants: vec![] };
+    fleet.deployments(&ns, 1, READY_IMAGE).await;
+    let clean = peak_through_a_rollout(&fleet, "clean").await;
+    let tenant = env.scratch_namespace("sec-rweight-tenant", &[]).await;
+    let attacker = Tenant::create(&env.admin, &tenant, "editor", &[Grant::cluster_role("edit")]).await;
+    let rollout = |name: &str, selector: Value, finalizers: Vec<String>| {
+        json!({"apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout",
+            "metadata": {"name": name, "finalizers": finalizers},
+            "spec": {"image": NEXT_IMAGE, "targets": {"kind": "Deployment", "selector": selector}}})
+    };
+    let labels: serde_json::Map<String, Value> =
+        (0..10_000).map(|i| (format!("tenant.example/label-{i:05}"), json!("v".repeat(63)))).collect();
+    let path =
+        file(&format!("{tenant}-selector"), &rollout("selector", json!({"matchLabels": labels}), vec![]));
+    let refused = attacker.kubectl(&["create", "-n", &tenant, "-f", &path]).await;
+    let finalizers: Vec<String> =
+        (0..20_000).map(|i| format!("tenant.example/keep-this-rollout-a-while-{i:05}")).collect();
+    let mut created = 0;
+    for i in 0..HEAVY {
+        let object =
+            rollout(&format!("held-{i}"), json!({"matchLabels": {"app": "none"}}), finalizers.clone());
+        let path = file(&format!("{tenant}-held-{i}"), &object);
+        created += usize::from(attacker.kubectl(&["create", "-n", &tenant, "-f", &path]).await.code == 0);
+    }
+    let beside = peak_through_a_rollout(&fleet, "beside").await;
+    // The namespace goes at the end: its rollouts must not wait for finalizers no one will remove.
+    let held = Api::<FleetRollout>::namespaced(env.admin.clone(), &tenant);
+    for i in 0..HEAVY {
+        let strip = json!({"metadata": {"finalizers": null}});
+        let _ = held.patch(&format!("held-{i}"), &PatchParams::default(), &Patch::Merge(strip)).await;
+    }
+    let extra = beside - clean;
+    let bound_named = refused.stderr.contains("16");
+    Row {
+        attack: format!(
+            "a FleetRollout with a 1 MB selector, then {HEAVY} with 1 MB of finalizers each, then an operator restart"
+        ),
+        who: format!("{} (edit in its namespace)", short_user(&attacker)),
+        expected: "the selector refused at admission, naming the bound; the operator's peak memory through \
+                   a rollout grows by at most 10 MiB"
+            .into(),
+        outcome: format!(
+            "selector: {}; {created} with finalizers created; peak RSS {clean:.1} MiB clean, {beside:.1} MiB \
+             beside them (+{extra:.1})",
+            if refused.code == 0 {
+                "accepted".into()
+            } else {
+                refused.stderr.chars().take(240).collect::<String>()
+            }
+        ),
+        contained: refused.code != 0 && bound_named && created == HEAVY && extra <= 10.0,
+    }
+}
