@@ -99,6 +99,7 @@ const ATTACKS: &[Entry] = &[
     attack!(edit_tenant_changes_an_admins_rollout),
     attack!(create_only_caller_changes_a_rollouts_spec),
     attack!(rollouts_only_caller_pauses_a_rollout),
+    attack!(rollouts_only_caller_applies_server_side),
     attack!(rollouts_only_caller_labels_a_rollout),
     attack!(edit_tenant_writes_rollout_status),
     attack!(edit_tenant_rolls_a_daemonset_node_by_node),

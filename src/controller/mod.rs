@@ -183,20 +183,45 @@ fn watch_workloads<K>(
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
-    let (store, writer) = reflector::store::<Cached<K>>();
-    let events = watcher(Api::<K>::all(client.clone()), config.clone())
+    let (store, mut writer) = reflector::store::<Cached<K>>();
+    let cached = store.clone();
+    let triggers = watcher(Api::<K>::all(client.clone()), config.clone())
         .default_backoff()
-        .map_ok(move |event| cached_event(event, facts));
-    let triggers = reflector::reflector(writer, events).touched_objects().filter_map(move |touched| {
-        futures::future::ready(match touched {
-            Ok(c) => c.rollout().and_then(|named| wakes.of(&c.facts.namespace, named)),
-            Err(e) => {
-                warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying with backoff");
-                None
-            }
-        })
-    });
+        .map_ok(move |event| cached_event(event, facts))
+        .filter_map(move |event| {
+            futures::future::ready(match event {
+                Ok(event) => {
+                    // Judged against the cache before it takes the change in.
+                    let woken = changed(&cached, &event)
+                        .and_then(|c| c.rollout().and_then(|named| wakes.of(&c.facts.namespace, named)));
+                    writer.apply_watcher_event(&event);
+                    woken
+                }
+                Err(e) => {
+                    warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying with backoff");
+                    None
+                }
+            })
+        });
     (store, triggers)
+}
+
+/// The workload an event changes as a decision sees it, if any: a change no decision reads (an annotation
+/// or a label of no use, a new resourceVersion alone, a relist of what is already known) wakes nothing,
+/// however often its writer makes it.
+fn changed<'a, K>(cache: &Store<Cached<K>>, event: &'a watcher::Event<Cached<K>>) -> Option<&'a Cached<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    use watcher::Event;
+    match event {
+        Event::Apply(c) | Event::InitApply(c) => {
+            let known = cache.get(&ObjectRef::<Cached<K>>::new(&c.facts.name).within(&c.facts.namespace));
+            known.is_none_or(|known| !known.decides_as(c)).then_some(c)
+        }
+        Event::Delete(c) => Some(c),
+        Event::Init | Event::InitDone => None,
+    }
 }
 
 fn cached_event<K: Resource>(

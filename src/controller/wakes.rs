@@ -16,11 +16,13 @@ use tokio::time::Instant;
 
 use crate::{api::FleetRollout, core::scope};
 
-/// Wakes of one rollout taken back to back before the rate applies: a batch's targets settle together.
-pub(super) const BURST: f64 = 20.0;
-/// Wakes of one rollout a second, sustained: a reconcile reads every target anyway, so more would only
-/// repeat work; fewer would delay a batch's verdict.
-pub(super) const PER_SECOND: f64 = 10.0;
+/// Wakes of one rollout taken back to back before the rate applies: a batch's targets settle together, and
+/// a rollout of small batches changes a target and sees it settle two or three times per batch.
+pub(super) const BURST: f64 = 200.0;
+/// Wakes of one rollout a second, sustained. Only changes a decision reads wake at all, and a rollout's
+/// reconciles never overlap, so this bounds what cheap reconciles can cost; it is well above what a
+/// rollout of one-target batches needs (about 150 a second: fewer would slow its batches down).
+pub(super) const PER_SECOND: f64 = 100.0;
 /// Rollouts whose shares are remembered before full ones are forgotten.
 const SHARES_KEPT: usize = 4096;
 

@@ -164,6 +164,34 @@ pub(super) async fn rollouts_only_caller_pauses_a_rollout(env: &'static Env) -> 
     )
 }
 
+pub(super) async fn rollouts_only_caller_applies_server_side(env: &'static Env) -> Row {
+    admin_rollout(env, &env.t1, "admins-6").await;
+    // As a GitOps tool of its own would: server-side apply under another field manager, taking the fields.
+    let applied = json!({"apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout",
+        "metadata": {"name": "admins-6"}, "spec": {"image": "registry.example.com/evil:1", "paused": true}});
+    let path = file(&format!("{}-admins-6-apply", env.t1), &applied);
+    let ran = env
+        .rollouts_only
+        .kubectl(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=other-gitops",
+            "-n",
+            &env.t1,
+            "-f",
+            &path,
+        ])
+        .await;
+    let expect = Expect::Policy(may_not(&env.rollouts_only, "patch deployments", &env.t1));
+    row(
+        "takes a rollout's image over by server-side apply under another field manager (forced)",
+        who(&env.rollouts_only, "all verbs on fleetrollouts in t1, nothing else"),
+        expect,
+        &ran,
+    )
+}
+
 pub(super) async fn rollouts_only_caller_labels_a_rollout(env: &'static Env) -> Row {
     admin_rollout(env, &env.t1, "admins-4").await;
     let ran =

@@ -151,3 +151,23 @@ fn the_cache_keeps_the_facts_and_our_annotations_only() {
     assert_eq!(key.extra.resource_version.as_deref(), Some("7"));
     assert_eq!(<Cached<Deployment> as Lookup>::plural(&()), "deployments");
 }
+
+#[test]
+fn only_a_change_a_decision_reads_makes_a_workload_decide_differently() {
+    let deployment = |rv: &str, note: &str, image: &str| -> Deployment {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "ns", "resourceVersion": rv, "generation": 2,
+                "annotations": {ROLLOUT_ANNOTATION: "fleet/r1", "tenant.example/note": note}},
+            "spec": {"selector": {}, "template": {"spec": {"containers": [{"name": "web", "image": image}]}}},
+        }))
+        .unwrap()
+    };
+    let known = Cached::new(&deployment("7", "a", "web:v1"), deployment_facts);
+    let noted = Cached::new(&deployment("8", "b", "web:v1"), deployment_facts);
+    assert!(known.decides_as(&noted), "another annotation and a new resourceVersion change no decision");
+    let changed = Cached::new(&deployment("9", "b", "web:v2"), deployment_facts);
+    assert!(!known.decides_as(&changed), "a new image does");
+    let mut ready = Cached::new(&deployment("10", "a", "web:v1"), deployment_facts);
+    ready.facts.status.ready = 1;
+    assert!(!known.decides_as(&ready), "so does the workload's status");
+}
