@@ -74,6 +74,17 @@ pub fn client(config: kube::Config) -> kube::Result<Client> {
 }
 
 impl Bound {
+    /// A whole document of at most `bytes` and `values` JSON values (objects among them).
+    pub fn document(bytes: usize, values: usize) -> Bound {
+        Bound { bytes, values, objects: values, per_line: false }
+    }
+
+    /// Whether `body`, read whole, stays within this bound: counted before it is parsed, since what
+    /// decoding costs follows its values, not only its bytes.
+    pub fn holds(self, body: &[u8]) -> bool {
+        Budget::new(self).take(body).is_ok()
+    }
+
     /// The bound of an answer to `method uri`, from the request alone.
     pub fn of(method: &Method, uri: &Uri) -> Bound {
         let watch = uri.query().is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));

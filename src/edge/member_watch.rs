@@ -310,33 +310,26 @@ where
     let mut version = None;
     futures::pin_mut!(events);
     while let Some(event) = events.next().await {
-        match event? {
+        let seen = match event? {
             WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
                 cache.apply(facts(&obj))?;
-                wake_for(&obj);
-                version = obj
-                    .resource_version()
-                    .filter(|v| !v.is_empty())
-                    .map(lists::bounded)
-                    .transpose()?
-                    .or(version);
+                obj
             }
             WatchEvent::Deleted(obj) => {
                 cache.delete(&target_key(&obj.namespace().unwrap_or_default(), &obj.name_any()));
-                wake_for(&obj);
-                version = obj
-                    .resource_version()
-                    .filter(|v| !v.is_empty())
-                    .map(lists::bounded)
-                    .transpose()?
-                    .or(version);
+                obj
             }
-            WatchEvent::Bookmark(b) if !b.metadata.resource_version.is_empty() => {
-                version = Some(lists::bounded(b.metadata.resource_version)?)
+            WatchEvent::Bookmark(b) => {
+                if !b.metadata.resource_version.is_empty() {
+                    version = Some(lists::bounded(b.metadata.resource_version)?);
+                }
+                continue;
             }
-            WatchEvent::Bookmark(_) => {}
             WatchEvent::Error(status) => return Err(kube::Error::Api(status).into()),
-        }
+        };
+        wake_for(&seen);
+        version =
+            seen.resource_version().filter(|v| !v.is_empty()).map(lists::bounded).transpose()?.or(version);
     }
     Ok(version)
 }

@@ -187,13 +187,7 @@ impl Ask {
         let response = request.send().await.map_err(failed)?;
         let status = response.status().as_u16();
         let body = read_capped(response, failed).await?;
-        let bound = crate::edge::answers::Bound {
-            bytes: MAX_ANSWER_BYTES,
-            values: MAX_ANSWER_VALUES,
-            objects: MAX_ANSWER_VALUES,
-            per_line: false,
-        };
-        if crate::edge::answers::Budget::new(bound).take(&body).is_err() {
+        if !crate::edge::answers::Bound::document(MAX_ANSWER_BYTES, MAX_ANSWER_VALUES).holds(&body) {
             return Err(format!("answer of more than {MAX_ANSWER_VALUES} JSON values"));
         }
         parse_answer(status, &body)

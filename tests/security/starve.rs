@@ -37,12 +37,19 @@ async fn peak_through_a_rollout(fleet: &Fleet, name: &str) -> f64 {
     process_usage(op.pid()).0 as f64 / (1024.0 * 1024.0)
 }
 
-pub(super) async fn tenant_deployments_of_maximal_size(env: &'static Env) -> Row {
-    const HEAVY: usize = 20;
-    let ns = env.scratch_namespace("sec-weight", &[]).await;
+/// A namespace of one Deployment, and the peak RSS (MiB) of an operator through a rollout of it while the
+/// cluster is clean.
+async fn measured_fleet(env: &'static Env, prefix: &str) -> (Fleet, f64) {
+    let ns = env.scratch_namespace(prefix, &[]).await;
     let fleet = Fleet { client: env.admin.clone(), ns: ns.clone(), tenants: vec![] };
     fleet.deployments(&ns, 1, READY_IMAGE).await;
     let clean = peak_through_a_rollout(&fleet, "clean").await;
+    (fleet, clean)
+}
+
+pub(super) async fn tenant_deployments_of_maximal_size(env: &'static Env) -> Row {
+    const HEAVY: usize = 20;
+    let (fleet, clean) = measured_fleet(env, "sec-weight").await;
     let tenant = env.scratch_namespace("sec-weight-tenant", &[]).await;
     let creator = [Grant::rules(vec![rule("apps", &["deployments"], &["create"])])];
     let attacker = Tenant::create(&env.admin, &tenant, "maker", &creator).await;
@@ -136,10 +143,7 @@ pub(super) async fn another_tenants_workload_wakes_a_rollout(env: &'static Env) 
 /// writer's (taken; the caches keep only the operator's own).
 pub(super) async fn tenant_rollouts_of_maximal_size(env: &'static Env) -> Row {
     const HEAVY: usize = 8;
-    let ns = env.scratch_namespace("sec-rweight", &[]).await;
-    let fleet = Fleet { client: env.admin.clone(), ns: ns.clone(), tenants: vec![] };
-    fleet.deployments(&ns, 1, READY_IMAGE).await;
-    let clean = peak_through_a_rollout(&fleet, "clean").await;
+    let (fleet, clean) = measured_fleet(env, "sec-rweight").await;
     let tenant = env.scratch_namespace("sec-rweight-tenant", &[]).await;
     let attacker = Tenant::create(&env.admin, &tenant, "editor", &[Grant::cluster_role("edit")]).await;
     let rollout = |name: &str, selector: Value, finalizers: Vec<String>| {

@@ -187,14 +187,7 @@ async fn read_message(body: Body) -> Result<(Bytes, Value), Box<Response>> {
             return Err(response);
         }
     };
-    // Counted before it is parsed: what a request costs is bounded by its values, not only its bytes.
-    let bound = crate::edge::answers::Bound {
-        bytes: MAX_BODY_BYTES,
-        values: MAX_BODY_VALUES,
-        objects: MAX_BODY_VALUES,
-        per_line: false,
-    };
-    if crate::edge::answers::Budget::new(bound).take(&bytes).is_err() {
+    if !crate::edge::answers::Bound::document(MAX_BODY_BYTES, MAX_BODY_VALUES).holds(&bytes) {
         let message = format!("the request holds more than {MAX_BODY_VALUES} JSON values");
         return Err(refuse(StatusCode::PAYLOAD_TOO_LARGE, -32600, &message));
     }
