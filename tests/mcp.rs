@@ -432,25 +432,33 @@ async fn token(fleet: &Fleet, sa: &str, audience: &str) -> String {
 /// Grants `sa` the `verbs` on FleetRollouts in the fleet's namespace, and the right to patch its Deployments
 /// that a FleetRollout of Deployments needs of whoever writes it (fleetroll's admission policy checks it).
 async fn grant(fleet: &Fleet, sa: &str, verbs: &[&str]) {
+    let deployments = PolicyRule {
+        api_groups: Some(vec!["apps".into()]),
+        resources: Some(vec!["deployments".into()]),
+        verbs: vec!["patch".into()],
+        ..Default::default()
+    };
+    grant_rules(fleet, sa, verbs, Some(deployments)).await
+}
+
+/// Grants `sa` the `verbs` on FleetRollouts in the fleet's namespace and nothing else.
+async fn grant_only(fleet: &Fleet, sa: &str, verbs: &[&str]) {
+    grant_rules(fleet, sa, verbs, None).await
+}
+
+async fn grant_rules(fleet: &Fleet, sa: &str, verbs: &[&str], more: Option<PolicyRule>) {
     let roles: Api<Role> = Api::namespaced(fleet.client.clone(), &fleet.ns);
     let bindings: Api<RoleBinding> = Api::namespaced(fleet.client.clone(), &fleet.ns);
     let name = format!("{sa}-fleetrollouts");
+    let rollouts = PolicyRule {
+        api_groups: Some(vec!["fleetroll.dev".into()]),
+        resources: Some(vec!["fleetrollouts".into()]),
+        verbs: verbs.iter().map(|v| v.to_string()).collect(),
+        ..Default::default()
+    };
     let role = Role {
         metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
-        rules: Some(vec![
-            PolicyRule {
-                api_groups: Some(vec!["fleetroll.dev".into()]),
-                resources: Some(vec!["fleetrollouts".into()]),
-                verbs: verbs.iter().map(|v| v.to_string()).collect(),
-                ..Default::default()
-            },
-            PolicyRule {
-                api_groups: Some(vec!["apps".into()]),
-                resources: Some(vec!["deployments".into()]),
-                verbs: vec!["patch".into()],
-                ..Default::default()
-            },
-        ]),
+        rules: Some(std::iter::once(rollouts).chain(more).collect()),
     };
     roles.create(&PostParams::default(), &role).await.unwrap();
     let binding = RoleBinding {
@@ -471,7 +479,7 @@ async fn serviceaccount_tokens_and_rbac_decide_what_an_agent_may_do() {
     with_fleet("mcp-auth", 0, |fleet| async move {
         fleet.deployments(&fleet.ns, 2, READY_IMAGE).await;
         let sas: Api<ServiceAccount> = Api::namespaced(fleet.client.clone(), &fleet.ns);
-        for name in ["agent", "intruder"] {
+        for name in ["agent", "intruder", "reviewer"] {
             let sa = ServiceAccount {
                 metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
                 ..Default::default()
@@ -513,16 +521,47 @@ async fn serviceaccount_tokens_and_rbac_decide_what_an_agent_may_do() {
         );
         assert!(fleet.rollouts().list(&Default::default()).await.unwrap().items.is_empty());
 
-        // With a Role that allows it, the same call works, and the approval records who gave it.
-        grant(&fleet, "agent", &["create", "get", "list", "patch"]).await;
+        // With a Role that allows it, the same call works. The agent holds the approve verb too, but it
+        // created the rollout: it is not asked, is told who may approve, and its approvals are refused.
+        grant(&fleet, "agent", &["create", "get", "list", "patch", "approve"]).await;
         let agent = token(&fleet, "agent", &url).await;
         let id = task_id(&drive(&["start", &url, &start, "--token", &agent]).await);
-        drive(&["approve", &url, &id, "--token", &agent]).await;
+        let agent_name = format!("system:serviceaccount:{}:agent", fleet.ns);
+        let told = format!("by someone who holds the approve verb on this rollout and did not create it ({agent_name} did)");
+        let working = drive(&["wait", &url, &id, "--token", &agent, "--until", "working", "--message", &told]).await;
+        assert_eq!(working["status"], "working", "{working}");
+        assert!(working["statusMessage"].as_str().unwrap_or_default().contains(&told), "{working}");
+        let name = fleet.rollouts().list(&Default::default()).await.unwrap().items.remove(0).name_any();
+        let approve_args = json!({"namespace": fleet.ns, "name": name}).to_string();
+        let own = drive(&["call", &url, "approve_batch", &approve_args, "--no-tasks", "--token", &agent]).await;
+        assert_eq!(own["isError"], true, "{own}");
+        assert!(own.to_string().contains("created this rollout and may not approve it"), "{own}");
+        let status = fleet.rollouts().get(&name).await.unwrap().status.unwrap();
+        let pending = status.pending_approval.clone().unwrap();
+        // The form's key, which the agent is never shown but can work out from the status.
+        let key = format!(
+            "approve-r{}-b{}-{}-{}",
+            status.revision_number(),
+            pending.batch,
+            pending.plan_hash,
+            pending.gates_hash
+        );
+        let answer = json!({"taskId": id, "inputResponses": {key: {"action": "accept", "content": {"approve": true}}}});
+        let answered = drive(&["raw", &url, "tasks/update", &answer.to_string(), "--token", &agent]).await;
+        assert!(answered.to_string().contains("created this rollout and may not approve it"), "{answered}");
+        assert!(fleet.rollouts().get(&name).await.unwrap().spec.approvals.is_empty(), "nothing approved");
+
+        // A reviewer with the approve verb (and no rights over the Deployments) approves; the rollout ends.
+        grant_only(&fleet, "reviewer", &["get", "patch", "approve"]).await;
+        let reviewer = token(&fleet, "reviewer", &url).await;
+        let approved = drive(&["call", &url, "approve_batch", &approve_args, "--no-tasks", "--token", &reviewer]).await;
+        assert_eq!(approved["isError"], false, "{approved}");
         let done = drive(&["wait", &url, &id, "--token", &agent]).await;
         assert_eq!(done["status"], "completed", "{done}");
         let fr = fleet.rollouts().list(&Default::default()).await.unwrap().items.remove(0);
-        let expected = format!("system:serviceaccount:{}:agent", fleet.ns);
+        let expected = format!("system:serviceaccount:{}:reviewer", fleet.ns);
         assert_eq!(fr.status.clone().unwrap().approvals[0].approved_by.as_deref(), Some(expected.as_str()));
+        assert_eq!(fr.spec.creator.as_ref().map(|c| c.username.as_str()), Some(agent_name.as_str()));
         assert_task_secret_not_stored(&fr, &id);
         let seen = drive(&[
             "call",

@@ -12,6 +12,8 @@ use common::{
     fleet::{NEXT_IMAGE, READY_IMAGE, UNREADY_IMAGE, phase, with_fleet},
     nodes::{self, DAEMONSET, POOL_LABEL, with_pool},
     operator::Operator,
+    people::Person,
+    tenant::{APPROVER_ROLE, Grant, Tenant},
 };
 use fleetroll::api::{BatchState, Phase};
 use kube::ResourceExt;
@@ -220,4 +222,76 @@ async fn the_krew_manifest_is_valid_for_every_platform() {
     let ran = validate_krew_manifest(&["-manifest", &file.display().to_string(), "-skip-install"]).await;
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(ran.code, 0, "krew rejects the manifest:\n{}{}\n{rendered}", ran.stdout, ran.stderr);
+}
+
+/// Separation of duties with real identities: an agent (a ServiceAccount with edit and even the approver
+/// role) starts a rollout that waits for a first-batch approval; it may not approve it, nor may a person
+/// with edit alone; alice, a person (an x509 user in the group approvers), approves with the plugin, and
+/// the rollout completes. `kubectl get -o wide` and the plugin name the creator the API server recorded.
+#[tokio::test]
+async fn an_agents_rollout_waits_for_a_person_to_approve_it() {
+    with_fleet("plugin-duties", 0, |fleet| async move {
+        let ns = fleet.ns.clone();
+        fleet.deployments(&ns, 2, READY_IMAGE).await;
+        let approver = Grant::cluster_role(APPROVER_ROLE);
+        let agent = Tenant::create(&fleet.client, &ns, "agent", &[Grant::cluster_role("edit"), approver]).await;
+        let (alice, bob) = tokio::join!(
+            Person::x509(&fleet.client, "alice", &["approvers"]),
+            Person::x509(&fleet.client, "bob", &["developers"]),
+        );
+        bind(&fleet.client, &ns, "approvers", "Group", "approvers", APPROVER_ROLE).await;
+        bind(&fleet.client, &ns, "developers", "Group", "developers", "edit").await;
+        alice.wait_allowed(&fleet.client, &ns, "fleetroll.dev", "fleetrollouts", "approve").await;
+        bob.wait_allowed(&fleet.client, &ns, "fleetroll.dev", "fleetrollouts", "patch").await;
+        let _op = Operator::start(&ns, &[], &[]);
+
+        let spec = json!({"image": NEXT_IMAGE, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
+                          "strategy": {"batchSize": 1, "approval": "FirstBatch"}});
+        let manifest = json!({"apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout",
+                              "metadata": {"name": "agents", "namespace": ns}, "spec": spec});
+        let file = std::env::temp_dir().join(format!("{ns}-agents.json"));
+        std::fs::write(&file, manifest.to_string()).unwrap();
+        agent.kubectl(&["create", "-f", file.to_str().unwrap()]).await.ok();
+        let waiting = |f: &fleetroll::api::FleetRollout| phase(f) == Phase::WaitingForApproval;
+        let fr = fleet.wait_rollout("agents", "the approval gate", DEADLINE, waiting).await;
+        assert_eq!(fr.spec.creator.as_ref().map(|c| c.username.as_str()), Some(agent.username.as_str()));
+
+        // The agent holds the approve verb, but created the rollout: refused, with the policy's reason.
+        let own = agent.kubectl(&["fleetroll", "approve", "agents", "-n", &ns]).await;
+        assert_ne!(own.code, 0, "{}", own.stdout);
+        assert!(own.stderr.contains("created this rollout and may not approve it"), "{}", own.stderr);
+        // bob may edit the rollout but holds no approve verb.
+        let unapproved = bob.kubectl(&["fleetroll", "approve", "agents", "-n", &ns]).await;
+        assert_ne!(unapproved.code, 0, "{}", unapproved.stdout);
+        assert!(unapproved.stderr.contains("bob may not approve fleetrollouts"), "{}", unapproved.stderr);
+        let still = fleet.rollouts().get("agents").await.unwrap();
+        assert!(still.spec.approvals.is_empty(), "nothing changed: {:?}", still.spec.approvals);
+        assert_eq!(phase(&still), Phase::WaitingForApproval);
+
+        let wide = kubectl(&["get", "fro", "agents", "-n", &ns, "-o", "wide"]).await.ok();
+        assert!(wide.stdout.contains("CREATOR") && wide.stdout.contains(&agent.username), "{}", wide.stdout);
+        let shown = kubectl(&["fleetroll", "status", "agents", "-n", &ns, "--no-follow"]).await.ok();
+        assert!(shown.stdout.contains(&format!("created by {}", agent.username)), "{}", shown.stdout);
+
+        let approved = alice.kubectl(&["fleetroll", "approve", "agents", "-n", &ns]).await.ok();
+        assert!(approved.stdout.contains("approved batch 1") && approved.stdout.contains("as alice"), "{}", approved.stdout);
+        let done = fleet.wait_rollout("agents", "success", DEADLINE, |f| phase(f) == Phase::Succeeded).await;
+        let record = &done.status.unwrap().approvals[0];
+        assert_eq!(record.approved_by.as_deref(), Some("alice"), "the approver the API server authenticated");
+    })
+    .await;
+}
+
+/// A RoleBinding in `ns` of the ClusterRole `role` to a User or Group.
+async fn bind(admin: &kube::Client, ns: &str, name: &str, kind: &str, subject: &str, role: &str) {
+    let binding = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": name, "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": subject}],
+    });
+    let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(binding).unwrap();
+    kube::Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(admin.clone(), ns)
+        .create(&Default::default(), &binding)
+        .await
+        .unwrap();
 }

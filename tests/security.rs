@@ -18,6 +18,8 @@ mod admission;
 #[path = "security/bypass.rs"]
 mod bypass;
 mod common;
+#[path = "security/duties.rs"]
+mod duties;
 #[path = "security/mcp.rs"]
 mod mcp_attacks;
 #[path = "security/mcp_shares.rs"]
@@ -35,6 +37,7 @@ mod starve;
 
 use admission::*;
 use bypass::*;
+use duties::*;
 use mcp_attacks::*;
 use mcp_shares::*;
 use member_attacks::*;
@@ -49,7 +52,7 @@ use common::{
     cli::Ran,
     fleet::{Fleet, READY_IMAGE, ensure_crd},
     operator::Operator,
-    tenant::{FLEET_ADMIN_ROLE, Grant, POLICY, Tenant, rule},
+    tenant::{APPROVER_ROLE, FLEET_ADMIN_ROLE, Grant, POLICY, Tenant, rule},
 };
 use fleetroll::api::{FleetRollout, Phase};
 use futures::future::BoxFuture;
@@ -108,6 +111,12 @@ const ATTACKS: &[Entry] = &[
     attack!(oversized_health_soak),
     attack!(oversized_pause_between_batches),
     attack!(approver_forges_who_approved),
+    attack!(edit_tenant_approves_a_batch),
+    attack!(approver_approves_an_others_rollout),
+    attack!(approver_approves_its_own_rollout),
+    attack!(creator_written_into_the_manifest),
+    attack!(creator_rewritten_after_create),
+    attack!(creator_erased_by_an_apply),
     attack!(finalizer_stripped_from_a_held_node_rollout),
     attack!(owner_reference_makes_the_garbage_collector_delete_a_rollout),
     attack!(deleting_a_rollout_that_still_runs),
@@ -158,6 +167,8 @@ pub struct Env {
     pub dev1: Tenant,
     /// `edit` in t2.
     pub dev2: Tenant,
+    /// `edit` and the chart's approver role in t1.
+    pub approver: Tenant,
     /// Only create and get on fleetrollouts in t1: no rights over any workload.
     pub creator: Tenant,
     /// Every verb on fleetrollouts in t1 (get, list, create, update, patch): still no rights over workloads.
@@ -283,6 +294,7 @@ fn table(rows: &[Row]) -> String {
 async fn setup(admin: Client, namespaces: &[String; 3]) -> Env {
     let [t1, t2, fleet] = namespaces.clone();
     let edit = [Grant::cluster_role("edit")];
+    let approver = [Grant::cluster_role("edit"), Grant::cluster_role(APPROVER_ROLE)];
     let creator = [Grant::rules(vec![rule("fleetroll.dev", &["fleetrollouts"], &["create", "get"])])];
     let every_rollout_verb = ["get", "list", "watch", "create", "update", "patch"];
     let rollouts_only = [Grant::rules(vec![rule("fleetroll.dev", &["fleetrollouts"], &every_rollout_verb)])];
@@ -297,8 +309,9 @@ async fn setup(admin: Client, namespaces: &[String; 3]) -> Env {
         rule("fleetroll.dev", &["fleetrollouts"], &["create", "get"]),
         rule("apps", &["deployments"], &["get", "list", "patch"]),
     ])];
-    let (dev1, dev2, creator, rollouts_only, fleet_admin, no_pod_delete, deployer) = tokio::join!(
+    let (dev1, approver, dev2, creator, rollouts_only, fleet_admin, no_pod_delete, deployer) = tokio::join!(
         Tenant::create(&admin, &t1, "dev", &edit),
+        Tenant::create(&admin, &t1, "approver", &approver),
         Tenant::create(&admin, &t2, "dev", &edit),
         Tenant::create(&admin, &t1, "creator", &creator),
         Tenant::create(&admin, &t1, "rollouts-only", &rollouts_only),
@@ -312,6 +325,7 @@ async fn setup(admin: Client, namespaces: &[String; 3]) -> Env {
         t2,
         fleet,
         dev1,
+        approver,
         dev2,
         creator,
         rollouts_only,

@@ -381,3 +381,27 @@ mod tests {
         assert_eq!(fr.metadata.finalizers, Some(vec![super::RELEASE_DAEMONSET_FINALIZER.to_string()]));
     }
 }
+
+#[cfg(test)]
+mod admission_tests {
+    /// The chart's admission policy judges a write by the spec fields it changes: one it does not name would
+    /// pass without the rights over the targets.
+    #[test]
+    fn the_admission_policy_compares_every_spec_field_but_approvals_and_creator() {
+        let policy = include_str!("../../charts/fleetroll/templates/admission-policy.yaml");
+        let crd = serde_json::to_value(super::crd()).expect("the CRD as JSON");
+        let spec =
+            &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        let fields: Vec<&String> = spec.as_object().expect("spec properties").keys().collect();
+        assert!(fields.len() > 10, "{fields:?}");
+        for field in fields {
+            let compared = format!("object.spec.?{field} != oldObject.spec.?{field}");
+            match field.as_str() {
+                "approvals" | "creator" => {
+                    assert!(!policy.contains(&compared), "{field} is judged on its own")
+                }
+                _ => assert!(policy.contains(&compared), "specWritten does not compare spec.{field}"),
+            }
+        }
+    }
+}

@@ -45,12 +45,20 @@ use super::{
     ),
     printcolumn(name = "Image", type_ = "string", json_path = ".spec.image"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Creator",
+        type_ = "string",
+        json_path = ".spec.creator.username",
+        priority = "1",
+        description = "who created it, as the API server authenticated them"
+    ),
     printcolumn(name = "Failed", type_ = "integer", json_path = ".status.counts.failed", priority = "1"),
     printcolumn(name = "Message", type_ = "string", json_path = ".status.message", priority = "1")
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.strategy) || !has(self.strategy.waves) || size(self.strategy.waves) == 0 || has(self.targets.clusters)").message("strategy.waves orders member clusters: it needs targets.clusters"))]
 #[x_kube(validation = Rule::new("!has(self.targets.clusters) || !has(self.health) || !has(self.health.http)").message("health.http does not apply to targets.clusters: the operator does not reach the Services of member clusters; readiness and metric analysis judge their targets"))]
+#[x_kube(validation = Rule::new(CREATOR_RULE).message("spec.creator is recorded by admission when the rollout is created and never changed or added afterwards"))]
 pub struct FleetRolloutSpec {
     /// The image to roll out, by tag or digest, e.g. registry.example.com/web:v2.
     /// Changing it while the rollout runs starts a new revision.
@@ -70,6 +78,13 @@ pub struct FleetRolloutSpec {
     /// Batch sizes, failure budget, pacing and approvals.
     #[serde(default)]
     pub strategy: Strategy,
+
+    /// Who created the rollout, as the API server authenticated them. Written by the chart's admission
+    /// policy when the rollout is created (whatever a manifest says here is replaced) and never changed
+    /// afterwards; approvals and platform policies judge it. Absent on rollouts created before it existed
+    /// or without the admission policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creator: Option<Creator>,
 
     /// What "healthy" means for a target.
     #[serde(default)]
@@ -346,6 +361,29 @@ pub struct HttpCheck {
     #[schemars(range(min = 100, max = 599))]
     pub expect_status: u16,
 }
+
+/// A user as the API server authenticated them when they created a rollout.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Creator {
+    /// The user name, e.g. alice, or system:serviceaccount:<namespace>:<name> for a ServiceAccount.
+    #[schemars(length(max = 512))]
+    pub username: String,
+
+    /// The user's uid, when the authenticator gives one (ServiceAccounts and most OIDC users do).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 256))]
+    pub uid: String,
+
+    /// The groups the user was in when creating the rollout. At most 128.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128), inner(length(max = 256)))]
+    pub groups: Vec<String>,
+}
+
+/// The creator never changes once recorded, and is never added to a rollout created without one.
+const CREATOR_RULE: &str =
+    "has(oldSelf.creator) ? (has(self.creator) && self.creator == oldSelf.creator) : !has(self.creator)";
 
 /// An approval of one batch of one plan.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

@@ -28,6 +28,9 @@ pub struct Summary {
     pub namespace: String,
     pub name: String,
     pub image: String,
+    /// Who created it, as the API server recorded them (spec.creator), when recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub creator: Option<String>,
     pub phase: Phase,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -62,6 +65,7 @@ pub fn summary(fr: &FleetRollout) -> Summary {
         namespace: fr.namespace().unwrap_or_default(),
         name: fr.name_any(),
         image: fr.spec.image.clone(),
+        creator: fr.spec.creator.as_ref().map(|c| c.username.clone()),
         phase: s.phase,
         reason: s.reason.clone(),
         message: s.message.clone(),
@@ -81,6 +85,12 @@ pub fn summary(fr: &FleetRollout) -> Summary {
 
 /// One line for people (and models).
 pub fn describe(s: &Summary) -> String {
+    describe_for(s, true)
+}
+
+/// One line for whoever asks: an approval waiting is theirs to give (`may_approve`: they hold the approve
+/// verb and did not create the rollout, or may approve their own), or someone else's.
+pub fn describe_for(s: &Summary, may_approve: bool) -> String {
     let mut line = format!("FleetRollout {}/{} ({}): {}", s.namespace, s.name, s.image, s.phase);
     if let Some(m) = &s.message {
         line.push_str(&format!(" — {m}"));
@@ -89,12 +99,20 @@ pub fn describe(s: &Summary) -> String {
     {
         line.push_str(&format!(". {progress}"));
     }
-    if let Some(p) = &s.pending_approval {
-        line.push_str(&format!(
+    match (&s.pending_approval, may_approve) {
+        (Some(p), true) => line.push_str(&format!(
             ". Batch {} waits for approval of plan {}: call approve_batch",
             p.batch + 1,
             p.plan_hash
-        ));
+        )),
+        (Some(p), false) => line.push_str(&format!(
+            ". Batch {} waits for approval of plan {} by someone who holds the approve verb on this rollout{}; \
+             you may not give it",
+            p.batch + 1,
+            p.plan_hash,
+            s.creator.as_ref().map(|c| format!(" and did not create it ({c} did)")).unwrap_or_default()
+        )),
+        (None, _) => {}
     }
     if let Some(hold) = s.analysis.as_ref().and_then(|a| a.hold.as_ref()).filter(|_| s.phase == Phase::Paused)
     {
@@ -183,22 +201,26 @@ pub fn awaited_approval(fr: &FleetRollout) -> Option<&PendingApproval> {
     s.pending_approval.as_ref()
 }
 
-/// Maps a rollout to its task. `elicitation`: the client can answer a form; `batch_targets`: the targets
-/// of the batch waiting for approval, which the form names (the plan may live outside the status).
+/// Who asks for a task, as far as its approval goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Asker {
+    /// The client can answer a form (elicitation).
+    pub forms: bool,
+    /// The caller may give the approval waiting (see [`describe_for`]).
+    pub may_approve: bool,
+}
+
+/// Maps a rollout to its task for `asker`; `batch_targets`: the targets of the batch waiting for approval,
+/// which the form names (the plan may live outside the status). Only a caller who may approve is asked.
 ///
 /// | rollout | task |
 /// |---|---|
 /// | Pending, Progressing, Paused, RollingBack | working (the message says which) |
-/// | WaitingForApproval | input required, if the client can answer a form; else working |
+/// | WaitingForApproval | input required, if the caller may approve and can answer a form; else working |
 /// | Succeeded | completed |
 /// | Failed, RolledBack, Aborted by a failure policy | completed, as an error |
 /// | Aborted on request | cancelled |
-pub fn view(
-    fr: &FleetRollout,
-    elicitation: bool,
-    batch_targets: &[PlannedTarget],
-    now: Timestamp,
-) -> TaskView {
+pub fn view(fr: &FleetRollout, asker: Asker, batch_targets: &[PlannedTarget], now: Timestamp) -> TaskView {
     let s = fr.status.clone().unwrap_or_default();
     let summary = summary(fr);
     let created_at = fr.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
@@ -207,10 +229,12 @@ pub fn view(
         Phase::Failed | Phase::RolledBack => TaskState::Completed { is_error: true },
         Phase::Aborted if s.reason.as_deref() == Some(ABORT_REQUESTED) => TaskState::Cancelled,
         Phase::Aborted => TaskState::Completed { is_error: true },
-        Phase::WaitingForApproval if elicitation => match approval_request(fr, &s, batch_targets) {
-            Some(request) => TaskState::InputRequired(request),
-            None => TaskState::Working,
-        },
+        Phase::WaitingForApproval if asker.forms && asker.may_approve => {
+            match approval_request(fr, &s, batch_targets) {
+                Some(request) => TaskState::InputRequired(request),
+                None => TaskState::Working,
+            }
+        }
         _ => TaskState::Working,
     };
     let poll_interval_ms = match state {
@@ -219,7 +243,7 @@ pub fn view(
         TaskState::Completed { .. } | TaskState::Cancelled => None,
     };
     TaskView {
-        message: describe(&summary),
+        message: describe_for(&summary, asker.may_approve),
         summary,
         state,
         created_at,

@@ -123,6 +123,7 @@ impl RolloutFleetArgs {
             rollback: false,
             ttl_seconds_after_finished: retention_seconds,
             approvals: Vec::new(),
+            creator: None,
         }
     }
 

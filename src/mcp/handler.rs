@@ -19,13 +19,13 @@ use tracing::{info, warn};
 use super::{
     FleetMcp,
     args::{ApproveArgs, ListArgs, PreviewArgs, RolloutFleetArgs, RolloutRef},
-    auth::{Access, Granted, Identity, Verb},
+    auth::{Access, Decision, Granted, Identity, Verb},
     task::{self, TaskId},
     tools::{self, Control, FleetTool},
 };
 use crate::{
     api::{FleetRollout, FleetRolloutStatus},
-    core::task::{awaited_approval, parse_approval_key, view},
+    core::task::{Asker, awaited_approval, parse_approval_key, view},
 };
 
 /// The identity and grant the auth middleware attached to the HTTP request. Without them (a request that
@@ -150,10 +150,28 @@ impl FleetMcp {
         info!(rollout = %format!("{}/{}", args.namespace, fr.metadata.name.clone().unwrap_or_default()), user = %who.username, replayed = started.replayed, "rollout_fleet");
         if tasks && let Some(id) = started.task() {
             // The FleetRollout is in etcd: tasks/get on any replica finds it from now on.
-            let detailed = task::detailed(&id, view(fr, false, &[], tools::now()));
+            let asker = Asker { forms: false, may_approve: false };
+            let detailed = task::detailed(&id, view(fr, asker, &[], tools::now()));
             return CallToolResponse::Task(CreateTaskResult::new(detailed.task));
         }
         tools::started_result(fr, started.replayed).into()
+    }
+
+    /// Whether `who` may give `fr` the approval it waits for: the approve verb on it, and not its creator
+    /// unless also granted self-approve (what the admission policy asks of an approval). When the API
+    /// server cannot say (the caller's review budget spent), no: the form is not offered, the message
+    /// says who may.
+    async fn may_approve(&self, who: &Identity, fr: &FleetRollout) -> bool {
+        if self.auth_off {
+            return true;
+        }
+        let on =
+            |verb| Access { verb, namespace: fr.metadata.namespace.clone(), name: fr.metadata.name.clone() };
+        let allowed = |access: Access| async move {
+            matches!(self.auth.authorize(who, &access).await, Ok(Decision::Allowed))
+        };
+        let created = fr.spec.creator.as_ref().is_some_and(|c| c.username == who.username);
+        allowed(on(Verb::Approve)).await && (!created || allowed(on(Verb::SelfApprove)).await)
     }
 
     /// Approves the batch an input response answers, if it answers the approval outstanding in `status`.
@@ -240,19 +258,22 @@ impl ServerHandler for FleetMcp {
         p: GetTaskParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, McpError> {
-        let (id, _, fr) = self.task_rollout(&p.task_id, Verb::Get, &cx).await?;
-        let elicitation = cx.client_capabilities().is_some_and(|c| c.elicitation.is_some());
+        let (id, who, fr) = self.task_rollout(&p.task_id, Verb::Get, &cx).await?;
+        let forms = cx.client_capabilities().is_some_and(|c| c.elicitation.is_some());
+        let pending = awaited_approval(&fr);
+        let may_approve = pending.is_some() && self.may_approve(&who, &fr).await;
+        let asker = Asker { forms, may_approve };
         // The form names the batch's targets, from the frozen plan wherever it is stored.
-        let targets = match awaited_approval(&fr) {
-            Some(pending) if elicitation => self.ops.batch_targets(&fr, pending.batch).await,
+        let targets = match pending {
+            Some(pending) if forms && may_approve => self.ops.batch_targets(&fr, pending.batch).await,
             _ => None,
         };
-        let view = view(&fr, elicitation, targets.as_deref().unwrap_or_default(), tools::now());
+        let view = view(&fr, asker, targets.as_deref().unwrap_or_default(), tools::now());
         Ok(GetTaskResult::new(task::detailed(&id, view)))
     }
 
     async fn update_task(&self, p: UpdateTaskParams, cx: RequestContext<RoleServer>) -> Result<(), McpError> {
-        let (id, who, fr) = self.task_rollout(&p.task_id, Verb::Patch, &cx).await?;
+        let (id, who, fr) = self.task_rollout(&p.task_id, Verb::Approve, &cx).await?;
         let status = fr.status.clone().unwrap_or_default();
         for (key, answer) in &p.input_responses {
             self.answer(&id, &who, &status, key, answer).await?;

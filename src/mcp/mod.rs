@@ -89,6 +89,8 @@ pub struct FleetMcp {
     read_only: bool,
     /// `--auth none`: there are no identities, and every caller may do everything.
     auth_off: bool,
+    /// What the auth middleware checks with: the handler asks it too, whether a caller may approve.
+    auth: Authenticator,
 }
 
 impl FleetMcp {
@@ -107,7 +109,11 @@ impl FleetMcp {
             fleet_namespace: opts.fleet_namespace.clone(),
             retention_seconds: i64::try_from(opts.retention.as_secs()).unwrap_or(i64::MAX),
         };
-        Self { ops, read_only: opts.read_only, auth_off }
+        let metadata_url =
+            format!("{}/.well-known/oauth-protected-resource/mcp", endpoint::origin_of(&opts.resource));
+        let origins = Origins::new(&opts.allowed_origins, &opts.resource);
+        let auth = Authenticator::new(client, opts.auth.clone(), metadata_url, origins);
+        Self { ops, read_only: opts.read_only, auth_off, auth }
     }
 }
 
@@ -130,17 +136,18 @@ async fn protected_resource(State(m): State<Metadata>) -> Json<Value> {
 /// `/mcp` (behind the request deadline and the auth middleware, which charges each request to its caller) and the Protected Resource Metadata
 /// documents. `config` is what `client` was built from (see [`FleetMcp::new`]).
 pub(crate) fn router(client: Client, config: kube::Config, opts: &Options) -> Router {
-    let handler = FleetMcp::new(client.clone(), config, opts);
+    let handler = FleetMcp::new(client, config, opts);
+    let auth = handler.auth.clone();
     #[cfg(feature = "conformance")]
     if opts.conformance_fixtures {
-        return routes(fixtures::WithFixtures::new(handler), client, opts);
+        return routes(fixtures::WithFixtures::new(handler), auth, opts);
     }
-    routes(handler, client, opts)
+    routes(handler, auth, opts)
 }
 
 fn routes<H: ServerHandler + Clone + Send + Sync + 'static>(
     handler: H,
-    client: Client,
+    auth: Authenticator,
     opts: &Options,
 ) -> Router {
     let mut http = StreamableHttpServerConfig::default()
@@ -154,13 +161,7 @@ fn routes<H: ServerHandler + Clone + Send + Sync + 'static>(
         Arc::new(NeverSessionManager::default()),
         http,
     );
-    let metadata_url =
-        format!("{}/.well-known/oauth-protected-resource/mcp", endpoint::origin_of(&opts.resource));
-    let origins = Origins::new(&opts.allowed_origins, &opts.resource);
-    let guard = Guard {
-        auth: Authenticator::new(client, opts.auth.clone(), metadata_url, origins),
-        in_flight: InFlight::default(),
-    };
+    let guard = Guard { auth, in_flight: InFlight::default() };
     let metadata = Metadata {
         resource: opts.resource.clone(),
         authorization_servers: opts.authorization_servers.clone(),

@@ -95,7 +95,8 @@ impl FleetTool {
             FleetTool::RolloutFleet | FleetTool::PreviewRollout => Verb::Create,
             FleetTool::GetRollout => Verb::Get,
             FleetTool::ListRollouts => Verb::List,
-            FleetTool::ApproveBatch | FleetTool::Set(_) => Verb::Patch,
+            FleetTool::ApproveBatch => Verb::Approve,
+            FleetTool::Set(_) => Verb::Patch,
         }
     }
 
@@ -106,7 +107,7 @@ impl FleetTool {
         let verb = self.verb();
         let name = match verb {
             Verb::Create | Verb::List => None,
-            Verb::Get | Verb::Patch => arg("name"),
+            Verb::Get | Verb::Patch | Verb::Approve | Verb::SelfApprove => arg("name"),
         };
         Access { verb, namespace: arg("namespace"), name }
     }

@@ -29,8 +29,10 @@ fn bar(done: u32, total: u32) -> String {
 /// The view of `fr`, with the live health of the batch being verified when known.
 pub(super) fn render(fr: &FleetRollout, health: Option<BatchHealth>) -> String {
     let s = fr.status.clone().unwrap_or_default();
+    let creator =
+        fr.spec.creator.as_ref().map(|c| format!("  created by {}", c.username)).unwrap_or_default();
     let mut out = format!(
-        "FleetRollout {}/{}  image {}\n{}: {}\n",
+        "FleetRollout {}/{}  image {}{creator}\n{}: {}\n",
         fr.namespace().unwrap_or_default(),
         fr.name_any(),
         fr.spec.image,

@@ -162,5 +162,6 @@ pub mod mcp;
 pub mod members;
 pub mod nodes;
 pub mod operator;
+pub mod people;
 pub mod prometheus;
 pub mod tenant;

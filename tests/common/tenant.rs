@@ -245,6 +245,8 @@ pub async fn client_from(kubeconfig: &Path, impersonate: Option<&str>) -> Client
 pub const RELEASE: &str = "fleetroll";
 /// The admission policy's name.
 pub const POLICY: &str = "fleetroll-creator-rights";
+/// The chart's ClusterRole for people who approve batches (the approve verb).
+pub const APPROVER_ROLE: &str = "fleetroll-approver";
 /// The chart's unbound ClusterRole for fleet administrators (span-namespaces).
 pub const FLEET_ADMIN_ROLE: &str = "fleetroll-fleet-admin";
 
@@ -290,6 +292,22 @@ pub async fn ensure_admission_policy(client: &Client) {
             apply_chart_templates(&["templates/admission-policy.yaml"]).await;
         }
         probe.until(true).await;
+        recorded_identities_written(client).await;
+    })
+    .await;
+}
+
+/// Waits until the chart's mutating policy records the creator: a dry-run create returns spec.creator.
+async fn recorded_identities_written(client: &Client) {
+    let rollouts: Api<fleetroll::api::FleetRollout> = Api::namespaced(client.clone(), "default");
+    let probe: fleetroll::api::FleetRollout = serde_json::from_value(json!({
+        "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": "creator-probe"},
+        "spec": {"image": "registry.k8s.io/pause:3.10", "targets": {"kind": "Deployment", "selector": {"matchLabels": {"probe": "x"}}}},
+    }))
+    .expect("a FleetRollout");
+    let dry_run = PostParams { dry_run: true, ..Default::default() };
+    super::poll_until("the admission policy to record creators", Duration::from_secs(60), || async {
+        rollouts.create(&dry_run, &probe).await.is_ok_and(|fr| fr.spec.creator.is_some())
     })
     .await;
 }

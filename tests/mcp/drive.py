@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 import anyio
 from mcp.shared.exceptions import MCPError
@@ -59,7 +60,18 @@ async def run(args) -> dict:
         return await _with_client(args, lambda c: tc.call_tool_raw(c, "rollout_fleet", json.loads(args.args)))
     if cmd == "wait":
         until = {args.until} if args.until else tc.TERMINAL_STATUSES
-        return await _with_client(args, lambda c: tc.wait_for_task(c, args.task_id, until=until, timeout=args.timeout))
+
+        async def wait(c):
+            # With --message: until the status message says it too (a task is working for many reasons).
+            deadline = time.monotonic() + args.timeout
+            while True:
+                task = await tc.wait_for_task(c, args.task_id, until=until, timeout=args.timeout)
+                said = args.message is None or args.message in (task.get("statusMessage") or "")
+                if said or task.get("status") in tc.TERMINAL_STATUSES or time.monotonic() > deadline:
+                    return task
+                await anyio.sleep(0.5)
+
+        return await _with_client(args, wait)
     if cmd == "get":
         return await _with_client(args, lambda c: tc.get_task(c, args.task_id))
     if cmd == "approve":
@@ -135,6 +147,7 @@ def main() -> None:
     p.add_argument("rest", nargs="*")
     p.add_argument("--token")
     p.add_argument("--until")
+    p.add_argument("--message")
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--mode", default=tc.MODERN)
     p.add_argument("--no-tasks", action="store_true")

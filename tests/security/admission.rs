@@ -285,28 +285,6 @@ fn merge(into: &mut Value, from: &Value) {
     }
 }
 
-pub(super) async fn approver_forges_who_approved(env: &'static Env) -> Row {
-    admin_rollout(env, &env.t1, "approved").await;
-    let forged = json!({"batch": 0, "planHash": "0123456789abcdef", "gatesHash": "0123456789abcdef",
-        "approvedBy": "the-cto"});
-    let approval = json!({"spec": {"approvals": [forged]}});
-    let ran = env
-        .dev1
-        .kubectl(&[
-            "patch",
-            "fleetrollout",
-            "approved",
-            "-n",
-            &env.t1,
-            "--type=merge",
-            "-p",
-            &approval.to_string(),
-        ])
-        .await;
-    let expect = Expect::Policy(format!("approvedBy must be {} or left out", env.dev1.username));
-    row("records an approval in someone else's name", who(&env.dev1, "edit in t1"), expect, &ran)
-}
-
 pub(super) async fn node_rollout_switches_its_daemonset(env: &'static Env) -> Row {
     let created = create_as(&env.dev1, &env.t1, "switch", node_spec()).await;
     let patch = json!({"spec": {"targets": {"daemonSet": "another-agent"}}});

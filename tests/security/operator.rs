@@ -89,7 +89,8 @@ pub(super) async fn tenant_replaces_a_frozen_plan(env: &'static Env) -> Row {
     let shard = fr.status.as_ref().and_then(|s| s.plan.as_ref()).map(|p| p.shards[0].clone()).unwrap();
 
     // As the tenant: replace the shard (an ordinary ConfigMap in its namespace) with one naming a workload
-    // in a namespace that never opted in, then have the operator restart (its cache gone) and approve.
+    // in a namespace that never opted in, then have the operator restart (its cache gone); a person (the
+    // tenant may not approve its own rollout) approves.
     let forged = json!([shard_entry(0, &victim.ns, "web-00"), shard_entry(1, &fleet.ns, "web-01")]);
     let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": shard, "namespace": fleet.ns},
         "data": {"plan.json": forged.to_string()}});
@@ -97,7 +98,7 @@ pub(super) async fn tenant_replaces_a_frozen_plan(env: &'static Env) -> Row {
     dev.kubectl(&["create", "-f", &file(&format!("{}-forged", fleet.ns), &cm)]).await.ok();
     drop(op);
     let mut op = Operator::start(&fleet.ns, &large_plans, &[]);
-    dev.kubectl(&["fleetroll", "approve", "r", "-n", &fleet.ns]).await.ok();
+    common::cli::kubectl(&["fleetroll", "approve", "r", "-n", &fleet.ns]).await.ok();
 
     let fr = fleet
         .wait_rollout("r", "the forged plan to be refused", VERDICT, |f| {
@@ -107,7 +108,7 @@ pub(super) async fn tenant_replaces_a_frozen_plan(env: &'static Env) -> Row {
     let (victim_safe, own_safe) = (untouched(env, &victim.ns).await, untouched(env, &fleet.ns).await);
     let alive = serving(&mut op).await;
     Row {
-        attack: "replaces a frozen plan's ConfigMap with one naming a workload elsewhere, restarts the operator, approves".into(),
+        attack: "replaces a frozen plan's ConfigMap with one naming a workload elsewhere, restarts the operator; a person approves".into(),
         who: format!("{} (edit in its namespace)", short_user(&dev)),
         expected: "the plan is refused (PlanTampered); nothing changes".into(),
         outcome: format!("{}; victim untouched: {victim_safe}; own Deployments untouched: {own_safe}; operator serving: {alive}", state(&fr)),

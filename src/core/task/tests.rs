@@ -3,6 +3,10 @@ use serde_json::json;
 
 use super::*;
 
+/// A caller who may approve, with a client that answers forms; and one whose client does not.
+const ASKED: Asker = Asker { forms: true, may_approve: true };
+const NO_FORMS: Asker = Asker { forms: false, may_approve: true };
+
 fn now() -> Timestamp {
     Timestamp::from_second(1_800_000_000).unwrap()
 }
@@ -41,7 +45,7 @@ fn targets(names: &[&str]) -> Vec<PlannedTarget> {
 #[test]
 fn the_approval_form_names_the_targets_it_is_given_whatever_the_status_holds() {
     // The status holds a plan of its own; the form names what the caller read from the frozen plan.
-    let named = view(&waiting(3), true, &targets(&["a", "b"]), now());
+    let named = view(&waiting(3), ASKED, &targets(&["a", "b"]), now());
     let TaskState::InputRequired(request) = named.state else { panic!("{:?}", named.state) };
     assert_eq!(request.key, approval_key(0, 1, "feedbeef", "0123abcd"));
     assert!(request.message.starts_with(
@@ -50,7 +54,7 @@ fn the_approval_form_names_the_targets_it_is_given_whatever_the_status_holds() {
     assert!(request.message.ends_with(" Targets: shard/a, shard/b"), "{}", request.message);
     assert_eq!(named.poll_interval_ms, Some(POLL_INPUT_MS));
 
-    let unknown = view(&waiting(3), true, &[], now());
+    let unknown = view(&waiting(3), ASKED, &[], now());
     let TaskState::InputRequired(request) = unknown.state else { panic!("{:?}", unknown.state) };
     assert!(!request.message.contains("Targets"), "no targets known, none named: {}", request.message);
 }
@@ -59,7 +63,7 @@ fn the_approval_form_names_the_targets_it_is_given_whatever_the_status_holds() {
 fn the_approval_form_names_at_most_twenty_targets() {
     let names: Vec<String> = (0..25).map(|i| format!("t{i:02}")).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let view = view(&waiting(0), true, &targets(&names), now());
+    let view = view(&waiting(0), ASKED, &targets(&names), now());
     let TaskState::InputRequired(request) = view.state else { panic!("{:?}", view.state) };
     assert!(request.message.contains("shard/t19"), "{}", request.message);
     assert!(!request.message.contains("shard/t20"), "{}", request.message);
@@ -75,15 +79,33 @@ fn only_a_rollout_waiting_for_approval_awaits_one() {
     let mut unasked = fr;
     unasked.status.as_mut().unwrap().pending_approval = None;
     assert_eq!(awaited_approval(&unasked), None);
-    assert_eq!(view(&unasked, true, &[], now()).state, TaskState::Working, "nothing to ask: working");
+    assert_eq!(view(&unasked, ASKED, &[], now()).state, TaskState::Working, "nothing to ask: working");
 }
 
 #[test]
 fn without_a_form_a_waiting_rollout_is_working_and_its_message_says_what_to_do() {
-    let view = view(&waiting(1), false, &targets(&["a"]), now());
+    let view = view(&waiting(1), NO_FORMS, &targets(&["a"]), now());
     assert_eq!(view.state, TaskState::Working);
     assert_eq!(view.poll_interval_ms, Some(POLL_WORKING_MS));
     assert!(view.message.contains("call approve_batch"), "{}", view.message);
+}
+
+#[test]
+fn a_caller_who_may_not_approve_is_not_asked_and_is_told_who_may() {
+    let mut fr = waiting(1);
+    fr.spec.creator = Some(crate::api::Creator {
+        username: "system:serviceaccount:team:agent".into(),
+        ..Default::default()
+    });
+    let view = view(&fr, Asker { forms: true, may_approve: false }, &targets(&["a"]), now());
+    assert_eq!(view.state, TaskState::Working, "the agent that created it is not offered the form");
+    assert!(!view.message.contains("call approve_batch"), "{}", view.message);
+    assert!(
+        view.message.contains("by someone who holds the approve verb on this rollout and did not create it (system:serviceaccount:team:agent did)"),
+        "{}",
+        view.message
+    );
+    assert_eq!(view.summary.creator.as_deref(), Some("system:serviceaccount:team:agent"));
 }
 
 #[test]
@@ -125,7 +147,7 @@ fn a_held_analysis_is_in_the_summary_and_the_message_says_how_to_release_it() {
     fr.status = Some(status);
     let s = summary(&fr);
     assert_eq!(s.analysis.as_ref().map(|a| a.metrics[0].name.as_str()), Some("error-rate"));
-    let view = view(&fr, true, &[], now());
+    let view = view(&fr, ASKED, &[], now());
     assert!(
         view.message
             .contains("AnalysisInconclusive: the metric analysis holds the rollout; call resume_rollout"),

@@ -12,6 +12,10 @@ pub enum Verb {
     Get,
     List,
     Patch,
+    /// Adding an approval: a verb of its own, which the built-in edit role does not carry.
+    Approve,
+    /// Approving a rollout one created oneself (separation of duties forbids it unless granted).
+    SelfApprove,
 }
 
 impl Verb {
@@ -21,6 +25,8 @@ impl Verb {
             Verb::Get => "get",
             Verb::List => "list",
             Verb::Patch => "patch",
+            Verb::Approve => "approve",
+            Verb::SelfApprove => "self-approve",
         }
     }
 }
@@ -70,7 +76,12 @@ pub fn required_access(method: &str, params: &Value) -> Option<Access> {
         }
         "tasks/get" | "tasks/update" | "tasks/cancel" => {
             let id = TaskId::parse(params.get("taskId").and_then(Value::as_str)?)?;
-            let verb = if method == "tasks/get" { Verb::Get } else { Verb::Patch };
+            // tasks/update answers the approval form, so it needs what approve_batch needs.
+            let verb = match method {
+                "tasks/get" => Verb::Get,
+                "tasks/update" => Verb::Approve,
+                _ => Verb::Patch,
+            };
             Some(Access { verb, namespace: Some(id.namespace), name: Some(id.name) })
         }
         _ => None,
@@ -104,8 +115,11 @@ mod tests {
             access("list_rollouts"),
             Access { verb: Verb::List, namespace: Some("team".into()), name: None }
         );
-        for tool in ["pause_rollout", "resume_rollout", "approve_batch", "abort_rollout", "rollback_rollout"]
-        {
+        assert_eq!(
+            access("approve_batch"),
+            Access { verb: Verb::Approve, namespace: Some("team".into()), name: Some("web".into()) }
+        );
+        for tool in ["pause_rollout", "resume_rollout", "abort_rollout", "rollback_rollout"] {
             assert_eq!(
                 access(tool),
                 Access { verb: Verb::Patch, namespace: Some("team".into()), name: Some("web".into()) }
@@ -121,7 +135,7 @@ mod tests {
         let get = required_access("tasks/get", &json!({"taskId": id})).unwrap();
         assert_eq!(get, Access { verb: Verb::Get, namespace: Some("team".into()), name: Some("web".into()) });
         assert_eq!(required_access("tasks/cancel", &json!({"taskId": id})).unwrap().verb, Verb::Patch);
-        assert_eq!(required_access("tasks/update", &json!({"taskId": id})).unwrap().verb, Verb::Patch);
+        assert_eq!(required_access("tasks/update", &json!({"taskId": id})).unwrap().verb, Verb::Approve);
         assert_eq!(required_access("tasks/get", &json!({"taskId": "nonsense"})), None);
         assert_eq!(required_access("tools/list", &json!({})), None);
         assert_eq!(required_access("server/discover", &Value::Null), None);

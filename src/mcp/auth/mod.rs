@@ -21,7 +21,7 @@ pub(crate) use self::{
     access::{Access, Granted, Verb, required_access},
     guard::{Guard, guard, rpc_error},
     origins::Origins,
-    review::Authenticator,
+    review::{Authenticator, Decision},
 };
 
 /// How the MCP endpoint authenticates callers.

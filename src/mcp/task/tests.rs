@@ -8,7 +8,7 @@ use serde_json::json;
 use super::*;
 use crate::{
     api::{FleetRolloutStatus, PendingApproval, Phase, PlanRef, PlanStorage},
-    core::task::{POLL_INPUT_MS, POLL_WORKING_MS, approval_key, parse_approval_key, summary, view},
+    core::task::{Asker, POLL_INPUT_MS, POLL_WORKING_MS, approval_key, parse_approval_key, summary, view},
 };
 
 const TOKEN: &str = "0123456789abcdef0123456789abcdef";
@@ -48,7 +48,7 @@ fn id() -> TaskId {
 }
 
 fn status_of(fr: &FleetRollout, elicitation: bool) -> (TaskStatus, serde_json::Value) {
-    let d = detailed(&id(), view(fr, elicitation, &[], at(30)));
+    let d = detailed(&id(), view(fr, Asker { forms: elicitation, may_approve: true }, &[], at(30)));
     (d.status(), serde_json::to_value(&d).unwrap())
 }
 

@@ -1,0 +1,137 @@
+//! People: users the API server knows by an x509 client certificate (not ServiceAccounts), with groups,
+//! the way a cluster's humans often log in. The certificate is issued through the CertificateSigningRequest
+//! API (signer kubernetes.io/kube-apiserver-client), so the test cluster's own CA signs it.
+
+use std::{path::PathBuf, process::Command, time::Duration};
+
+use k8s_openapi::{
+    ByteString,
+    api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
+    api::certificates::v1::{
+        CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
+        CertificateSigningRequestStatus,
+    },
+};
+use kube::{
+    Api, Client,
+    api::{ObjectMeta, PostParams},
+    config::Kubeconfig,
+};
+use serde_json::json;
+
+use super::{cli::repo_path, tenant::client_from};
+
+pub struct Person {
+    /// The certificate's CN, as the API server names the user.
+    pub username: String,
+    /// The certificate's O values.
+    pub groups: Vec<String>,
+    pub kubeconfig: PathBuf,
+    pub client: Client,
+}
+
+impl Person {
+    /// `name` in `groups`, with a certificate valid for an hour.
+    pub async fn x509(admin: &Client, name: &str, groups: &[&str]) -> Person {
+        let dir = PathBuf::from(repo_path("target/test-logs/people"));
+        std::fs::create_dir_all(&dir).expect("target/test-logs/people");
+        let unique = format!("{name}-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+        let key = dir.join(format!("{unique}.key"));
+        let subject: String =
+            std::iter::once(format!("/CN={name}")).chain(groups.iter().map(|g| format!("/O={g}"))).collect();
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl").args(args).output().expect("run openssl");
+            assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            out.stdout
+        };
+        let key_path = key.display().to_string();
+        openssl(&["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", &key_path]);
+        let csr = openssl(&["req", "-new", "-key", &key_path, "-subj", &subject]);
+
+        let csrs: Api<CertificateSigningRequest> = Api::all(admin.clone());
+        let request = CertificateSigningRequest {
+            metadata: ObjectMeta { name: Some(unique.clone()), ..Default::default() },
+            spec: CertificateSigningRequestSpec {
+                request: ByteString(csr),
+                signer_name: "kubernetes.io/kube-apiserver-client".into(),
+                usages: Some(vec!["client auth".into()]),
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            },
+            status: None,
+        };
+        let mut created = csrs.create(&PostParams::default(), &request).await.expect("create the CSR");
+        created.status = Some(CertificateSigningRequestStatus {
+            conditions: Some(vec![CertificateSigningRequestCondition {
+                type_: "Approved".into(),
+                status: "True".into(),
+                reason: Some("FleetrollTests".into()),
+                message: Some("a person for the tests".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        csrs.replace_subresource("approval", &unique, &PostParams::default(), &created)
+            .await
+            .expect("approve the CSR");
+        let signed =
+            super::wait_for(&csrs, &unique, "the certificate to be issued", Duration::from_secs(60), |c| {
+                c.status.as_ref().and_then(|s| s.certificate.as_ref()).is_some()
+            })
+            .await;
+        let certificate = signed.status.and_then(|s| s.certificate).expect("a certificate").0;
+
+        let admin_config = Kubeconfig::read_from(super::cluster().kubeconfig).expect("the test kubeconfig");
+        let cluster = admin_config.clusters[0].cluster.clone().expect("a cluster");
+        let cert = dir.join(format!("{unique}.crt"));
+        std::fs::write(&cert, &certificate).expect("write the certificate");
+        let kubeconfig = json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "test", "cluster": {"server": cluster.server, "certificate-authority-data": cluster.certificate_authority_data}}],
+            "users": [{"name": name, "user": {"client-certificate": cert, "client-key": key}}],
+            "contexts": [{"name": name, "context": {"cluster": "test", "user": name}}],
+            "current-context": name,
+        });
+        let path = dir.join(format!("{unique}.kubeconfig"));
+        std::fs::write(&path, kubeconfig.to_string()).expect("write the kubeconfig");
+        let client = client_from(&path, None).await;
+        Person {
+            username: name.to_string(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            kubeconfig: path,
+            client,
+        }
+    }
+
+    /// Waits until RBAC lets this person `verb` `resource` (of API group `group`) in `ns`.
+    pub async fn wait_allowed(&self, admin: &Client, ns: &str, group: &str, resource: &str, verb: &str) {
+        let groups = self.groups.iter().cloned().chain(["system:authenticated".to_string()]).collect();
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(self.username.clone()),
+                groups: Some(groups),
+                resource_attributes: Some(ResourceAttributes {
+                    namespace: Some(ns.into()),
+                    group: Some(group.into()),
+                    resource: Some(resource.into()),
+                    verb: Some(verb.into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: Api<SubjectAccessReview> = Api::all(admin.clone());
+        let what = format!("RBAC to let {} {verb} {resource} in {ns}", self.username);
+        super::poll_until(&what, Duration::from_secs(30), || async {
+            let reviewed = api.create(&PostParams::default(), &review).await.expect("SubjectAccessReview");
+            reviewed.status.is_some_and(|s| s.allowed)
+        })
+        .await;
+    }
+
+    /// kubectl as this person.
+    pub async fn kubectl(&self, args: &[&str]) -> super::cli::Ran {
+        super::cli::kubectl_as(&self.kubeconfig, args).await
+    }
+}

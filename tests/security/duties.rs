@@ -1,0 +1,144 @@
+//! Attacks on separation of duties: who may approve a batch, and the creator the API server records, as
+//! tenants with real tokens through `kubectl`.
+
+use super::*;
+
+/// An approval of batch 0 of a rollout (the hashes need not match a plan: admission judges who writes it).
+fn approval(approved_by: Option<&str>) -> String {
+    let mut a = json!({"batch": 0, "planHash": "0123456789abcdef", "gatesHash": "0123456789abcdef"});
+    if let Some(by) = approved_by {
+        a["approvedBy"] = json!(by);
+    }
+    json!({"spec": {"approvals": [a]}}).to_string()
+}
+
+async fn approve_as(t: &Tenant, ns: &str, name: &str, approved_by: Option<&str>) -> Ran {
+    t.kubectl(&["patch", "fleetrollout", name, "-n", ns, "--type=merge", "-p", &approval(approved_by)]).await
+}
+
+async fn rollout(env: &Env, ns: &str, name: &str) -> FleetRollout {
+    Api::<FleetRollout>::namespaced(env.admin.clone(), ns).get(name).await.unwrap()
+}
+
+pub(super) async fn edit_tenant_approves_a_batch(env: &'static Env) -> Row {
+    admin_rollout(env, &env.t1, "edit-approves").await;
+    let ran = approve_as(&env.dev1, &env.t1, "edit-approves", None).await;
+    let expect = Expect::Policy(format!(
+        "{}: approving needs the approve verb",
+        may_not(&env.dev1, "approve fleetrollouts", &env.t1)
+    ));
+    row(
+        "approves a batch with the edit role alone (patch, no approve)",
+        who(&env.dev1, "edit in t1"),
+        expect,
+        &ran,
+    )
+}
+
+pub(super) async fn approver_approves_an_others_rollout(env: &'static Env) -> Row {
+    admin_rollout(env, &env.t1, "approved-by-other").await;
+    let ran = approve_as(&env.approver, &env.t1, "approved-by-other", None).await;
+    let recorded = rollout(env, &env.t1, "approved-by-other").await.spec.approvals;
+    let by = recorded.first().and_then(|a| a.approved_by.clone()).unwrap_or_default();
+    let mut row = row(
+        "baseline: an approver approves someone else's rollout, naming no one",
+        who(&env.approver, "edit and approver in t1"),
+        Expect::Allowed,
+        &ran,
+    );
+    row.outcome = format!("{}; recorded approvedBy {by}", row.outcome);
+    row.contained &= by == env.approver.username;
+    row
+}
+
+pub(super) async fn approver_approves_its_own_rollout(env: &'static Env) -> Row {
+    let created = create_as(&env.approver, &env.t1, "self-approved", deployments_spec()).await;
+    assert_eq!(created.code, 0, "{}", created.stderr);
+    let ran = approve_as(&env.approver, &env.t1, "self-approved", Some(&env.approver.username)).await;
+    let expect = Expect::Policy(format!(
+        "FleetRollout denied: {} created this rollout and may not approve it",
+        env.approver.username
+    ));
+    row(
+        "approves the rollout it created itself (an agent opening its own gate)",
+        who(&env.approver, "edit and approver in t1"),
+        expect,
+        &ran,
+    )
+}
+
+pub(super) async fn approver_forges_who_approved(env: &'static Env) -> Row {
+    admin_rollout(env, &env.t1, "approved").await;
+    let ran = approve_as(&env.approver, &env.t1, "approved", Some("the-cto")).await;
+    let expect = Expect::Policy(format!("approvedBy must be {} or left out", env.approver.username));
+    row(
+        "records an approval in someone else's name",
+        who(&env.approver, "edit and approver in t1"),
+        expect,
+        &ran,
+    )
+}
+
+pub(super) async fn creator_written_into_the_manifest(env: &'static Env) -> Row {
+    let mut spec = deployments_spec();
+    spec["creator"] = json!({"username": "the-cto", "groups": ["approvers", "system:masters"]});
+    let ran = create_as(&env.dev1, &env.t1, "forged-creator", spec).await;
+    let recorded = rollout(env, &env.t1, "forged-creator").await.spec.creator.unwrap_or_default();
+    let mut row = row(
+        "writes someone else as spec.creator in the manifest it creates",
+        who(&env.dev1, "edit in t1"),
+        Expect::Allowed,
+        &ran,
+    );
+    row.expected = "admitted, with the creator the API server authenticated".into();
+    row.outcome = format!("{}; recorded creator {} in {:?}", row.outcome, recorded.username, recorded.groups);
+    row.contained &= recorded.username == env.dev1.username
+        && !recorded.groups.iter().any(|g| g == "approvers" || g == "system:masters");
+    row
+}
+
+pub(super) async fn creator_rewritten_after_create(env: &'static Env) -> Row {
+    let created = create_as(&env.dev1, &env.t1, "renamed-creator", deployments_spec()).await;
+    assert_eq!(created.code, 0, "{}", created.stderr);
+    let patch = json!({"spec": {"creator": {"username": "the-cto"}}}).to_string();
+    let ran = env
+        .dev1
+        .kubectl(&["patch", "fleetrollout", "renamed-creator", "-n", &env.t1, "--type=merge", "-p", &patch])
+        .await;
+    // The schema's transition rule refuses it (kubectl says `is invalid: spec: Invalid value`).
+    row(
+        "rewrites the recorded creator of its rollout",
+        who(&env.dev1, "edit in t1"),
+        Expect::Schema("spec".into()),
+        &ran,
+    )
+}
+
+pub(super) async fn creator_erased_by_an_apply(env: &'static Env) -> Row {
+    let created = create_as(&env.dev1, &env.t1, "erased-creator", deployments_spec()).await;
+    assert_eq!(created.code, 0, "{}", created.stderr);
+    let ran = env
+        .dev1
+        .kubectl(&[
+            "patch",
+            "fleetrollout",
+            "erased-creator",
+            "-n",
+            &env.t1,
+            "--type=json",
+            "-p",
+            r#"[{"op": "remove", "path": "/spec/creator"}]"#,
+        ])
+        .await;
+    let kept = rollout(env, &env.t1, "erased-creator").await.spec.creator.map(|c| c.username);
+    let mut row = row(
+        "removes the recorded creator (as an apply leaving it out would)",
+        who(&env.dev1, "edit in t1"),
+        Expect::Allowed,
+        &ran,
+    );
+    row.expected = "admitted, the creator kept".into();
+    row.outcome = format!("{}; creator now {}", row.outcome, kept.as_deref().unwrap_or("none"));
+    row.contained &= kept.as_deref() == Some(env.dev1.username.as_str());
+    row
+}
