@@ -27,8 +27,9 @@ help: ## list the targets
 build: ## build the fleetroll binary
 	$(CARGO) build --locked
 
-generate: ## regenerate the CRD (crds/, the chart) from the Rust types, manifests/install.yaml and the chart's README from the chart
+generate: ## regenerate the CRDs (crds/, the chart) from the Rust types, manifests/install.yaml and the chart's README from the chart
 	$(CARGO) run --locked --quiet -- crd > crds/fleetroll.dev_fleetrollouts.yaml
+	$(CARGO) run --locked --quiet -- crd --policy > crds/fleetroll.dev_fleetrolloutpolicies.yaml
 	$(CARGO) run --locked --quiet -- crd --helm > charts/fleetroll/templates/crds.yaml
 	$(TESTENV)/build.sh
 	hack/render-manifests.sh > manifests/install.yaml

@@ -16,6 +16,12 @@ pub enum Error {
     #[error("the FleetRollout CRD is not installed (kubectl apply -f crds/): {0}")]
     CrdMissing(#[source] kube::Error),
 
+    #[error(
+        "cannot list FleetRolloutPolicies (is the CRD installed, and may the operator list them?): {0}; \
+         install crds/fleetroll.dev_fleetrolloutpolicies.yaml or upgrade the chart"
+    )]
+    PolicyCrdMissing(#[source] kube::Error),
+
     #[error("cannot serve HTTP on {addr}: {source}")]
     Listen { addr: String, source: std::io::Error },
 
@@ -42,7 +48,7 @@ impl Error {
             Error::Kube(_) => "kube",
             Error::Conflict => "conflict",
             Error::Json(_) => "json",
-            Error::CrdMissing(_) => "crd_missing",
+            Error::CrdMissing(_) | Error::PolicyCrdMissing(_) => "crd_missing",
             Error::Listen { .. } => "listen",
             Error::LostLeadership => "lost_leadership",
             Error::Config(_) => "config",

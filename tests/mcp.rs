@@ -146,8 +146,11 @@ async fn approvals_answer_input_requests_and_cancel_aborts() {
         assert!(keys[0].starts_with("approve-r1-b1-"), "{waiting}");
         let fr = fleet.rollouts().get("gated").await.unwrap();
         let s = fr.status.unwrap();
-        // Without authentication the server knows no one to name (with it, the approval names the caller).
-        assert_eq!(s.approvals[0].approved_by, None);
+        // Without authentication the server writes as itself, and admission names it as the approver (with
+        // it, the approval names the caller).
+        let server = fr.spec.creator.map(|c| c.username);
+        assert!(server.is_some());
+        assert_eq!(s.approvals[0].approved_by, server);
         assert_eq!(s.counts.updated, 2);
 
         // tasks/cancel: acked, idempotent, and the task ends cancelled with nothing more changed.

@@ -20,6 +20,8 @@ mod bypass;
 mod common;
 #[path = "security/duties.rs"]
 mod duties;
+#[path = "security/guardrails.rs"]
+mod guardrails;
 #[path = "security/mcp.rs"]
 mod mcp_attacks;
 #[path = "security/mcp_shares.rs"]
@@ -38,6 +40,7 @@ mod starve;
 use admission::*;
 use bypass::*;
 use duties::*;
+use guardrails::*;
 use mcp_attacks::*;
 use mcp_shares::*;
 use member_attacks::*;
@@ -117,6 +120,10 @@ const ATTACKS: &[Entry] = &[
     attack!(creator_written_into_the_manifest),
     attack!(creator_rewritten_after_create),
     attack!(creator_erased_by_an_apply),
+    attack!(agent_omits_the_approval_a_policy_requires),
+    attack!(agent_exceeds_a_policys_batch_cap),
+    attack!(approver_outside_a_policys_approvers),
+    attack!(a_plan_beyond_a_policys_caps_is_held),
     attack!(finalizer_stripped_from_a_held_node_rollout),
     attack!(owner_reference_makes_the_garbage_collector_delete_a_rollout),
     attack!(deleting_a_rollout_that_still_runs),

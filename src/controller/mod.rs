@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::{
-    api::{FleetRollout, FleetRolloutStatus, Phase},
+    api::{FleetRollout, FleetRolloutPolicy, FleetRolloutStatus, Phase},
     core::{
         http_check, scope,
         workload::{self, Cached, WorkloadFacts},
@@ -79,6 +79,8 @@ pub struct Context {
     rules: Arc<scope::Rules>,
     stores: Stores,
     rollouts: Store<FleetRollout>,
+    /// The platform's FleetRolloutPolicies (cluster-scoped, written by the platform team alone).
+    policies: Store<FleetRolloutPolicy>,
     plans: PlanStore,
     prober: Prober,
     /// Sends analysis queries, under `settings.analysis.policy`.
@@ -280,6 +282,32 @@ async fn watches(
     (controller, Stores::new(deployments, statefulsets, daemonsets, namespaces))
 }
 
+/// The FleetRolloutPolicies, cached, and a wake of every rollout whenever one changes (a platform team
+/// writes them, rarely). Returns once the cache holds them all: until then no rollout is reconciled, so
+/// none starts a batch a policy forbids. Without the CRD (or the right to list it) the operator does not
+/// start: a policy it cannot see must not be taken for no policy.
+async fn watch_policies(
+    client: &Client,
+) -> Result<(Store<FleetRolloutPolicy>, impl Stream<Item = ()> + Send + 'static)> {
+    let api: Api<FleetRolloutPolicy> = Api::all(client.clone());
+    api.list(&ListParams::default().limit(1)).await.map_err(Error::PolicyCrdMissing)?;
+    let (store, writer) = reflector::store::<FleetRolloutPolicy>();
+    let events = watcher(api, watcher::Config::default()).default_backoff().reflect(writer).touched_objects();
+    let (wake, woken) = futures::channel::mpsc::channel(1);
+    tokio::spawn(events.for_each(move |event| {
+        let mut wake = wake.clone();
+        async move {
+            match event {
+                // A full channel already holds a wake of every rollout.
+                Ok(_) => drop(wake.try_send(())),
+                Err(e) => warn!(error = %e, "watching FleetRolloutPolicies"),
+            }
+        }
+    }));
+    store.wait_until_ready().await.map_err(|e| Error::Config(format!("FleetRolloutPolicy cache: {e}")))?;
+    Ok((store, woken))
+}
+
 /// Reconciles at once: each may hold probes, queries and lists, so their number bounds what the operator
 /// holds; a reconcile waiting on slow probes or queries holds its slot up to their budgets (15 s, 40 s), so
 /// there are enough that one tenant's slow rollouts do not hold every other tenant's off (a share per
@@ -325,6 +353,8 @@ pub async fn run(
         self_workloads: settings.self_workloads.clone(),
     });
     let (controller, stores) = watches(&client, rollouts, rules.clone(), member_changes).await;
+    let (policies, policy_changes) = watch_policies(&client).await?;
+    let controller = controller.reconcile_all_on(policy_changes);
     let prober = Prober::new(settings.http_check.clone(), Some(client.clone())).map_err(Error::Config)?;
     let querier =
         crate::edge::prometheus::Querier::new(settings.analysis.policy.clone(), Some(client.clone()))
@@ -332,6 +362,7 @@ pub async fn run(
     let ctx = Arc::new(Context {
         rollouts_io: Rollouts::new(client.clone(), &settings.identity, metrics.clone()),
         rollouts: controller.store(),
+        policies,
         members: crate::edge::member_watch::MemberWatches::new(
             crate::edge::members::Members::new(client.clone(), settings.fleet_namespace.clone())
                 .with_exec(settings.member_exec.clone()),

@@ -205,10 +205,13 @@ async fn decide(
         ctx.rules.check(scope_of, t, seen)
     };
     let uid = fr.uid().unwrap_or_default();
+    let guardrails = crate::core::policy::guardrails(&ctx.policies.state(), fr.spec.creator.as_ref());
     rollout::decide(&Facts {
         now,
         uid: &uid,
         generation: fr.metadata.generation.unwrap_or(0),
+        namespace: &own_namespace,
+        guardrails: &guardrails,
         spec: &fr.spec,
         status,
         plan: &loaded.plan,

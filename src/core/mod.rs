@@ -9,6 +9,7 @@ pub mod exec;
 pub(crate) mod http_check;
 pub mod nodes;
 pub mod plan;
+pub(crate) mod policy;
 pub(crate) mod reason;
 pub(crate) mod rollout;
 pub(crate) mod scope;

@@ -14,6 +14,8 @@ pub const PAUSED_BY_SPEC: &str = "PausedBySpec";
 pub const RESUMED: &str = "Resumed";
 pub const WAITING_FOR_APPROVAL: &str = "WaitingForApproval";
 pub const APPROVED: &str = "Approved";
+/// A platform policy (FleetRolloutPolicy) holds the next batch: the planned rollout breaks it.
+pub const POLICY_VIOLATION: &str = "PolicyViolation";
 pub const SUCCEEDED: &str = "Succeeded";
 pub const FAILURE_BUDGET_EXCEEDED: &str = "FailureBudgetExceeded";
 pub const ABORT_REQUESTED: &str = "AbortRequested";

@@ -36,9 +36,13 @@ enum LogFormat {
 enum Command {
     /// Print the FleetRollout CustomResourceDefinition as YAML.
     Crd {
-        /// Print it as the Helm chart's template (installed when crds.install is set, kept on uninstall).
+        /// Print both CRDs as the Helm chart's template (installed when crds.install is set, kept on
+        /// uninstall).
         #[arg(long)]
         helm: bool,
+        /// Print the FleetRolloutPolicy CRD instead.
+        #[arg(long, conflicts_with = "helm")]
+        policy: bool,
     },
     /// Run the operator: the controller (when leader) and its HTTP listener (/healthz, /readyz, /metrics, /mcp).
     Operator(Box<OperatorArgs>),
@@ -376,8 +380,13 @@ fn default_identity() -> String {
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Crd { helm } => {
-            match if helm { crate::api::crd_helm_template() } else { crate::api::crd_yaml() } {
+        Command::Crd { helm, policy } => {
+            let rendered = match (helm, policy) {
+                (true, _) => crate::api::crd_helm_template(),
+                (false, true) => crate::api::policy_crd_yaml(),
+                (false, false) => crate::api::crd_yaml(),
+            };
+            match rendered {
                 Ok(yaml) => {
                     print!("{yaml}");
                     ExitCode::SUCCESS

@@ -45,18 +45,19 @@ async fn install_crd(client: &Client) {
     static DONE: OnceCell<()> = OnceCell::const_new();
     DONE.get_or_init(|| async {
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        let crd = fleetroll::api::crd();
-        let name = crd.metadata.name.clone().unwrap_or_default();
-        crds.patch(&name, &PatchParams::apply("fleetroll-tests").force(), &Patch::Apply(&crd))
+        for crd in [fleetroll::api::crd(), fleetroll::api::policy_crd()] {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            crds.patch(&name, &PatchParams::apply("fleetroll-tests").force(), &Patch::Apply(&crd))
+                .await
+                .expect("apply the CRD");
+            tokio::time::timeout(
+                Duration::from_secs(60),
+                await_condition(crds.clone(), &name, conditions::is_crd_established()),
+            )
             .await
-            .expect("apply the FleetRollout CRD");
-        tokio::time::timeout(
-            Duration::from_secs(60),
-            await_condition(crds, &name, conditions::is_crd_established()),
-        )
-        .await
-        .expect("the CRD was not established in time")
-        .expect("watching the CRD");
+            .expect("the CRD was not established in time")
+            .expect("watching the CRD");
+        }
     })
     .await;
 }

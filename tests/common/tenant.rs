@@ -279,7 +279,7 @@ pub async fn ensure_admission_policy(client: &Client) {
         let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
         let before =
             policies.get_opt(POLICY).await.expect("read the policy").and_then(|p| p.metadata.generation);
-        apply_chart_templates(&["templates/admission-policy.yaml"]).await;
+        apply_chart_templates(&["templates/admission-policy.yaml", "templates/guardrails.yaml"]).await;
         let after = policies.get(POLICY).await.expect("the policy").metadata.generation;
         let probe = policy_probe(client).await;
         if before.is_some() && before != after {
@@ -289,7 +289,7 @@ pub async fn ensure_admission_policy(client: &Client) {
             let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
             bindings.delete(POLICY, &Default::default()).await.expect("delete the policy's binding");
             probe.until(false).await;
-            apply_chart_templates(&["templates/admission-policy.yaml"]).await;
+            apply_chart_templates(&["templates/admission-policy.yaml", "templates/guardrails.yaml"]).await;
         }
         probe.until(true).await;
         recorded_identities_written(client).await;

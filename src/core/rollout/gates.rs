@@ -12,7 +12,7 @@ use super::{
 use crate::{
     api::{
         ApprovalMode, ApprovalRecord, BATCH_WINDOW, BatchState, BatchStatus, FleetRolloutSpec,
-        FleetRolloutStatus, HISTORY, PendingApproval, Phase, PlanRef, Revision, RevisionInputs,
+        FleetRolloutStatus, HISTORY, PendingApproval, Phase, PlanRef, PolicyHold, Revision, RevisionInputs,
         SupersededRevision, TROUBLE_LISTED, time,
     },
     core::{
@@ -20,7 +20,7 @@ use crate::{
         clusters::{self, PlannedWave},
         count, duration,
         plan::{self, Plan},
-        reason,
+        policy, reason,
     },
 };
 
@@ -190,7 +190,8 @@ pub(super) fn next_batch(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: V
     if next >= total_batches(f) {
         return succeed(f, s, events);
     }
-    let held = paused(f, &mut s, &mut events, next)
+    let held = guarded(f, &mut s, &mut events, next)
+        .or_else(|| paused(f, &mut s, &mut events, next))
         .or_else(|| approved(f, &mut s, &mut events, next))
         .or_else(|| paced(f, &mut s, &mut events));
     match held {
@@ -211,6 +212,31 @@ fn succeed(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: Vec<Event>) -> 
     );
     events.push(Event::normal(reason::SUCCEEDED, None, message));
     write(f, s, events)
+}
+
+/// A platform policy the planned rollout breaks holds the next batch (the first one too, so nothing
+/// changes) until the spec or the policy changes so that it no longer does.
+fn guarded(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, next: u32) -> Gate {
+    let Some(v) = policy::violation(f.guardrails, f.spec, f.namespace, f.plan) else {
+        s.policy_hold = None;
+        return None;
+    };
+    let hold = PolicyHold { policy: v.policy, rule: v.rule.into(), message: v.message };
+    if s.policy_hold.as_ref() != Some(&hold) {
+        let message = format!(
+            "batch {}/{} held by FleetRolloutPolicy {} ({}): {}",
+            next + 1,
+            total_batches(f),
+            hold.policy,
+            hold.rule,
+            hold.message
+        );
+        events.push(Event::warning(reason::POLICY_VIOLATION, Some(next), message));
+    }
+    s.policy_hold = Some(hold);
+    s.phase = Phase::Paused;
+    s.reason = Some(reason::POLICY_VIOLATION.into());
+    Some(write_if_changed(f, s.clone(), std::mem::take(events), None))
 }
 
 /// `spec.paused` holds the next batch; clearing it lets it go.
@@ -239,7 +265,8 @@ fn approved(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, 
     let gates = plan::gates_hash(f.spec);
     // A record written before approvals bound gates (no hash) binds none: its rollout goes on as approved.
     let loosened = s.approvals.last().is_some_and(|a| !a.gates_hash.is_empty() && a.gates_hash != gates);
-    if !needs_approval(f.spec.strategy.approval, next) && !loosened {
+    let mode = policy::approval_mode(f.spec.strategy.approval, f.guardrails);
+    if !needs_approval(mode, next) && !loosened {
         return None;
     }
     let total = total_batches(f);

@@ -62,8 +62,12 @@ pub struct Facts<'a> {
     pub now: Timestamp,
     pub uid: &'a str,
     pub generation: i64,
+    /// The rollout's namespace.
+    pub namespace: &'a str,
     pub spec: &'a FleetRolloutSpec,
     pub status: &'a FleetRolloutStatus,
+    /// What the platform policies governing the rollout's creator require.
+    pub guardrails: &'a crate::core::policy::Guardrails,
     pub plan: &'a Plan,
     /// Whether the rollout carries the finalizer that makes its deletion hand its DaemonSet back.
     pub holds_daemonset: bool,

@@ -48,6 +48,18 @@ fn message(s: &FleetRolloutStatus, total_batches: u32) -> String {
             _ if s.current_batch.is_none() => format!("planned in {total_batches} batches; {tally}"),
             _ => format!("batch {batch}/{total_batches} in progress; {tally}"),
         },
+        Phase::Paused if s.reason.as_deref() == Some(reason::POLICY_VIOLATION) => match &s.policy_hold {
+            Some(h) => format!(
+                "held before batch {}/{total_batches} by FleetRolloutPolicy {} ({}): {}; change the spec or abort; {tally}",
+                batch + 1,
+                h.policy,
+                h.rule,
+                h.message
+            ),
+            None => {
+                format!("held before batch {}/{total_batches} by a FleetRolloutPolicy; {tally}", batch + 1)
+            }
+        },
         Phase::Paused if s.reason.as_deref() == Some(reason::FAILURE_BUDGET_EXCEEDED) => {
             format!("paused: failure budget exceeded in batch {batch}/{total_batches}; {tally}")
         }

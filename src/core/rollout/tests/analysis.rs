@@ -235,6 +235,8 @@ fn decide_with(sim: &Sim, measured: &[Measured]) -> Step {
         now: sim.now,
         uid: UID,
         generation: sim.generation,
+        namespace: super::NAMESPACE,
+        guardrails: &sim.guardrails,
         spec: &sim.spec,
         status: &sim.status,
         plan: &sim.plan,

@@ -223,3 +223,35 @@ fn a_ready_target_is_never_healthy_before_its_http_check_has_run() {
     assert_eq!(sim.settle(), None);
     assert_eq!(sim.status.counts.healthy, 5);
 }
+
+#[test]
+fn a_policy_the_plan_breaks_holds_the_first_batch_until_it_no_longer_does() {
+    use crate::core::policy::Guardrails;
+    let mut sim = Sim::new(spec(4), 8);
+    sim.guardrails = Guardrails { max_batch_size: Some((2, "agents".into())), ..Default::default() };
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Paused);
+    assert!(sim.changes.is_empty(), "nothing changed: {:?}", sim.changes);
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::POLICY_VIOLATION));
+    let hold = sim.status.policy_hold.clone().unwrap();
+    assert_eq!((hold.policy.as_str(), hold.rule.as_str()), ("agents", "maxBatchSize"));
+    assert!(sim.status.message.as_deref().unwrap().contains("held before batch 1/2 by FleetRolloutPolicy agents (maxBatchSize): batch 1 has 4 targets, at most 2 allowed"), "{:?}", sim.status.message);
+    // The platform raises its cap: the rollout goes on, and the hold is gone.
+    sim.guardrails.max_batch_size = Some((4, "agents".into()));
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    assert_eq!(sim.status.policy_hold, None);
+    assert_eq!(sim.changes.len(), 8);
+}
+
+#[test]
+fn a_policy_requiring_approval_holds_a_rollout_whose_spec_asks_for_none() {
+    use crate::core::policy::Guardrails;
+    let mut sim = Sim::new(spec(4), 8);
+    sim.guardrails =
+        Guardrails { approval: Some((ApprovalMode::FirstBatch, "agents".into())), ..Default::default() };
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::WaitingForApproval);
+    assert!(sim.changes.is_empty(), "the first batch waits for a person");
+    assert_eq!(sim.status.pending_approval.as_ref().map(|p| p.batch), Some(0));
+}

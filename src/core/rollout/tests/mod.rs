@@ -25,6 +25,8 @@ use crate::{
 };
 
 const UID: &str = "0d4c8f2e";
+/// The namespace the simulated rollout lives in.
+pub(super) const NAMESPACE: &str = "fleet";
 
 pub(super) fn spec(n_batch: i32) -> FleetRolloutSpec {
     FleetRolloutSpec {
@@ -67,6 +69,8 @@ pub(super) struct Sim {
     pub(super) queries: std::cell::Cell<usize>,
     /// Member clusters that do not answer now, and why.
     pub(super) unreachable: std::collections::BTreeMap<String, String>,
+    /// What the platform policies governing the rollout require.
+    pub(super) guardrails: crate::core::policy::Guardrails,
 }
 
 pub(super) fn key(t: &PlannedTarget) -> String {
@@ -145,6 +149,7 @@ impl Sim {
             backend: HashMap::new(),
             queries: Default::default(),
             unreachable: Default::default(),
+            guardrails: Default::default(),
         }
     }
 
@@ -189,6 +194,8 @@ impl Sim {
             now: self.now,
             uid: UID,
             generation: self.generation,
+            namespace: NAMESPACE,
+            guardrails: &self.guardrails,
             spec: &self.spec,
             status: &self.status,
             plan: &self.plan,

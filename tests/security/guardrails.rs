@@ -1,0 +1,173 @@
+//! Attacks on the platform's guardrails (FleetRolloutPolicy): an agent's rollouts carry what the platform
+//! requires, whatever the agent writes, and the operator holds a plan that breaks a policy admission could
+//! not judge. Each attack governs only the ServiceAccounts of a namespace of its own, so the other attacks
+//! run as they would without it.
+
+use common::people::Person;
+use fleetroll::api::FleetRolloutPolicy;
+
+use super::*;
+
+/// The guardrails admission policy's name.
+const GUARDRAILS: &str = "fleetroll-guardrails";
+
+/// A namespace of the attack's own, an agent (a ServiceAccount with edit there) and a policy governing the
+/// namespace's ServiceAccounts (requiring an approval or capping batches), enforced by the time this
+/// returns.
+async fn governed(env: &'static Env, prefix: &str, rules: Value) -> (String, Tenant, String) {
+    let ns = env.scratch_namespace(prefix, &[]).await;
+    let agent = Tenant::create(&env.admin, &ns, "agent", &[Grant::cluster_role("edit")]).await;
+    let name = format!("{ns}-agents");
+    let mut spec = json!({"subjects": {"groups": [format!("system:serviceaccounts:{ns}")]}});
+    merge(&mut spec, &rules);
+    let policy: FleetRolloutPolicy = serde_json::from_value(json!({
+        "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRolloutPolicy", "metadata": {"name": name}, "spec": spec,
+    }))
+    .unwrap();
+    let policies: Api<FleetRolloutPolicy> = Api::all(env.admin.clone());
+    policies.create(&PostParams::default(), &policy).await.unwrap();
+    // The admission plugin sees a new parameter from its informer: wait until it refuses (in a dry run) a
+    // rollout with no approval and batches of 100000 (each attack's policy caps one or the other).
+    let mut unbound = deployments_spec();
+    unbound["strategy"] = json!({"batchSize": 100000});
+    let bare = manifest(&ns, "probe", unbound);
+    common::poll_until("the FleetRolloutPolicy to be enforced", Duration::from_secs(60), || async {
+        let ran = agent.kubectl(&["create", "--dry-run=server", "-f", &bare]).await;
+        ran.code != 0 && ran.stderr.contains(GUARDRAILS)
+    })
+    .await;
+    (ns, agent, name)
+}
+
+/// A RoleBinding in `ns` of the ClusterRole `role` to the user `user`.
+async fn bind_user(env: &Env, ns: &str, user: &str, role: &str) {
+    let binding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": user, "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(env.admin.clone(), ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+}
+
+fn merge(a: &mut Value, b: &Value) {
+    if let (Some(a), Some(b)) = (a.as_object_mut(), b.as_object()) {
+        for (k, v) in b {
+            a.insert(k.clone(), v.clone());
+        }
+    }
+}
+
+/// A refusal by the guardrails policy naming `policy` and `rule`.
+fn refused_by(ran: &Ran, policy: &str, rule: &str) -> bool {
+    ran.code != 0
+        && ran.stderr.contains(&format!("ValidatingAdmissionPolicy '{GUARDRAILS}'"))
+        && ran.stderr.contains(&format!("FleetRollout denied by FleetRolloutPolicy {policy} ({rule})"))
+}
+
+fn judged(attack: &str, who: String, expected: &str, ran: &Ran, contained: bool) -> Row {
+    Row { attack: attack.into(), who, expected: expected.into(), outcome: outcome(ran), contained }
+}
+
+pub(super) async fn agent_omits_the_approval_a_policy_requires(env: &'static Env) -> Row {
+    let rules = json!({"approval": "FirstBatch", "maxBatchSize": 2});
+    let (ns, agent, policy) = governed(env, "sec-guard", rules).await;
+    let ran = create_as(&agent, &ns, "unapproved", deployments_spec()).await;
+    let mut spec = deployments_spec();
+    spec["strategy"] = json!({"approval": "FirstBatch", "batchSize": 2});
+    let compliant = create_as(&agent, &ns, "compliant", spec).await;
+    let mut row = judged(
+        "starts a rollout without the first-batch approval its platform's policy requires",
+        who(&agent, "edit; governed by a policy"),
+        "denied, naming the policy and the rule; the same with the approval admitted",
+        &ran,
+        refused_by(&ran, &policy, "approval") && compliant.code == 0,
+    );
+    row.outcome = format!("{}; with it: {}", row.outcome, outcome(&compliant));
+    row
+}
+
+pub(super) async fn agent_exceeds_a_policys_batch_cap(env: &'static Env) -> Row {
+    let rules = json!({"approval": "FirstBatch", "maxBatchSize": 2});
+    let (ns, agent, policy) = governed(env, "sec-cap", rules).await;
+    let mut spec = deployments_spec();
+    spec["strategy"] = json!({"approval": "FirstBatch", "steps": [1], "batchSize": 50});
+    let ran = create_as(&agent, &ns, "wide", spec.clone()).await;
+    // A person the policy does not govern writes the very same spec: admitted.
+    let person = Person::x509(&env.admin, "carol", &["developers"]).await;
+    bind_user(env, &ns, "carol", "edit").await;
+    person.wait_allowed(&env.admin, &ns, "fleetroll.dev", "fleetrollouts", "create").await;
+    let theirs = person.kubectl(&["create", "-f", &manifest(&ns, "wide-by-a-person", spec)]).await;
+    let mut row = judged(
+        "starts a rollout of 50 targets a batch under a policy capping batches at 2",
+        who(&agent, "edit; governed by a policy"),
+        "denied, naming the policy; a person outside the policy writing the same spec is admitted",
+        &ran,
+        refused_by(&ran, &policy, "maxBatchSize") && theirs.code == 0,
+    );
+    row.outcome = format!("{}; by carol (x509, not governed): {}", row.outcome, outcome(&theirs));
+    row
+}
+
+pub(super) async fn approver_outside_a_policys_approvers(env: &'static Env) -> Row {
+    let rules = json!({"approval": "FirstBatch", "approvers": {"groups": ["release-managers"]}});
+    let (ns, agent, policy) = governed(env, "sec-appr", rules).await;
+    let mut spec = deployments_spec();
+    spec["strategy"] = json!({"approval": "FirstBatch"});
+    create_as(&agent, &ns, "gated", spec).await.ok();
+    // dave holds the approve verb, but is not one of the policy's approvers.
+    let dave = Person::x509(&env.admin, "dave", &["developers"]).await;
+    bind_user(env, &ns, "dave", APPROVER_ROLE).await;
+    dave.wait_allowed(&env.admin, &ns, "fleetroll.dev", "fleetrollouts", "approve").await;
+    let approval = json!({"spec": {"approvals": [{"batch": 0, "planHash": "0123456789abcdef"}]}}).to_string();
+    let ran =
+        dave.kubectl(&["patch", "fleetrollout", "gated", "-n", &ns, "--type=merge", "-p", &approval]).await;
+    judged(
+        "approves an agent's rollout with the approve verb, outside the approvers the policy names",
+        "dave (x509 user, approver role)".into(),
+        "denied, naming the policy and its approvers",
+        &ran,
+        refused_by(&ran, &policy, "approvers")
+            && ran.stderr.contains("its approvers are the groups release-managers"),
+    )
+}
+
+pub(super) async fn a_plan_beyond_a_policys_caps_is_held(env: &'static Env) -> Row {
+    let rules = json!({"maxBatchSize": 2, "maxTargets": 3});
+    let (ns, agent, policy) = governed(env, "sec-held", rules).await;
+    let fleet = Fleet { client: env.admin.clone(), ns: ns.clone(), tenants: vec![] };
+    fleet.deployments(&ns, 4, READY_IMAGE).await;
+    let _op = Operator::start(&ns, &[], &[]);
+    // A percentage admission cannot judge: 100% of four targets.
+    let spec = json!({"image": common::fleet::NEXT_IMAGE, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
+                      "strategy": {"batchSize": "100%"}});
+    let ran = create_as(&agent, &ns, "everything", spec).await;
+    let held = |f: &FleetRollout| f.status.as_ref().is_some_and(|s| s.policy_hold.is_some());
+    let fr = fleet.wait_rollout("everything", "the policy to hold it", Duration::from_secs(120), held).await;
+    let s = fr.status.clone().unwrap();
+    let hold = s.policy_hold.clone().unwrap();
+    let deployments = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(env.admin.clone(), &ns);
+    let listed = deployments.list(&Default::default()).await.unwrap().items;
+    let untouched = listed.len() == 4 && listed.iter().all(|d| common::fleet::image_of(d) == READY_IMAGE);
+    Row {
+        attack: "starts a rollout whose percentage batch reaches every target, past the policy's caps".into(),
+        who: who(&agent, "edit; governed by a policy"),
+        expected: "admitted, then held before its first batch naming the policy and rule; nothing changes"
+            .into(),
+        outcome: format!(
+            "{}; {}/{}: {}; targets untouched: {untouched}",
+            outcome(&ran),
+            s.phase,
+            s.reason.unwrap_or_default(),
+            s.message.unwrap_or_default()
+        ),
+        contained: ran.code == 0
+            && s.phase == Phase::Paused
+            && hold.policy == policy
+            && hold.rule == "maxTargets"
+            && untouched,
+    }
+}
