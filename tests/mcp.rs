@@ -555,8 +555,19 @@ async fn serviceaccount_tokens_and_rbac_decide_what_an_agent_may_do() {
         assert!(fleet.rollouts().get(&name).await.unwrap().spec.approvals.is_empty(), "nothing approved");
 
         // A reviewer with the approve verb (and no rights over the Deployments) approves; the rollout ends.
-        grant_only(&fleet, "reviewer", &["get", "patch", "approve"]).await;
+        grant_only(&fleet, "reviewer", &["get", "list", "patch", "approve"]).await;
         let reviewer = token(&fleet, "reviewer", &url).await;
+        // What waits for each one's approval: the reviewer's, not the agent's.
+        let awaiting = json!({"namespace": fleet.ns, "awaitingMyApproval": true}).to_string();
+        let names = |listed: &Value| -> Vec<String> {
+            let rollouts = listed["structuredContent"]["rollouts"].as_array().cloned().unwrap_or_default();
+            rollouts.iter().map(|r| r["name"].as_str().unwrap_or_default().to_string()).collect()
+        };
+        let theirs = drive(&["call", &url, "list_rollouts", &awaiting, "--no-tasks", "--token", &reviewer]).await;
+        assert_eq!(names(&theirs), std::slice::from_ref(&name), "{theirs}");
+        let own = drive(&["call", &url, "list_rollouts", &awaiting, "--no-tasks", "--token", &agent]).await;
+        assert_eq!(own["isError"], false, "{own}");
+        assert!(names(&own).is_empty(), "{own}");
         let approved = drive(&["call", &url, "approve_batch", &approve_args, "--no-tasks", "--token", &reviewer]).await;
         assert_eq!(approved["isError"], false, "{approved}");
         let done = drive(&["wait", &url, &id, "--token", &agent]).await;

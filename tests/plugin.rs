@@ -242,6 +242,18 @@ async fn an_agents_rollout_waits_for_a_person_to_approve_it() {
         bind(&fleet.client, &ns, "approvers", "Group", "approvers", APPROVER_ROLE).await;
         bind(&fleet.client, &ns, "developers", "Group", "developers", "edit").await;
         alice.wait_allowed(&fleet.client, &ns, "fleetroll.dev", "fleetrollouts", "approve").await;
+        // She reads rollouts everywhere (her inbox spans the cluster).
+        let view = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": format!("{ns}-alice-view")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "fleetroll-view"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}],
+        });
+        let view: k8s_openapi::api::rbac::v1::ClusterRoleBinding = serde_json::from_value(view).unwrap();
+        kube::Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(fleet.client.clone())
+            .create(&Default::default(), &view)
+            .await
+            .unwrap();
+        alice.wait_allowed(&fleet.client, "", "fleetroll.dev", "fleetrollouts", "list").await;
         bob.wait_allowed(&fleet.client, &ns, "fleetroll.dev", "fleetrollouts", "patch").await;
         let _op = Operator::start(&ns, &[], &[]);
 
@@ -273,11 +285,24 @@ async fn an_agents_rollout_waits_for_a_person_to_approve_it() {
         let shown = kubectl(&["fleetroll", "status", "agents", "-n", &ns, "--no-follow"]).await.ok();
         assert!(shown.stdout.contains(&format!("created by {}", agent.username)), "{}", shown.stdout);
 
+        // The inbox lists it for alice (across the namespaces she can read), and for no one else.
+        let inbox = alice.kubectl(&["fleetroll", "inbox", "-A"]).await.ok();
+        let row = inbox.stdout.lines().find(|l| l.contains("agents")).unwrap_or_default().to_string();
+        assert_eq!(row.split_whitespace().take(3).collect::<Vec<_>>(), [ns.as_str(), "agents", "1/2"], "{}", inbox.stdout);
+        assert!(row.contains(&agent.username), "{}", inbox.stdout);
+        for (who, kubeconfig) in [("the agent", &agent.kubeconfig), ("bob", &bob.kubeconfig)] {
+            let theirs = common::cli::kubectl_as(kubeconfig, &["fleetroll", "inbox", "-n", &ns, "-o", "json"]).await.ok();
+            assert_eq!(theirs.stdout.trim(), "[]", "{who}'s inbox: {}", theirs.stdout);
+        }
         let approved = alice.kubectl(&["fleetroll", "approve", "agents", "-n", &ns]).await.ok();
         assert!(approved.stdout.contains("approved batch 1") && approved.stdout.contains("as alice"), "{}", approved.stdout);
         let done = fleet.wait_rollout("agents", "success", DEADLINE, |f| phase(f) == Phase::Succeeded).await;
         let record = &done.status.unwrap().approvals[0];
         assert_eq!(record.approved_by.as_deref(), Some("alice"), "the approver the API server authenticated");
+        kube::Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(fleet.client.clone())
+            .delete(&format!("{ns}-alice-view"), &Default::default())
+            .await
+            .unwrap();
     })
     .await;
 }

@@ -7,6 +7,7 @@
 #![allow(clippy::duplicated_attributes)]
 
 use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::ApprovalMode;
@@ -117,4 +118,17 @@ pub struct Approvers {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256), inner(length(min = 1, max = 256)))]
     pub groups: Vec<String>,
+}
+
+/// A FleetRolloutPolicy a planned rollout breaks.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyHold {
+    /// The FleetRolloutPolicy's name.
+    pub policy: String,
+    /// Its rule that the rollout breaks: approval, maxBatchSize, maxTargets, requireAnalysis, namespaces
+    /// or clusters.
+    pub rule: String,
+    /// What breaks it, e.g. "batch 1 has 80 targets, at most 50 allowed".
+    pub message: String,
 }

@@ -91,7 +91,7 @@ pub struct FleetRolloutStatus {
     /// The platform policy (FleetRolloutPolicy) that holds the next batch, if one does: the planned rollout
     /// breaks it. Gone once the spec or the policy changes so that it no longer does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub policy_hold: Option<PolicyHold>,
+    pub policy_hold: Option<super::PolicyHold>,
 
     /// Approvals that released batches, with who gave them when known (the last 10).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -328,19 +328,6 @@ pub struct TargetFailure {
     /// NamespaceNotOptedIn, OutOfScope, TargetProtected, TargetHeldByAnotherRollout.
     pub reason: String,
     /// What happened, for people.
-    pub message: String,
-}
-
-/// A FleetRolloutPolicy a planned rollout breaks.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PolicyHold {
-    /// The FleetRolloutPolicy's name.
-    pub policy: String,
-    /// Its rule that the rollout breaks: approval, maxBatchSize, maxTargets, requireAnalysis, namespaces
-    /// or clusters.
-    pub rule: String,
-    /// What breaks it, e.g. "batch 1 has 80 targets, at most 50 allowed".
     pub message: String,
 }
 

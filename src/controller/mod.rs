@@ -308,6 +308,16 @@ async fn watch_policies(
     Ok((store, woken))
 }
 
+impl scope::Rules {
+    fn of(settings: &Settings) -> Self {
+        scope::Rules {
+            fleet_namespace: settings.fleet_namespace.clone(),
+            protected_namespaces: settings.protected_namespaces.clone(),
+            self_workloads: settings.self_workloads.clone(),
+        }
+    }
+}
+
 /// Reconciles at once: each may hold probes, queries and lists, so their number bounds what the operator
 /// holds; a reconcile waiting on slow probes or queries holds its slot up to their budgets (15 s, 40 s), so
 /// there are enough that one tenant's slow rollouts do not hold every other tenant's off (a share per
@@ -347,11 +357,7 @@ pub async fn run(
 
     // Changes in member clusters wake their rollouts as changes here do.
     let (member_wake, member_changes) = futures::channel::mpsc::unbounded();
-    let rules = Arc::new(scope::Rules {
-        fleet_namespace: settings.fleet_namespace.clone(),
-        protected_namespaces: settings.protected_namespaces.clone(),
-        self_workloads: settings.self_workloads.clone(),
-    });
+    let rules = Arc::new(scope::Rules::of(&settings));
     let (controller, stores) = watches(&client, rollouts, rules.clone(), member_changes).await;
     let (policies, policy_changes) = watch_policies(&client).await?;
     let controller = controller.reconcile_all_on(policy_changes);

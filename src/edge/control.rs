@@ -30,6 +30,42 @@ pub async fn get(client: &Client, ns: &str, name: &str) -> Result<FleetRollout, 
         .map_err(|e| explain(&e, &what(ns, name)))
 }
 
+/// The merge patch adding an approval of (`batch`, `plan_hash`, `gates_hash`) to `fr`, replacing any other
+/// of that batch, against the version read.
+fn approval_patch(
+    fr: &FleetRollout,
+    batch: u32,
+    plan_hash: &str,
+    gates_hash: &str,
+    who: Option<&str>,
+) -> Value {
+    let mut approvals: Vec<Approval> =
+        fr.spec.approvals.iter().filter(|a| a.batch != batch).cloned().collect();
+    approvals.push(Approval {
+        batch,
+        plan_hash: plan_hash.to_string(),
+        gates_hash: gates_hash.to_string(),
+        approved_by: who.map(String::from),
+    });
+    approvals.sort_by_key(|a| a.batch);
+    json!({"metadata": {"resourceVersion": fr.resource_version()}, "spec": {"approvals": approvals}})
+}
+
+/// Whether the client's user may give `fr` the approval it waits for: a dry run of that very approval, so
+/// the API server judges it as it would the real one (RBAC's `approve`, the creator's own rollout, a
+/// platform policy's approvers). Ok(false) also when it waits for none, or has changed since it was read.
+pub async fn may_approve(client: &Client, fr: &FleetRollout) -> Result<bool, String> {
+    let Some(pending) = crate::core::task::awaited_approval(fr) else { return Ok(false) };
+    let (ns, name) = (fr.namespace().unwrap_or_default(), fr.name_any());
+    let patch = approval_patch(fr, pending.batch, &pending.plan_hash, &pending.gates_hash, None);
+    let pp = PatchParams { dry_run: true, ..Default::default() };
+    match Api::<FleetRollout>::namespaced(client.clone(), &ns).patch(&name, &pp, &Patch::Merge(patch)).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 403 || s.code == 409 => Ok(false),
+        Err(e) => Err(explain(&e, &what(&ns, &name))),
+    }
+}
+
 /// Sets spec controls (`paused`, `abort`, `rollback`) with a merge patch under `manager`.
 pub async fn set(
     client: &Client,
@@ -94,17 +130,7 @@ pub async fn approve(
                 return Err("no batch is waiting for approval; name one with the batch argument".into());
             }
         };
-        let mut approvals: Vec<Approval> =
-            fr.spec.approvals.iter().filter(|a| a.batch != batch).cloned().collect();
-        approvals.push(Approval {
-            batch,
-            plan_hash: plan_hash.clone(),
-            gates_hash,
-            approved_by: who.map(String::from),
-        });
-        approvals.sort_by_key(|a| a.batch);
-        let patch =
-            json!({"metadata": {"resourceVersion": fr.resource_version()}, "spec": {"approvals": approvals}});
+        let patch = approval_patch(&fr, batch, &plan_hash, &gates_hash, who);
         let pp = PatchParams { field_manager: Some(manager.into()), ..Default::default() };
         match api.patch(name, &pp, &Patch::Merge(patch)).await {
             Ok(updated) => return Ok(updated),

@@ -83,6 +83,10 @@ pub struct ListArgs {
     /// Namespace to list; all namespaces when absent.
     #[serde(default)]
     pub namespace: Option<String>,
+    /// true: only the rollouts waiting for an approval you may give (the API server judges a dry run of
+    /// each approval, as you).
+    #[serde(default)]
+    pub awaiting_my_approval: bool,
 }
 
 /// Approve a gated batch.

@@ -117,7 +117,9 @@ impl FleetMcp {
                 )
                 .await
             }
-            FleetTool::ListRollouts => with_args(args, |a: ListArgs| async move { ops.list(&a).await }).await,
+            FleetTool::ListRollouts => {
+                with_args(args, |a: ListArgs| async move { ops.list(&a, who).await }).await
+            }
             FleetTool::ApproveBatch => {
                 with_args(args, |a: ApproveArgs| async move {
                     Ok(tools::summary_result(&ops.approve(&a, who).await?))

@@ -184,12 +184,22 @@ impl Ops {
         }
     }
 
-    pub async fn list(&self, args: &ListArgs) -> Result<CallToolResult, String> {
-        let list = self
+    pub async fn list(&self, args: &ListArgs, who: &Identity) -> Result<CallToolResult, String> {
+        let mut list = self
             .rollouts
             .list(args.namespace.as_deref())
             .await
             .map_err(|e| explain(&e, "listing FleetRollouts"))?;
+        if args.awaiting_my_approval {
+            let client = self.writer.client_for(who)?;
+            let mut mine = Vec::new();
+            for fr in list {
+                if control::may_approve(&client, &fr).await? {
+                    mine.push(fr);
+                }
+            }
+            list = mine;
+        }
         let summaries: Vec<Summary> = list.iter().map(|fr| summary(fr)).collect();
         let text = if summaries.is_empty() {
             "no FleetRollouts".to_string()

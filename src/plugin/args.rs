@@ -63,6 +63,12 @@ pub(super) enum PluginCommand {
         #[arg(long)]
         run_exec_plugins: bool,
     },
+    /// List the rollouts waiting for an approval you may give (the API server judges a dry run of each).
+    Inbox {
+        /// In every namespace you can read (default: the current namespace only).
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+    },
     /// Hold the rollout before its next batch.
     Pause { name: String },
     /// Let a paused rollout go on.

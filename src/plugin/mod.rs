@@ -4,6 +4,7 @@
 
 mod args;
 mod controls;
+mod inbox;
 mod plan;
 mod render;
 mod status;
@@ -77,6 +78,7 @@ async fn execute(cli: PluginCli) -> Result<ExitCode, String> {
             };
             controls::approve(client, ns, name, what, output).await
         }
+        PluginCommand::Inbox { all_namespaces } => inbox::inbox(client, ns, *all_namespaces, output).await,
     }
 }
 

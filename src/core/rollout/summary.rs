@@ -48,36 +48,7 @@ fn message(s: &FleetRolloutStatus, total_batches: u32) -> String {
             _ if s.current_batch.is_none() => format!("planned in {total_batches} batches; {tally}"),
             _ => format!("batch {batch}/{total_batches} in progress; {tally}"),
         },
-        Phase::Paused if s.reason.as_deref() == Some(reason::POLICY_VIOLATION) => match &s.policy_hold {
-            Some(h) => format!(
-                "held before batch {}/{total_batches} by FleetRolloutPolicy {} ({}): {}; change the spec or abort; {tally}",
-                batch + 1,
-                h.policy,
-                h.rule,
-                h.message
-            ),
-            None => {
-                format!("held before batch {}/{total_batches} by a FleetRolloutPolicy; {tally}", batch + 1)
-            }
-        },
-        Phase::Paused if s.reason.as_deref() == Some(reason::FAILURE_BUDGET_EXCEEDED) => {
-            format!("paused: failure budget exceeded in batch {batch}/{total_batches}; {tally}")
-        }
-        Phase::Paused if s.reason.as_deref() == Some(reason::ANALYSIS_FAILED) => {
-            format!(
-                "paused: analysis failed in batch {batch}/{total_batches}{}; {tally}",
-                analysis_progress(s)
-            )
-        }
-        Phase::Paused if s.reason.as_deref() == Some(reason::ANALYSIS_INCONCLUSIVE) => format!(
-            "paused: analysis inconclusive in batch {batch}/{total_batches}{}; resume, abort or roll back; {tally}",
-            analysis_progress(s)
-        ),
-        Phase::Paused if s.reason.as_deref() == Some(reason::ANALYSIS_ERROR) => format!(
-            "paused: the metrics backend is not answering in batch {batch}/{total_batches}{}; measuring on; {tally}",
-            analysis_progress(s)
-        ),
-        Phase::Paused => format!("paused before batch {}/{total_batches}; {tally}", batch + 1),
+        Phase::Paused => paused(s, batch, total_batches, &tally),
         Phase::WaitingForApproval => match &s.pending_approval {
             Some(p) => {
                 format!("batch {}/{total_batches} waits for approval of plan {}", p.batch + 1, p.plan_hash)
@@ -104,6 +75,42 @@ fn message(s: &FleetRolloutStatus, total_batches: u32) -> String {
             ),
             None => "rolled back".into(),
         },
+    }
+}
+
+/// Why a paused rollout is paused, and what releases it.
+fn paused(s: &FleetRolloutStatus, batch: u32, total_batches: u32, tally: &str) -> String {
+    match s.reason.as_deref() {
+        Some(reason::POLICY_VIOLATION) => match &s.policy_hold {
+            Some(h) => format!(
+                "held before batch {}/{total_batches} by FleetRolloutPolicy {} ({}): {}; change the spec or abort; {tally}",
+                batch + 1,
+                h.policy,
+                h.rule,
+                h.message
+            ),
+            None => {
+                format!("held before batch {}/{total_batches} by a FleetRolloutPolicy; {tally}", batch + 1)
+            }
+        },
+        Some(reason::FAILURE_BUDGET_EXCEEDED) => {
+            format!("paused: failure budget exceeded in batch {batch}/{total_batches}; {tally}")
+        }
+        Some(reason::ANALYSIS_FAILED) => {
+            format!(
+                "paused: analysis failed in batch {batch}/{total_batches}{}; {tally}",
+                analysis_progress(s)
+            )
+        }
+        Some(reason::ANALYSIS_INCONCLUSIVE) => format!(
+            "paused: analysis inconclusive in batch {batch}/{total_batches}{}; resume, abort or roll back; {tally}",
+            analysis_progress(s)
+        ),
+        Some(reason::ANALYSIS_ERROR) => format!(
+            "paused: the metrics backend is not answering in batch {batch}/{total_batches}{}; measuring on; {tally}",
+            analysis_progress(s)
+        ),
+        _ => format!("paused before batch {}/{total_batches}; {tally}", batch + 1),
     }
 }
 
