@@ -482,7 +482,7 @@ async fn serviceaccount_tokens_and_rbac_decide_what_an_agent_may_do() {
     with_fleet("mcp-auth", 0, |fleet| async move {
         fleet.deployments(&fleet.ns, 2, READY_IMAGE).await;
         let sas: Api<ServiceAccount> = Api::namespaced(fleet.client.clone(), &fleet.ns);
-        for name in ["agent", "intruder", "reviewer"] {
+        for name in ["agent", "intruder", "reviewer", "patcher"] {
             let sa = ServiceAccount {
                 metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
                 ..Default::default()
@@ -553,6 +553,12 @@ async fn serviceaccount_tokens_and_rbac_decide_what_an_agent_may_do() {
         let answered = drive(&["raw", &url, "tasks/update", &answer.to_string(), "--token", &agent]).await;
         assert!(answered.to_string().contains("created this rollout and may not approve it"), "{answered}");
         assert!(fleet.rollouts().get(&name).await.unwrap().spec.approvals.is_empty(), "nothing approved");
+
+        // One who may patch the rollout but holds no approve verb is refused before anything is written.
+        grant(&fleet, "patcher", &["get", "patch"]).await;
+        let patcher = token(&fleet, "patcher", &url).await;
+        let unapproved = drive(&["call", &url, "approve_batch", &approve_args, "--no-tasks", "--token", &patcher]).await;
+        assert!(unapproved.to_string().contains("patcher may not approve fleetrollout"), "{unapproved}");
 
         // A reviewer with the approve verb (and no rights over the Deployments) approves; the rollout ends.
         grant_only(&fleet, "reviewer", &["get", "list", "patch", "approve"]).await;

@@ -120,6 +120,7 @@ const ATTACKS: &[Entry] = &[
     attack!(creator_written_into_the_manifest),
     attack!(creator_rewritten_after_create),
     attack!(creator_erased_by_an_apply),
+    attack!(argo_cd_approve_action_run_by_a_patcher),
     attack!(agent_omits_the_approval_a_policy_requires),
     attack!(agent_exceeds_a_policys_batch_cap),
     attack!(approver_outside_a_policys_approvers),

@@ -142,3 +142,47 @@ pub(super) async fn creator_erased_by_an_apply(env: &'static Env) -> Row {
     row.contained &= kept.as_deref() == Some(env.dev1.username.as_str());
     row
 }
+
+pub(super) async fn argo_cd_approve_action_run_by_a_patcher(env: &'static Env) -> Row {
+    admin_rollout(env, &env.t1, "argo-approved").await;
+    // The rollout as Argo CD shows it while it waits (the status the operator would have written).
+    let mut live = serde_json::to_value(rollout(env, &env.t1, "argo-approved").await).unwrap();
+    live["status"] = json!({"phase": "WaitingForApproval",
+        "pendingApproval": {"batch": 0, "planHash": "0123456789abcdef", "gatesHash": "fedcba9876543210", "since": "2026-12-03T12:00:00Z"}});
+    let action = common::cli::repo_path(
+        "manifests/argocd/resource_customizations/fleetroll.dev/FleetRollout/actions/approve/action.lua",
+    );
+    let out = common::cli::gitops_judge(&["lua-action", &action], &live).await;
+    let patch = out["patch"].to_string();
+    let patch_as = |t: &'static Tenant| {
+        let patch = patch.clone();
+        async move {
+            t.kubectl(&[
+                "patch",
+                "fleetrollout",
+                "argo-approved",
+                "-n",
+                &env.t1,
+                "--type=merge",
+                "-p",
+                &patch,
+            ])
+            .await
+        }
+    };
+    let ran = patch_as(&env.dev1).await;
+    let by_approver = patch_as(&env.approver).await;
+    let expect = Expect::Policy(format!(
+        "{}: approving needs the approve verb",
+        may_not(&env.dev1, "approve fleetrollouts", &env.t1)
+    ));
+    let mut row = row(
+        "runs Argo CD's approve action (its Lua, its merge patch) with patch but no approve",
+        who(&env.dev1, "edit in t1"),
+        expect,
+        &ran,
+    );
+    row.outcome = format!("{}; the same patch by an approver: {}", row.outcome, outcome(&by_approver));
+    row.contained &= by_approver.code == 0;
+    row
+}
