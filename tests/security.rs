@@ -125,6 +125,7 @@ const ATTACKS: &[Entry] = &[
     attack!(agent_exceeds_a_policys_batch_cap),
     attack!(approver_outside_a_policys_approvers),
     attack!(a_plan_beyond_a_policys_caps_is_held),
+    attack!(governed_agent_loosens_someone_elses_rollout),
     attack!(finalizer_stripped_from_a_held_node_rollout),
     attack!(owner_reference_makes_the_garbage_collector_delete_a_rollout),
     attack!(deleting_a_rollout_that_still_runs),

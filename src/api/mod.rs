@@ -192,7 +192,7 @@ pub const SELECTOR_VALUES_MAX: usize = 16;
 /// Bounds a label selector's schema (Kubernetes bounds none of it: a `LabelSelector` may fill a whole
 /// object): label keys at most 317 characters (a 253-character prefix, '/', a 63-character name), values at
 /// most 63, and the counts above. With them every list and string of a spec is bounded, since every cache
-/// keeps specs whole: about 17 KiB a selector at most, 1.1 MiB for a spec with every list full (two thirds
+/// keeps specs whole: about 17 KiB a selector at most, 1.2 MiB for a spec with every list full (two thirds
 /// of it 1,000 approvals), typically 1–3 KiB. Selectors are told apart from other
 /// objects by their two properties.
 fn bound_label_selector(map: &mut serde_json::Map<String, Value>) {
@@ -381,11 +381,11 @@ mod tests {
     /// A rollout's spec is kept whole by every cache, so its schema bounds every string, list and map in
     /// it, and all together, below what the API server takes (1.5 MiB).
     #[test]
-    fn a_spec_at_every_bound_weighs_at_most_1_2_mib() {
+    fn a_spec_at_every_bound_weighs_at_most_1_25_mib() {
         let crd = serde_json::to_value(super::crd()).expect("the CRD serializes");
         let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
         let bound = weight_bound(spec, "spec").unwrap_or_else(|path| panic!("{path} has no bound"));
-        assert!(bound <= 1_200 * 1024, "a spec may weigh {bound} bytes");
+        assert!(bound <= 1_280 * 1024, "a spec may weigh {bound} bytes");
         assert!(bound >= 700 * 1000, "the bound ({bound} bytes) counts the 1,000 approvals");
     }
 

@@ -375,9 +375,9 @@ pub struct Creator {
     #[schemars(length(max = 256))]
     pub uid: String,
 
-    /// The groups the user was in when creating the rollout. At most 128.
+    /// The groups the user was in when creating the rollout. At most 256 (identity providers stop listing groups in tokens near 200: Entra ID at 200).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 128), inner(length(max = 256)))]
+    #[schemars(length(max = 256), inner(length(max = 256)))]
     pub groups: Vec<String>,
 }
 

@@ -293,19 +293,17 @@ async fn watch_policies(
     api.list(&ListParams::default().limit(1)).await.map_err(Error::PolicyCrdMissing)?;
     let (store, writer) = reflector::store::<FleetRolloutPolicy>();
     let events = watcher(api, watcher::Config::default()).default_backoff().reflect(writer).touched_objects();
-    let (wake, woken) = futures::channel::mpsc::channel(1);
+    // One slot, shared by the one sender: a full channel already holds a wake of every rollout.
+    let (wake, mut woken) = tokio::sync::mpsc::channel(1);
     tokio::spawn(events.for_each(move |event| {
-        let mut wake = wake.clone();
-        async move {
-            match event {
-                // A full channel already holds a wake of every rollout.
-                Ok(_) => drop(wake.try_send(())),
-                Err(e) => warn!(error = %e, "watching FleetRolloutPolicies"),
-            }
+        match event {
+            Ok(_) => drop(wake.try_send(())),
+            Err(e) => warn!(error = %e, "watching FleetRolloutPolicies"),
         }
+        futures::future::ready(())
     }));
     store.wait_until_ready().await.map_err(|e| Error::Config(format!("FleetRolloutPolicy cache: {e}")))?;
-    Ok((store, woken))
+    Ok((store, futures::stream::poll_fn(move |cx| woken.poll_recv(cx))))
 }
 
 impl scope::Rules {

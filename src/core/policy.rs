@@ -100,9 +100,16 @@ pub fn approval_mode(spec: ApprovalMode, g: &Guardrails) -> ApprovalMode {
     }
 }
 
-/// The first policy the planned rollout breaks, if any. `namespace` is the rollout's own (a node's target
-/// has none: its DaemonSet is in the rollout's namespace).
-pub fn violation(g: &Guardrails, spec: &FleetRolloutSpec, namespace: &str, plan: &Plan) -> Option<Violation> {
+/// The first policy the rest of the planned rollout, from batch `next` on, breaks, if any (`maxTargets`
+/// counts the whole plan). `namespace` is the rollout's own (a node's target has none: its DaemonSet is in
+/// the rollout's namespace).
+pub fn violation(
+    g: &Guardrails,
+    spec: &FleetRolloutSpec,
+    namespace: &str,
+    plan: &Plan,
+    next: u32,
+) -> Option<Violation> {
     let broken =
         |policy: &str, rule, message: String| Violation { policy: policy.to_string(), rule, message };
     if let Some(policy) = &g.require_analysis
@@ -124,13 +131,14 @@ pub fn violation(g: &Guardrails, spec: &FleetRolloutSpec, namespace: &str, plan:
             ));
         }
     }
+    let rest = || plan.batches.iter().enumerate().skip(next as usize);
     if let Some((max, policy)) = &g.max_batch_size
-        && let Some((i, batch)) = plan.batches.iter().enumerate().find(|(_, b)| b.len() > *max as usize)
+        && let Some((i, batch)) = rest().find(|(_, b)| b.len() > *max as usize)
     {
         let message = format!("batch {} has {} targets, at most {max} allowed", i + 1, batch.len());
         return Some(broken(policy, "maxBatchSize", message));
     }
-    let targets = || plan.batches.iter().flatten();
+    let targets = || rest().flat_map(|(_, b)| b);
     for (policy, allowed) in &g.namespaces {
         let outside = targets()
             .map(|t| if t.namespace.is_empty() { namespace } else { t.namespace.as_str() })

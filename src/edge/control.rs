@@ -53,7 +53,8 @@ fn approval_patch(
 
 /// Whether the client's user may give `fr` the approval it waits for: a dry run of that very approval, so
 /// the API server judges it as it would the real one (RBAC's `approve`, the creator's own rollout, a
-/// platform policy's approvers). Ok(false) also when it waits for none, or has changed since it was read.
+/// platform policy's approvers). Ok(false) also when it waits for none, has changed since it was read, or is
+/// gone.
 pub async fn may_approve(client: &Client, fr: &FleetRollout) -> Result<bool, String> {
     let Some(pending) = crate::core::task::awaited_approval(fr) else { return Ok(false) };
     let (ns, name) = (fr.namespace().unwrap_or_default(), fr.name_any());
@@ -61,7 +62,7 @@ pub async fn may_approve(client: &Client, fr: &FleetRollout) -> Result<bool, Str
     let pp = PatchParams { dry_run: true, ..Default::default() };
     match Api::<FleetRollout>::namespaced(client.clone(), &ns).patch(&name, &pp, &Patch::Merge(patch)).await {
         Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 403 || s.code == 409 => Ok(false),
+        Err(kube::Error::Api(s)) if matches!(s.code, 403 | 404 | 409) => Ok(false),
         Err(e) => Err(explain(&e, &what(&ns, &name))),
     }
 }

@@ -193,9 +193,15 @@ impl Ops {
         if args.awaiting_my_approval {
             let client = self.writer.client_for(who)?;
             let mut mine = Vec::new();
-            for fr in list {
-                if control::may_approve(&client, &fr).await? {
-                    mine.push(fr);
+            // Only those waiting, one dry run each; one the API server cannot judge now is left out (and
+            // logged), not the whole answer.
+            for fr in list.into_iter().filter(|fr| crate::core::task::awaited_approval(fr).is_some()) {
+                match control::may_approve(&client, &fr).await {
+                    Ok(true) => mine.push(fr),
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, user = %who.username, "awaitingMyApproval: left out")
+                    }
                 }
             }
             list = mine;

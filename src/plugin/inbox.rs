@@ -36,8 +36,11 @@ pub(super) async fn inbox(
     let rollouts = readable(client, ns, all).await?;
     let mut waiting = Vec::new();
     for fr in rollouts.iter().filter(|fr| awaited_approval(fr).is_some()) {
-        if control::may_approve(client, fr).await? {
-            waiting.extend(entry(fr));
+        match control::may_approve(client, fr).await {
+            Ok(true) => waiting.extend(entry(fr)),
+            Ok(false) => {}
+            // One the API server cannot judge now is said, and the rest still listed.
+            Err(e) => eprintln!("warning: {e}"),
         }
     }
     waiting.sort_by(|a, b| {

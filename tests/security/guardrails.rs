@@ -171,3 +171,28 @@ pub(super) async fn a_plan_beyond_a_policys_caps_is_held(env: &'static Env) -> R
             && untouched,
     }
 }
+
+pub(super) async fn governed_agent_loosens_someone_elses_rollout(env: &'static Env) -> Row {
+    let (ns, agent, policy) = governed(env, "sec-edit", json!({"approval": "FirstBatch"})).await;
+    // A person's rollout (the cluster admin's), with the approval the policy asks of agents.
+    let mut spec = deployments_spec();
+    spec["strategy"] = json!({"approval": "FirstBatch"});
+    let fr: FleetRollout = serde_json::from_value(json!({
+        "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": "persons"}, "spec": spec,
+    }))
+    .unwrap();
+    Api::<FleetRollout>::namespaced(env.admin.clone(), &ns)
+        .create(&PostParams::default(), &fr)
+        .await
+        .unwrap();
+    let loosen = json!({"spec": {"strategy": {"approval": "None"}}}).to_string();
+    let ran =
+        agent.kubectl(&["patch", "fleetrollout", "persons", "-n", &ns, "--type=merge", "-p", &loosen]).await;
+    judged(
+        "drops the approval of a rollout someone else created (its creator is not governed; the agent is)",
+        who(&agent, "edit; governed by a policy"),
+        "denied, naming the policy: a policy governs the writes of its subjects too",
+        &ran,
+        refused_by(&ran, &policy, "approval"),
+    )
+}

@@ -104,10 +104,10 @@ fn a_plan_breaking_a_policy_names_the_policy_and_the_rule() {
     )];
     let g = guardrails(&policies, Some(&agent()));
     let ok = plan(&[&[("", "team"), ("", "shop")], &[("edge-1", "team")]]);
-    assert_eq!(violation(&g, &spec(), "team", &ok), None);
+    assert_eq!(violation(&g, &spec(), "team", &ok, 0), None);
 
     let wide = plan(&[&[("", "team"), ("", "team"), ("", "team")]]);
-    let v = violation(&g, &spec(), "team", &wide).unwrap();
+    let v = violation(&g, &spec(), "team", &wide, 0).unwrap();
     assert_eq!((v.policy.as_str(), v.rule), ("agents", "maxBatchSize"));
     assert_eq!(v.message, "batch 1 has 3 targets, at most 2 allowed");
 
@@ -119,30 +119,41 @@ fn a_plan_breaking_a_policy_names_the_policy_and_the_rule() {
         &[("", "team")],
         &[("", "team")],
     ]);
-    assert_eq!(violation(&g, &spec(), "team", &many).unwrap().rule, "maxTargets");
+    assert_eq!(violation(&g, &spec(), "team", &many, 0).unwrap().rule, "maxTargets");
 
     let elsewhere = plan(&[&[("", "team"), ("", "payments")]]);
-    let v = violation(&g, &spec(), "team", &elsewhere).unwrap();
+    let v = violation(&g, &spec(), "team", &elsewhere, 0).unwrap();
     assert_eq!(
         (v.rule, v.message.as_str()),
         ("namespaces", "namespace payments is not one its rollouts may roll")
     );
     let nodes = plan(&[&[("", "")]]);
-    assert_eq!(violation(&g, &spec(), "team", &nodes), None, "a node's target is in the rollout's namespace");
-    assert_eq!(violation(&g, &spec(), "kube-system", &nodes).unwrap().rule, "namespaces");
+    assert_eq!(
+        violation(&g, &spec(), "team", &nodes, 0),
+        None,
+        "a node's target is in the rollout's namespace"
+    );
+    assert_eq!(violation(&g, &spec(), "kube-system", &nodes, 0).unwrap().rule, "namespaces");
+
+    // Batches already done are not judged again: a policy written mid-rollout holds what is left.
+    let wide_then_narrow = plan(&[&[("", "team"), ("", "team"), ("", "team")], &[("", "team")]]);
+    assert_eq!(violation(&g, &spec(), "team", &wide_then_narrow, 0).unwrap().rule, "maxBatchSize");
+    assert_eq!(violation(&g, &spec(), "team", &wide_then_narrow, 1), None);
+    let done_elsewhere = plan(&[&[("", "payments")], &[("", "team")]]);
+    assert_eq!(violation(&g, &spec(), "team", &done_elsewhere, 1), None);
 
     let other_member = plan(&[&[("edge-2", "team")]]);
-    assert_eq!(violation(&g, &spec(), "team", &other_member).unwrap().rule, "clusters");
+    assert_eq!(violation(&g, &spec(), "team", &other_member, 0).unwrap().rule, "clusters");
 }
 
 #[test]
 fn a_policy_requiring_analysis_holds_a_rollout_without_one() {
     let policies = [policy("measured", json!({"subjects": {"users": ["alice"]}, "requireAnalysis": true}))];
     let g = guardrails(&policies, Some(&alice()));
-    let v = violation(&g, &spec(), "team", &plan(&[&[("", "team")]])).unwrap();
+    let v = violation(&g, &spec(), "team", &plan(&[&[("", "team")]]), 0).unwrap();
     assert_eq!((v.policy.as_str(), v.rule), ("measured", "requireAnalysis"));
     assert_eq!(
-        violation(&guardrails(&policies, Some(&agent())), &spec(), "team", &plan(&[&[("", "team")]])),
+        violation(&guardrails(&policies, Some(&agent())), &spec(), "team", &plan(&[&[("", "team")]]), 0),
         None
     );
 }

@@ -217,7 +217,7 @@ fn succeed(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: Vec<Event>) -> 
 /// A platform policy the planned rollout breaks holds the next batch (the first one too, so nothing
 /// changes) until the spec or the policy changes so that it no longer does.
 fn guarded(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, next: u32) -> Gate {
-    let Some(v) = policy::violation(f.guardrails, f.spec, f.namespace, f.plan) else {
+    let Some(v) = policy::violation(f.guardrails, f.spec, f.namespace, f.plan, next) else {
         s.policy_hold = None;
         return None;
     };
