@@ -254,6 +254,10 @@ async fn attack_all(admin: Client, namespaces: [String; 3]) -> Vec<Row> {
     }
     let scratch = std::mem::take(&mut *env.scratch.lock().unwrap());
     for ns in scratch {
+        // The (cluster-scoped) FleetRolloutPolicy a guardrails attack made for its namespace, if any.
+        let policies = Api::<fleetroll::api::FleetRolloutPolicy>::all(env.admin.clone());
+        let _gone_or_never_made =
+            policies.delete(&guardrails::policy_name(&ns), &DeleteParams::default()).await;
         if let Err(e) =
             Api::<Namespace>::all(env.admin.clone()).delete(&ns, &DeleteParams::background()).await
         {

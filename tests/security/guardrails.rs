@@ -17,7 +17,7 @@ const GUARDRAILS: &str = "fleetroll-guardrails";
 async fn governed(env: &'static Env, prefix: &str, rules: Value) -> (String, Tenant, String) {
     let ns = env.scratch_namespace(prefix, &[]).await;
     let agent = Tenant::create(&env.admin, &ns, "agent", &[Grant::cluster_role("edit")]).await;
-    let name = format!("{ns}-agents");
+    let name = policy_name(&ns);
     let mut spec = json!({"subjects": {"groups": [format!("system:serviceaccounts:{ns}")]}});
     merge(&mut spec, &rules);
     let policy: FleetRolloutPolicy = serde_json::from_value(json!({
@@ -37,6 +37,11 @@ async fn governed(env: &'static Env, prefix: &str, rules: Value) -> (String, Ten
     })
     .await;
     (ns, agent, name)
+}
+
+/// The policy an attack makes for its namespace `ns` (deleted with the namespace at the end).
+pub(super) fn policy_name(ns: &str) -> String {
+    format!("{ns}-agents")
 }
 
 /// A RoleBinding in `ns` of the ClusterRole `role` to the user `user`.
