@@ -13,7 +13,7 @@ use common::{
     nodes::{self, DAEMONSET, POOL_LABEL, with_pool},
     operator::Operator,
     people::Person,
-    tenant::{APPROVER_ROLE, Grant, Tenant},
+    tenant::{self, APPROVER_ROLE, Grant, Tenant},
 };
 use fleetroll::api::{BatchState, Phase};
 use kube::ResourceExt;
@@ -239,8 +239,8 @@ async fn an_agents_rollout_waits_for_a_person_to_approve_it() {
             Person::x509(&fleet.client, "alice", &["approvers"]),
             Person::x509(&fleet.client, "bob", &["developers"]),
         );
-        bind(&fleet.client, &ns, "approvers", "Group", "approvers", APPROVER_ROLE).await;
-        bind(&fleet.client, &ns, "developers", "Group", "developers", "edit").await;
+        tenant::bind(&fleet.client, &ns, "approvers", "Group", "approvers", APPROVER_ROLE).await;
+        tenant::bind(&fleet.client, &ns, "developers", "Group", "developers", "edit").await;
         alice.wait_allowed(&fleet.client, &ns, "fleetroll.dev", "fleetrollouts", "approve").await;
         // She reads rollouts everywhere (her inbox spans the cluster).
         let view = json!({
@@ -305,18 +305,4 @@ async fn an_agents_rollout_waits_for_a_person_to_approve_it() {
             .unwrap();
     })
     .await;
-}
-
-/// A RoleBinding in `ns` of the ClusterRole `role` to a User or Group.
-async fn bind(admin: &kube::Client, ns: &str, name: &str, kind: &str, subject: &str, role: &str) {
-    let binding = json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": name, "namespace": ns},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": subject}],
-    });
-    let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(binding).unwrap();
-    kube::Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(admin.clone(), ns)
-        .create(&Default::default(), &binding)
-        .await
-        .unwrap();
 }

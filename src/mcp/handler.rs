@@ -159,11 +159,11 @@ impl FleetMcp {
         tools::started_result(fr, started.replayed).into()
     }
 
-    /// Whether `who` may give `fr` the approval it waits for: the approve verb on it, and not its creator
-    /// unless also granted self-approve (what the admission policy asks of an approval). When the API
-    /// server cannot say (the caller's review budget spent), no: the form is not offered, the message
-    /// says who may.
-    async fn may_approve(&self, who: &Identity, fr: &FleetRollout) -> bool {
+    /// Whether `who` is asked for the approval `fr` waits for: it holds the approve verb on it, and is not
+    /// its creator unless also granted self-approve (RBAC's part of what admission asks of an approval; a
+    /// policy's approvers are judged when the answer is written, which a dry run per poll would cost). When
+    /// the API server cannot say (the caller's review budget spent), no: the message says who may.
+    async fn may_be_asked(&self, who: &Identity, fr: &FleetRollout) -> bool {
         if self.auth_off {
             return true;
         }
@@ -263,7 +263,7 @@ impl ServerHandler for FleetMcp {
         let (id, who, fr) = self.task_rollout(&p.task_id, Verb::Get, &cx).await?;
         let forms = cx.client_capabilities().is_some_and(|c| c.elicitation.is_some());
         let pending = awaited_approval(&fr);
-        let may_approve = pending.is_some() && self.may_approve(&who, &fr).await;
+        let may_approve = pending.is_some() && self.may_be_asked(&who, &fr).await;
         let asker = Asker { forms, may_approve };
         // The form names the batch's targets, from the frozen plan wherever it is stored.
         let targets = match pending {

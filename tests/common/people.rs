@@ -6,7 +6,7 @@ use std::{path::PathBuf, process::Command, time::Duration};
 
 use k8s_openapi::{
     ByteString,
-    api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
+    api::authorization::v1::ResourceAttributes,
     api::certificates::v1::{
         CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
         CertificateSigningRequestStatus,
@@ -19,7 +19,10 @@ use kube::{
 };
 use serde_json::json;
 
-use super::{cli::repo_path, tenant::client_from};
+use super::{
+    cli::repo_path,
+    tenant::{client_from, until_allowed},
+};
 
 pub struct Person {
     /// The certificate's CN, as the API server names the user.
@@ -106,28 +109,14 @@ impl Person {
     /// Waits until RBAC lets this person `verb` `resource` (of API group `group`) in `ns`.
     pub async fn wait_allowed(&self, admin: &Client, ns: &str, group: &str, resource: &str, verb: &str) {
         let groups = self.groups.iter().cloned().chain(["system:authenticated".to_string()]).collect();
-        let review = SubjectAccessReview {
-            spec: SubjectAccessReviewSpec {
-                user: Some(self.username.clone()),
-                groups: Some(groups),
-                resource_attributes: Some(ResourceAttributes {
-                    namespace: Some(ns.into()),
-                    group: Some(group.into()),
-                    resource: Some(resource.into()),
-                    verb: Some(verb.into()),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
+        let attributes = ResourceAttributes {
+            namespace: Some(ns.into()),
+            group: Some(group.into()),
+            resource: Some(resource.into()),
+            verb: Some(verb.into()),
             ..Default::default()
         };
-        let api: Api<SubjectAccessReview> = Api::all(admin.clone());
-        let what = format!("RBAC to let {} {verb} {resource} in {ns}", self.username);
-        super::poll_until(&what, Duration::from_secs(30), || async {
-            let reviewed = api.create(&PostParams::default(), &review).await.expect("SubjectAccessReview");
-            reviewed.status.is_some_and(|s| s.allowed)
-        })
-        .await;
+        until_allowed(admin, &self.username, groups, attributes).await;
     }
 
     /// kubectl as this person.

@@ -167,14 +167,20 @@ async fn honoured(admin: &Client, user: &str, ns: &str, grant: &Grant) {
         verb: rule.verbs.iter().find(|v| *v != "*").cloned().or(Some("get".into())),
         ..Default::default()
     };
+    let groups = vec![
+        "system:serviceaccounts".into(),
+        format!("system:serviceaccounts:{}", user_namespace(user)),
+        "system:authenticated".into(),
+    ];
+    until_allowed(admin, user, groups, attributes).await;
+}
+
+/// Waits until RBAC allows `user` in `groups` what `attributes` describe.
+pub async fn until_allowed(admin: &Client, user: &str, groups: Vec<String>, attributes: ResourceAttributes) {
     let review = SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
             user: Some(user.to_string()),
-            groups: Some(vec![
-                "system:serviceaccounts".into(),
-                format!("system:serviceaccounts:{}", user_namespace(user)),
-                "system:authenticated".into(),
-            ]),
+            groups: Some(groups),
             resource_attributes: Some(attributes.clone()),
             ..Default::default()
         },
@@ -187,6 +193,20 @@ async fn honoured(admin: &Client, user: &str, ns: &str, grant: &Grant) {
         reviewed.status.is_some_and(|s| s.allowed)
     })
     .await;
+}
+
+/// A RoleBinding `name` in `ns` of the ClusterRole `role` to a `User` or `Group` named `subject`.
+pub async fn bind(admin: &Client, ns: &str, name: &str, kind: &str, subject: &str, role: &str) {
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": name, "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": subject}],
+    }))
+    .expect("a RoleBinding");
+    Api::<RoleBinding>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create the RoleBinding");
 }
 
 fn user_namespace(user: &str) -> &str {

@@ -274,7 +274,7 @@ async fn oversized(env: &'static Env, name: &str, field: &str, overrides: Value)
     )
 }
 
-fn merge(into: &mut Value, from: &Value) {
+pub(super) fn merge(into: &mut Value, from: &Value) {
     match (into, from) {
         (Value::Object(a), Value::Object(b)) => {
             for (k, v) in b {

@@ -44,28 +44,6 @@ pub(super) fn policy_name(ns: &str) -> String {
     format!("{ns}-agents")
 }
 
-/// A RoleBinding in `ns` of the ClusterRole `role` to the user `user`.
-async fn bind_user(env: &Env, ns: &str, user: &str, role: &str) {
-    let binding = serde_json::from_value(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": user, "namespace": ns},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-    }))
-    .unwrap();
-    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(env.admin.clone(), ns)
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
-}
-
-fn merge(a: &mut Value, b: &Value) {
-    if let (Some(a), Some(b)) = (a.as_object_mut(), b.as_object()) {
-        for (k, v) in b {
-            a.insert(k.clone(), v.clone());
-        }
-    }
-}
-
 /// A refusal by the guardrails policy naming `policy` and `rule`.
 fn refused_by(ran: &Ran, policy: &str, rule: &str) -> bool {
     ran.code != 0
@@ -103,7 +81,7 @@ pub(super) async fn agent_exceeds_a_policys_batch_cap(env: &'static Env) -> Row 
     let ran = create_as(&agent, &ns, "wide", spec.clone()).await;
     // A person the policy does not govern writes the very same spec: admitted.
     let person = Person::x509(&env.admin, "carol", &["developers"]).await;
-    bind_user(env, &ns, "carol", "edit").await;
+    common::tenant::bind(&env.admin, &ns, "carol", "User", "carol", "edit").await;
     person.wait_allowed(&env.admin, &ns, "fleetroll.dev", "fleetrollouts", "create").await;
     let theirs = person.kubectl(&["create", "-f", &manifest(&ns, "wide-by-a-person", spec)]).await;
     let mut row = judged(
@@ -125,7 +103,7 @@ pub(super) async fn approver_outside_a_policys_approvers(env: &'static Env) -> R
     create_as(&agent, &ns, "gated", spec).await.ok();
     // dave holds the approve verb, but is not one of the policy's approvers.
     let dave = Person::x509(&env.admin, "dave", &["developers"]).await;
-    bind_user(env, &ns, "dave", APPROVER_ROLE).await;
+    common::tenant::bind(&env.admin, &ns, "dave", "User", "dave", APPROVER_ROLE).await;
     dave.wait_allowed(&env.admin, &ns, "fleetroll.dev", "fleetrollouts", "approve").await;
     let approval = json!({"spec": {"approvals": [{"batch": 0, "planHash": "0123456789abcdef"}]}}).to_string();
     let ran =
