@@ -229,19 +229,21 @@ async fn slow_huge_and_failing_answers_are_errors() {
     let (address, _) = serve("Bearer hunter2").await;
     let credentials = labelled(&[("token", b"hunter2")]).unwrap();
     let mut querier = loopback_querier();
-    let backend = backend(&address, Duration::from_millis(300));
+    // Deadlines half the slow answer's 3 s: a healthy answer has 1.5 s even on a loaded machine (at 300 ms,
+    // `up` itself timed out under a parallel test run).
+    let backend = backend(&address, Duration::from_millis(1500));
     let names = ["up", "slow", "huge", "broken", "labelled"];
     let answers =
         querier.measure(&backend, Some(&credentials), names.iter().map(|q| query(q)).collect(), &kept).await;
     let errors: Vec<String> = answers.iter().map(|(_, a)| a.clone().err().unwrap_or_default()).collect();
     assert_eq!(errors[0], "");
-    assert!(errors[1].contains("no answer within 300ms (provider.prometheus.timeout)"), "{}", errors[1]);
+    assert!(errors[1].contains("no answer within 1.5s (provider.prometheus.timeout)"), "{}", errors[1]);
     assert_eq!(errors[2], "answer larger than 4 MiB");
     assert_eq!(errors[3], "HTTP 502");
     assert_eq!(errors[4], format!("answer of more than {MAX_ANSWER_VALUES} JSON values"));
     assert!(errors.iter().all(|e| !e.contains("hunter2")));
     // However long each query may take, the measurement ends within its budget.
-    querier.budget = Duration::from_millis(300);
+    querier.budget = Duration::from_millis(1500);
     let backend = Backend { timeout: Duration::from_secs(10), ..backend };
     let answers =
         querier.measure(&backend, Some(&credentials), vec![query("slow"), query("up")], &kept).await;
