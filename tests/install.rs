@@ -167,7 +167,9 @@ async fn the_charts_rbac_follows_its_values() {
     );
     assert!(!grants(role, "apps", "daemonsets", "update"), "DaemonSet update by default");
     assert!(!grants(role, "", "nodes", "list"), "node rights by default");
-    assert!(grants(role, "apps", "deployments", "patch"));
+    // actAs: creator by default: targets change as their rollout's creator, never with the operator's rights.
+    assert!(!grants(role, "apps", "deployments", "patch"), "the operator may patch workloads: {role}");
+    assert!(args(&objects).contains(&"--act-as=creator".to_string()));
     assert!(grants(role, "", "services", "get"), "to refuse ExternalName Services as health-check hosts");
     assert!(!grants(role, "fleetroll.dev", "fleetrollouts", "create"), "MCP creates rollouts as its caller");
     let endpoints =
@@ -197,6 +199,12 @@ async fn the_charts_rbac_follows_its_values() {
     assert!(grants(impersonate, "authentication.k8s.io", "serviceaccounts", "impersonate:serviceaccount"));
     assert!(grants(impersonate, "fleetroll.dev", "fleetrollouts", "impersonate-on:serviceaccount:create"));
     assert!(!grants(impersonate, "fleetroll.dev", "fleetrollouts", "impersonate-on:serviceaccount:delete"));
+    for mode in ["serviceaccount", "user-info"] {
+        let verb = |v: &str| format!("impersonate-on:{mode}:{v}");
+        assert!(grants(impersonate, "apps", "statefulsets", &verb("patch")), "{impersonate}");
+        assert!(!grants(impersonate, "apps", "deployments", &verb("delete")), "{impersonate}");
+        assert!(!grants(impersonate, "", "pods", &verb("delete")), "pods without node rollouts");
+    }
     assert!(
         !grants(impersonate, "", "serviceaccounts", "impersonate")
             && !grants(impersonate, "", "users", "impersonate")
@@ -234,9 +242,22 @@ async fn the_charts_rbac_follows_its_values() {
     let objects =
         render(&["nodeRollouts.enabled=true", "httpCheck.allow={10.0.0.0/8,status.example.com}"]).await;
     let role = object(&objects, "ClusterRole", "fr-fleetroll").unwrap();
-    assert!(grants(role, "", "pods", "delete") && grants(role, "", "pods", "list"));
-    assert!(grants(role, "apps", "daemonsets", "update") && grants(role, "", "nodes", "list"));
+    assert!(!grants(role, "", "pods", "delete") && grants(role, "", "pods", "list"));
+    assert!(!grants(role, "apps", "daemonsets", "update") && grants(role, "", "nodes", "list"));
     assert!(!grants(role, "", "pods", "create") && !grants(role, "apps", "deployments", "update"));
+    let impersonate = object(&objects, "ClusterRole", "fr-fleetroll-impersonate").unwrap();
+    assert!(grants(impersonate, "", "pods", "impersonate-on:user-info:delete"));
+    assert!(grants(impersonate, "apps", "daemonsets", "impersonate-on:serviceaccount:update"));
+    // actAs: operator: the operator's own rights, and no impersonation for targets.
+    let objects = render(&["nodeRollouts.enabled=true", "actAs=operator"]).await;
+    let role = object(&objects, "ClusterRole", "fr-fleetroll").unwrap();
+    assert!(grants(role, "", "pods", "delete") && grants(role, "apps", "daemonsets", "update"));
+    assert!(grants(role, "apps", "deployments", "patch"));
+    let impersonate = object(&objects, "ClusterRole", "fr-fleetroll-impersonate").unwrap();
+    assert!(!grants(impersonate, "apps", "deployments", "impersonate-on:serviceaccount:patch"));
+    assert!(args(&objects).contains(&"--act-as=operator".to_string()));
+    let objects =
+        render(&["nodeRollouts.enabled=true", "httpCheck.allow={10.0.0.0/8,status.example.com}"]).await;
     let flags = args(&objects);
     for flag in
         ["--node-rollouts=true", "--http-check-allow=10.0.0.0/8", "--http-check-allow=status.example.com"]
@@ -531,6 +552,85 @@ async fn operator_on_the_charts_rbac(fleet: Fleet, fullname: String) {
     }
     let can = sa(&["auth", "can-i", "create", "pods"]).await;
     assert_eq!(can.stdout.trim(), "no");
+    // Targets change as their creator: the operator itself may not.
     let can = sa(&["auth", "can-i", "patch", "deployments.apps"]).await;
-    assert_eq!(can.stdout.trim(), "yes", "the grant it needs is there");
+    assert_eq!(can.stdout.trim(), "no", "the operator may patch workloads itself");
+
+    a_creator_who_loses_its_rights_stops_its_rollout(&fleet, &fullname).await;
+}
+
+/// The operator, with the chart's rights only, changes targets as each rollout's creator: once the
+/// creator's RoleBinding is gone, the next batch changes nothing, the rollout halts saying why, and the
+/// targets already changed stay as they are. The audit log names the creator behind every change.
+async fn a_creator_who_loses_its_rights_stops_its_rollout(fleet: &Fleet, fullname: &str) {
+    let ns = fleet.ns.clone();
+    let creator = Tenant::create(&fleet.client, &ns, "revoked", &[Grant::cluster_role("edit")]).await;
+    let spec = json!({"image": READY_IMAGE, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
+                      "strategy": {"batchSize": 2, "approval": "EveryBatch"}});
+    let rollout: FleetRollout = serde_json::from_value(json!({
+        "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": "revoked"}, "spec": spec,
+    }))
+    .unwrap();
+    Api::<FleetRollout>::namespaced(creator.client.clone(), &ns)
+        .create(&PostParams::default(), &rollout)
+        .await
+        .expect("created by the tenant");
+    let waiting_for = |batch: u32| {
+        move |f: &FleetRollout| {
+            f.status.as_ref().and_then(|s| s.pending_approval.as_ref()).is_some_and(|p| p.batch == batch)
+        }
+    };
+    let plan_hash = |f: FleetRollout| f.status.unwrap().pending_approval.unwrap().plan_hash;
+    let fr = fleet.wait_rollout("revoked", "batch 1 to wait", Duration::from_secs(60), waiting_for(0)).await;
+    fleet.approve("revoked", &[0], &plan_hash(fr)).await;
+    let fr = fleet.wait_rollout("revoked", "batch 2 to wait", Duration::from_secs(120), waiting_for(1)).await;
+    let images = |d: &[k8s_openapi::api::apps::v1::Deployment]| {
+        let mut all: Vec<String> = d.iter().map(image_of).collect();
+        all.sort();
+        all
+    };
+    let before = images(&fleet.all_deployments().await);
+    assert_eq!(before.iter().filter(|i| *i == READY_IMAGE).count(), 2, "batch 1 changed: {before:?}");
+
+    // The creator's rights go; a person approves the next batch all the same.
+    kubectl(&["delete", "rolebinding", "revoked-0", "-n", &ns]).await.ok();
+    let mut gone = false;
+    for _ in 0..100 {
+        let can =
+            kubectl(&["auth", "can-i", "patch", "deployments", "-n", &ns, "--as", &creator.username]).await;
+        if can.stdout.trim() == "no" {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(gone, "the RoleBinding's removal never reached the authorizer");
+    fleet.approve("revoked", &[0, 1], &plan_hash(fr)).await;
+    let fr = fleet
+        .wait_rollout("revoked", "the rollout to halt", Duration::from_secs(120), |f| {
+            phase(f) == Phase::Paused
+        })
+        .await;
+    let status = fr.status.unwrap();
+    assert_eq!(status.reason.as_deref(), Some("FailureBudgetExceeded"), "{status:?}");
+    let denied = &status.failures;
+    assert_eq!(denied.len(), 2, "{denied:?}");
+    assert!(
+        denied.iter().all(|f| f.reason == "ChangeDenied"
+            && f.message
+                .contains(&format!("User \"{}\" cannot patch resource \"deployments\"", creator.username))),
+        "{denied:?}"
+    );
+    assert_eq!(images(&fleet.all_deployments().await), before, "a target changed after the rights went");
+
+    // Every change was made by the operator's ServiceAccount, as the creator.
+    let operator = format!("system:serviceaccount:{ns}:{fullname}");
+    let by_creator = |c: &common::audit::Change| c.as_user.as_deref() == Some(creator.username.as_str());
+    let seen = |c: &[common::audit::Change]| c.iter().filter(|c| by_creator(c)).count() >= 4;
+    if let Some(changes) = common::audit::changes(&ns, Duration::from_secs(30), seen).await {
+        let mine: Vec<_> = changes.iter().filter(|c| by_creator(c)).collect();
+        assert!(mine.iter().all(|c| c.user == operator && c.verb == "patch"), "{mine:#?}");
+        assert_eq!(mine.iter().filter(|c| c.code == 200).count(), 2, "{mine:#?}");
+        assert!(mine.iter().filter(|c| c.code == 403).count() >= 2, "{mine:#?}");
+    }
 }

@@ -299,6 +299,18 @@ async fn an_agents_rollout_waits_for_a_person_to_approve_it() {
         let done = fleet.wait_rollout("agents", "success", DEADLINE, |f| phase(f) == Phase::Succeeded).await;
         let record = &done.status.unwrap().approvals[0];
         assert_eq!(record.approved_by.as_deref(), Some("alice"), "the approver the API server authenticated");
+        // Each target was changed as the agent, by the operator impersonating it: the audit log says so.
+        let targets = ["web-00", "web-01"];
+        let patched = |c: &[common::audit::Change]| {
+            targets.iter().all(|t| c.iter().any(|c| c.verb == "patch" && c.name == *t && c.code == 200))
+        };
+        if let Some(changes) = common::audit::changes(&ns, DEADLINE, patched).await {
+            let patches: Vec<_> = changes.iter().filter(|c| c.verb == "patch" && c.resource == "deployments").collect();
+            assert!(
+                patches.iter().all(|c| c.as_user.as_deref() == Some(agent.username.as_str()) && c.user == "fleetroll-admin"),
+                "a target changed other than as its rollout's creator: {patches:#?}"
+            );
+        }
         kube::Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(fleet.client.clone())
             .delete(&format!("{ns}-alice-view"), &Default::default())
             .await

@@ -2,6 +2,7 @@
 //! `fleetroll crd`.
 
 mod analysis;
+mod approvals;
 mod clusters;
 mod policy;
 mod revision;
@@ -9,6 +10,7 @@ mod spec;
 mod status;
 
 pub use analysis::*;
+pub use approvals::*;
 pub use clusters::*;
 pub use policy::*;
 pub use revision::*;

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     analysis::BatchAnalysis,
+    approvals::{ApprovalRecord, PendingApproval},
     clusters::ClustersStatus,
     revision::{PlanRef, Revision, SupersededRevision},
 };
@@ -92,6 +93,12 @@ pub struct FleetRolloutStatus {
     /// breaks it. Gone once the spec or the policy changes so that it no longer does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_hold: Option<super::PolicyHold>,
+
+    /// Why the operator, which changes targets as the rollout's creator, cannot act as this one (never
+    /// recorded, or not one Kubernetes lets anyone impersonate): every batch waits while it says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub creator_hold: Option<String>,
 
     /// Approvals that released batches, with who gave them when known (the last 10).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -329,40 +336,6 @@ pub struct TargetFailure {
     pub reason: String,
     /// What happened, for people.
     pub message: String,
-}
-
-/// The approval a rollout waits for: add it to spec.approvals to release the batch.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PendingApproval {
-    /// The index (0-based) of the batch waiting: the `batch` of the approval to add.
-    pub batch: u32,
-    /// The plan to approve (status.plan.hash): the `planHash` of the approval to add.
-    pub plan_hash: String,
-    /// The gates to approve (health, analysis, strategy.maxFailures, strategy.onFailure and
-    /// strategy.approval, hashed): the `gatesHash` of the approval to add.
-    #[serde(default)]
-    pub gates_hash: String,
-    /// Since when the batch has been waiting (RFC 3339).
-    pub since: Time,
-}
-
-/// An approval that released a batch.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ApprovalRecord {
-    /// The index (0-based) of the batch it released.
-    pub batch: u32,
-    /// The plan it approved (status.plan.hash at the time).
-    pub plan_hash: String,
-    /// The gates it approved: a change to them since needs another approval before the next batch.
-    #[serde(default)]
-    pub gates_hash: String,
-    /// Who approved, when known (spec.approvals[].approvedBy).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub approved_by: Option<String>,
-    /// When the batch was released (RFC 3339).
-    pub approved_at: Time,
 }
 
 /// Matching targets that appeared after the plan was frozen.

@@ -191,7 +191,11 @@ impl Fleet for Workloads {
         let (rollout, holder) = (rollout_key(fr), holder(ctx, fr));
         let change = change_of(fr, batch.key, &rollout, failpoint::BETWEEN_PATCHES, &holder);
         let cached = |t: &PlannedTarget| ctx.stores.facts(change.kind, &t.namespace, &t.name);
-        targets::patch_all(&ctx.client, &cached, &ctx.metrics, &change, batch.targets, |_| {
+        let writer = match ctx.writer(fr) {
+            Ok(w) => w,
+            Err(why) => return Ok(Outcome::denied(batch.targets, &why)),
+        };
+        targets::patch_all(&ctx.client, &writer, &cached, &ctx.metrics, &change, batch.targets, |_| {
             batch.image.to_string()
         })
         .await
@@ -206,8 +210,12 @@ impl Fleet for Workloads {
         let (rollout, holder) = (rollout_key(fr), holder(ctx, fr));
         let change = change_of(fr, key, &rollout, failpoint::BETWEEN_RESTORES, &holder);
         let cached = |t: &PlannedTarget| ctx.stores.facts(change.kind, &t.namespace, &t.name);
-        targets::patch_all(&ctx.client, &cached, &ctx.metrics, &change, targets, |t| t.previous_image.clone())
-            .await
+        let writer = match ctx.writer(fr) {
+            Ok(w) => w,
+            Err(why) => return Ok(Outcome::denied(targets, &why)),
+        };
+        let restore = |t: &PlannedTarget| t.previous_image.clone();
+        targets::patch_all(&ctx.client, &writer, &cached, &ctx.metrics, &change, targets, restore).await
     }
 }
 
@@ -306,8 +314,12 @@ impl Fleet for Nodes {
 
     async fn apply(ctx: &Context, fr: &FleetRollout, batch: Batch<'_>) -> Result<Outcome> {
         let revision = nodes::revision_key(&fr.uid().unwrap_or_default(), batch.revision);
+        let writer = match ctx.writer(fr) {
+            Ok(w) => w,
+            Err(why) => return Ok(Outcome::denied(batch.targets, &why)),
+        };
         daemonset_pods::apply(
-            At::home(&ctx.client, fr),
+            At::home_as(&ctx.client, &writer, fr),
             &ctx.metrics,
             fr,
             &revision,
@@ -324,12 +336,17 @@ impl Fleet for Nodes {
         _key: &str,
         targets: &[PlannedTarget],
     ) -> Result<Outcome> {
-        daemonset_pods::restore(At::home(&ctx.client, fr), &ctx.metrics, fr, targets).await
+        let writer = match ctx.writer(fr) {
+            Ok(w) => w,
+            Err(why) => return Ok(Outcome::denied(targets, &why)),
+        };
+        daemonset_pods::restore(At::home_as(&ctx.client, &writer, fr), &ctx.metrics, fr, targets).await
     }
 
     async fn release(ctx: &Context, fr: &FleetRollout, finished: bool) -> Result<()> {
         if ctx.daemonset_held(fr) {
-            daemonset_pods::release(At::home(&ctx.client, fr), fr, finished).await?;
+            let writer = ctx.writer(fr).map_err(crate::error::Error::Target)?;
+            daemonset_pods::release(At::home_as(&ctx.client, &writer, fr), fr, finished).await?;
         }
         Ok(())
     }

@@ -62,6 +62,8 @@ pub struct Settings {
     pub self_workloads: Vec<scope::WorkloadRef>,
     /// Whether node rollouts are served (the installation granted the rights they need).
     pub node_rollouts: bool,
+    /// Whose rights changes to targets in this cluster are made with.
+    pub act_as: crate::edge::impersonation::ActAs,
     /// What member Secrets' exec credential plugins may be.
     pub member_exec: crate::edge::members::ExecPolicy,
     /// Where health checks may go besides the targets (`--http-check-allow`), and the API server's
@@ -89,6 +91,8 @@ pub struct Context {
     /// their workloads.
     members: crate::edge::member_watch::MemberWatches,
     metrics: Arc<Metrics>,
+    /// The clients targets in this cluster are changed with: as each rollout's creator, by default.
+    writers: crate::edge::impersonation::Writers,
     /// Status writes, events, the finalizer and deletion of the rollouts themselves.
     rollouts_io: Rollouts,
     /// Consecutive failed reconciles per rollout, for the retry backoff.
@@ -136,6 +140,11 @@ fn retry_after(failures: u32) -> Duration {
 }
 
 impl Context {
+    /// The client a rollout's targets in this cluster are changed with, or why there is none.
+    fn writer(&self, fr: &FleetRollout) -> std::result::Result<Client, String> {
+        self.writers.for_creator(fr.spec.creator.as_ref())
+    }
+
     /// Records how long each batch that just finished took.
     fn observe_batches(&self, before: &FleetRolloutStatus, after: &FleetRolloutStatus) {
         for b in &after.batches {
@@ -340,18 +349,25 @@ fn kept_namespace(n: &mut Namespace) {
     n.status = None;
 }
 
-/// Runs the controller until `shutdown` fires. Call only while holding the leader lease.
-pub async fn run(
-    client: Client,
-    settings: Settings,
-    metrics: Arc<Metrics>,
-    shutdown: CancellationToken,
-) -> Result<()> {
+/// The FleetRollouts this operator reconciles; an error saying so when their CRD is not installed.
+async fn rollouts_watched(client: &Client, settings: &Settings) -> Result<Api<FleetRollout>> {
     let rollouts: Api<FleetRollout> = match &settings.watch_namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
     rollouts.list(&ListParams::default().limit(1)).await.map_err(Error::CrdMissing)?;
+    Ok(rollouts)
+}
+
+/// Runs the controller until `shutdown` fires. Call only while holding the leader lease.
+pub async fn run(
+    client: Client,
+    config: kube::Config,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let rollouts = rollouts_watched(&client, &settings).await?;
 
     // Changes in member clusters wake their rollouts as changes here do.
     let (member_wake, member_changes) = futures::channel::mpsc::unbounded();
@@ -367,6 +383,7 @@ pub async fn run(
         rollouts_io: Rollouts::new(client.clone(), &settings.identity, metrics.clone()),
         rollouts: controller.store(),
         policies,
+        writers: crate::edge::impersonation::Writers::new(settings.act_as, client.clone(), config),
         members: crate::edge::member_watch::MemberWatches::new(
             crate::edge::members::Members::new(client.clone(), settings.fleet_namespace.clone())
                 .with_exec(settings.member_exec.clone()),

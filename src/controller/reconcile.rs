@@ -97,7 +97,7 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
     if fr.meta().deletion_timestamp.is_some() {
         match fr.spec.targets.clusters {
             Some(_) if fr.spec.targets.kind == TargetKind::Node => member_nodes::finalize(ctx, &fr).await?,
-            _ => daemonset_pods::finalize(&ctx.client, &fr).await?,
+            _ => daemonset_pods::finalize(&ctx.client, ctx.writer(&fr), &fr).await?,
         }
         return Ok(Action::await_change());
     }
@@ -206,7 +206,13 @@ async fn decide(
     };
     let uid = fr.uid().unwrap_or_default();
     let guardrails = crate::core::policy::guardrails(&ctx.policies.state(), fr.spec.creator.as_ref());
+    // In member clusters the members' credentials act, whoever created the rollout.
+    let cannot_act = match fr.spec.targets.clusters {
+        None => ctx.writers.cannot_act(fr.spec.creator.as_ref()),
+        Some(_) => None,
+    };
     rollout::decide(&Facts {
+        cannot_act: cannot_act.as_deref(),
         now,
         uid: &uid,
         generation: fr.metadata.generation.unwrap_or(0),

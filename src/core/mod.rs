@@ -7,6 +7,7 @@ pub(crate) mod conditions;
 pub(crate) mod duration;
 pub mod exec;
 pub(crate) mod http_check;
+pub(crate) mod identity;
 pub mod nodes;
 pub mod plan;
 pub(crate) mod policy;

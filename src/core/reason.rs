@@ -16,6 +16,8 @@ pub const WAITING_FOR_APPROVAL: &str = "WaitingForApproval";
 pub const APPROVED: &str = "Approved";
 /// A platform policy (FleetRolloutPolicy) holds the next batch: the planned rollout breaks it.
 pub const POLICY_VIOLATION: &str = "PolicyViolation";
+/// The operator changes targets as the rollout's creator, and cannot act as this one.
+pub const CANNOT_ACT_AS_CREATOR: &str = "CannotActAsCreator";
 pub const SUCCEEDED: &str = "Succeeded";
 pub const FAILURE_BUDGET_EXCEEDED: &str = "FailureBudgetExceeded";
 pub const ABORT_REQUESTED: &str = "AbortRequested";

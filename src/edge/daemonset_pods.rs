@@ -15,7 +15,7 @@ use kube::{
     api::{DeleteParams, ListParams, PostParams, Preconditions},
     core::Selector,
 };
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::{lists, targets::Outcome};
 use crate::{
@@ -35,19 +35,33 @@ use crate::{
 /// How many pod deletions of one batch are in flight at once.
 const DELETE_CONCURRENCY: usize = 16;
 
-/// Where a node rollout's DaemonSet is: the client of its cluster (the rollout's own, or a member's), its
-/// namespace there, and the client of the rollout's own cluster, where the rollouts that may hold it are.
+/// Where a node rollout's DaemonSet is: the client of its cluster (the rollout's own, or a member's) and
+/// the one its DaemonSet and pods are changed with there, its namespace there, and the client of the
+/// rollout's own cluster, where the rollouts that may hold it are.
 #[derive(Clone, Copy)]
 pub struct At<'a> {
     pub client: &'a Client,
+    pub writer: &'a Client,
     pub hub: &'a Client,
     pub namespace: &'a str,
 }
 
 impl<'a> At<'a> {
-    /// The DaemonSet of a rollout in its own cluster: in the rollout's namespace.
+    /// The DaemonSet of a rollout in its own cluster, read and changed with `client`.
     pub fn home(client: &'a Client, fr: &'a FleetRollout) -> Self {
-        Self { client, hub: client, namespace: fr.metadata.namespace.as_deref().unwrap_or_default() }
+        Self::home_as(client, client, fr)
+    }
+
+    /// The DaemonSet of a rollout in its own cluster: in the rollout's namespace, read with `client`,
+    /// changed with `writer` (the rollout's creator, impersonated).
+    pub fn home_as(client: &'a Client, writer: &'a Client, fr: &'a FleetRollout) -> Self {
+        let namespace = fr.metadata.namespace.as_deref().unwrap_or_default();
+        Self { client, writer, hub: client, namespace }
+    }
+
+    /// The DaemonSet in a member cluster, read and changed with the member's credentials.
+    pub fn member(client: &'a Client, hub: &'a Client, namespace: &'a str) -> Self {
+        Self { client, writer: client, hub, namespace }
     }
 }
 
@@ -62,10 +76,10 @@ fn daemonsets(at: At<'_>) -> Api<DaemonSet> {
     Api::namespaced(at.client.clone(), at.namespace)
 }
 
-/// The rollout's DaemonSet as it is now, and the API to change it; None when it is gone.
+/// The rollout's DaemonSet as it is now, and the API to change it with; None when it is gone.
 async fn daemonset(at: At<'_>, fr: &FleetRollout) -> Result<Option<(Api<DaemonSet>, DaemonSet)>> {
-    let api = daemonsets(at);
-    Ok(api.get_opt(&daemonset_name(fr)).await?.map(|ds| (api, ds)))
+    let found = daemonsets(at).get_opt(&daemonset_name(fr)).await?;
+    Ok(found.map(|ds| (Api::namespaced(at.writer.clone(), at.namespace), ds)))
 }
 
 fn daemonset_name(fr: &FleetRollout) -> String {
@@ -223,15 +237,32 @@ async fn rollout_exists(client: &Client, key: &str) -> Result<bool> {
 /// A node rollout being deleted: hands its DaemonSet back if it still holds it, then lets it go. After
 /// success or a rollback only the update strategy goes back (the template is the one the rollout ended
 /// on); otherwise the template from before the rollout goes back too, so deleting an unfinished rollout
-/// undoes it instead of letting the DaemonSet controller finish it on every node at once.
-pub async fn finalize(client: &Client, fr: &FleetRollout) -> Result<()> {
+/// undoes it instead of letting the DaemonSet controller finish it on every node at once. The DaemonSet is
+/// changed with `writer` (the creator, impersonated); one the creator may no longer change is left as it is
+/// (its hold names a rollout that no longer exists, which no other rollout honours) rather than keeping
+/// the rollout from going.
+pub async fn finalize(
+    client: &Client,
+    writer: std::result::Result<Client, String>,
+    fr: &FleetRollout,
+) -> Result<()> {
     if !super::rollouts::holds_daemonset(fr) {
         return Ok(());
     }
     let finished =
         fr.status.as_ref().is_some_and(|s| matches!(s.phase, Phase::Succeeded | Phase::RolledBack));
     if !daemonset_name(fr).is_empty() {
-        release(At::home(client, fr), fr, finished).await?;
+        let released = match &writer {
+            Ok(writer) => match release(At::home_as(client, writer, fr), fr, finished).await {
+                Err(Error::Kube(e)) => Err(denial(&e).ok_or(Error::Kube(e))?),
+                other => other.map_err(|e| e.to_string()),
+            },
+            Err(why) => Err(why.clone()),
+        };
+        if let Err(why) = released {
+            warn!(daemonset = %daemonset_name(fr), %why, "could not hand the DaemonSet back; the rollout goes \
+                  all the same (set its updateStrategy back by hand)");
+        }
     }
     super::rollouts::set_finalizer(client, fr, false).await?;
     info!("handed the DaemonSet back; the rollout may go");
@@ -264,14 +295,7 @@ pub async fn apply(
         .map_err(Error::Target)?;
     if let Some(next) = taken {
         if let Err(e) = api.replace(&ds.name_any(), &post_params(), &next).await {
-            // Refused (an admission policy on DaemonSets, say): no node of the batch can change.
-            return match denial(&e) {
-                Some(message) => Ok(Outcome {
-                    denied: targets.iter().map(|t| (t.clone(), message.clone())).collect(),
-                    ..Default::default()
-                }),
-                None => Err(e.into()),
-            };
+            return refused(e, targets);
         }
         info!(daemonset = %ds.name_any(), %revision, %image, "took over the DaemonSet's updates; template set");
     }
@@ -302,6 +326,15 @@ pub async fn apply(
     Ok(outcome)
 }
 
+/// A DaemonSet change that failed: refused (an admission policy on DaemonSets, or a creator without the
+/// right), no node of the batch can change, and each fails with the API server's words; else an error.
+fn refused(e: kube::Error, targets: &[PlannedTarget]) -> Result<Outcome> {
+    match denial(&e) {
+        Some(message) => Ok(Outcome::denied(targets, &message)),
+        None => Err(e.into()),
+    }
+}
+
 /// Adds one node's action to the outcome: a deletion the API server refused fails that node.
 fn record(outcome: &mut Outcome, target: PlannedTarget, action: &NodeAction, done: Result<()>) -> Result<()> {
     match done {
@@ -322,7 +355,7 @@ async fn delete(at: At<'_>, metrics: &Metrics, node: &str, action: &NodeAction) 
         ..Default::default()
     };
     metrics.target_patches.inc();
-    match Api::<Pod>::namespaced(at.client.clone(), at.namespace).delete(pod, &params).await {
+    match Api::<Pod>::namespaced(at.writer.clone(), at.namespace).delete(pod, &params).await {
         Ok(_) => {
             debug!(%node, %pod, "old pod deleted");
             Ok(())
@@ -355,7 +388,9 @@ pub async fn restore(
             .map_err(Error::Target)?,
     };
     if let Some(next) = next {
-        api.replace(&ds.name_any(), &post_params(), &next).await?;
+        if let Err(e) = api.replace(&ds.name_any(), &post_params(), &next).await {
+            return refused(e, targets);
+        }
         info!(daemonset = %ds.name_any(), "restored the pod template from before the rollout");
     }
     let view = View::read(at, fr).await?;
@@ -402,28 +437,4 @@ fn post_params() -> PostParams {
 }
 
 #[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    #[test]
-    fn an_http_check_can_address_the_node_or_its_pod() {
-        let ds: DaemonSet =
-            serde_json::from_value(json!({"metadata": {"name": "agent", "namespace": "ops", "uid": "ds"}}))
-                .unwrap();
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "agent-x1", "ownerReferences": [
-                {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "ds", "controller": true}]},
-            "spec": {"nodeName": "n1", "containers": []},
-            "status": {"podIP": "10.0.0.7", "hostIP": "192.168.1.1"},
-        }))
-        .unwrap();
-        let view = View { daemonset: Some(ds), nodes: HashMap::new(), pods: vec![pod] };
-        assert_eq!(
-            view.url_for("http://{podIP}:8080/healthz?pod={pod}&ns={namespace}", "n1"),
-            "http://10.0.0.7:8080/healthz?pod=agent-x1&ns=ops"
-        );
-        assert_eq!(view.url_for("http://{hostIP}:9100/{node}/{name}", "n1"), "http://192.168.1.1:9100/n1/n1");
-    }
-}
+mod tests;

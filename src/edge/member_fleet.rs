@@ -396,7 +396,7 @@ pub(crate) async fn change(
         // The member's watch cache, as the rollout's own cluster's, spares a read before each patch.
         let cache = watches.cache(cluster, change.kind);
         let cached = |t: &PlannedTarget| cache.as_ref().filter(|c| c.ready())?.get(&t.namespace, &t.name);
-        targets::patch_all(&client, &cached, metrics, change, &targets, image_of).await
+        targets::patch_all(&client, &client, &cached, metrics, change, &targets, image_of).await
     })
     .await
 }

@@ -39,7 +39,7 @@ pub(crate) async fn list(
     };
     let mut found = Vec::new();
     for namespace in &namespaces {
-        match daemonset_pods::discover(At { client, hub, namespace }, fr).await? {
+        match daemonset_pods::discover(At::member(client, hub, namespace), fr).await? {
             Ok(nodes) => {
                 found.extend(nodes.into_iter().map(|c| Candidate { namespace: namespace.clone(), ..c }))
             }
@@ -95,7 +95,7 @@ pub(crate) async fn read(
                     let mut read: Vec<Place> = Vec::new();
                     for namespace in namespaces {
                         let labels = Api::<Namespace>::all(client.clone()).get_opt(namespace).await?;
-                        let at = At { client: &client, hub: members.hub(), namespace };
+                        let at = At::member(&client, members.hub(), namespace);
                         let view = View::read(at, fr).await?;
                         let holder = view
                             .daemonset
@@ -166,7 +166,7 @@ pub(crate) async fn change(
         }
         let mut outcome = Outcome::default();
         for (namespace, targets) in by_namespace {
-            let at = At { client: &client, hub: members.hub(), namespace: &namespace };
+            let at = At::member(&client, members.hub(), &namespace);
             outcome.add(match act {
                 Act::Apply { revision, image, rollout } => {
                     daemonset_pods::apply(at, metrics, fr, revision, image, rollout, &targets).await?
@@ -202,7 +202,7 @@ pub(crate) async fn release(
             async move {
                 for namespace in namespaces {
                     daemonset_pods::release(
-                        At { client: &client, hub: members.hub(), namespace },
+                        At::member(&client, members.hub(), namespace),
                         fr,
                         finished,
                     )

@@ -7,6 +7,7 @@ pub(crate) mod control;
 pub(crate) mod daemonset_pods;
 pub mod discovery;
 pub(crate) mod events;
+pub(crate) mod impersonation;
 pub(crate) mod lists;
 pub(crate) mod live;
 pub(crate) mod member_fleet;

@@ -162,6 +162,14 @@ impl Outcome {
         Self { skipped: count(targets.len()), ..Default::default() }
     }
 
+    /// Every target refused, for one reason.
+    pub fn denied(targets: &[PlannedTarget], message: &str) -> Self {
+        Self {
+            denied: targets.iter().map(|t| (t.clone(), message.to_string())).collect(),
+            ..Default::default()
+        }
+    }
+
     /// Adds what another round (in another cluster or namespace) did.
     pub fn add(&mut self, other: Outcome) {
         self.changed += other.changed;
@@ -198,9 +206,11 @@ const CONFLICTS_RETRIED: usize = 3;
 /// Applies `image_of(target)` to each target that does not carry `change.key` yet, with server-side apply.
 /// Safe to repeat: a target that already has the key is skipped, and re-sending the same apply is a no-op.
 /// `cached`: a target's facts from the watch cache of the cluster `client` talks to; a target it does not
-/// hold is read live, so a fresh target is not mistaken for a gone one.
+/// hold is read live, so a fresh target is not mistaken for a gone one. Changes are sent with `writer`
+/// (in the rollout's own cluster, its creator impersonated; in a member, the member's credentials).
 pub async fn patch_all(
     client: &Client,
+    writer: &Client,
     cached: CachedFacts<'_>,
     metrics: &Metrics,
     change: &Change<'_>,
@@ -217,7 +227,7 @@ pub async fn patch_all(
             if i > 0 {
                 failpoint::hit(change.between).await;
             }
-            let result = patch_one(client, cached, metrics, change, &t, &image).await;
+            let result = patch_one((client, writer), cached, metrics, change, &t, &image).await;
             (i, t, result)
         })
         .buffer_unordered(PATCH_CONCURRENCY)
@@ -249,7 +259,7 @@ enum PatchResult {
 /// change is sent against the resourceVersion it was judged at, so that a target another rollout changed
 /// meanwhile is judged again (held by it, now) rather than changed by both.
 async fn patch_one(
-    client: &Client,
+    (client, writer): (&Client, &Client),
     cached: CachedFacts<'_>,
     metrics: &Metrics,
     change: &Change<'_>,
@@ -270,7 +280,7 @@ async fn patch_one(
             Judged::Done(result) => return Ok(result),
             Judged::Send(body) => body,
         };
-        let Some(result) = apply_patch(client, change.kind, t, &body).await else {
+        let Some(result) = apply_patch(writer, change.kind, t, &body).await else {
             return Ok(PatchResult::Skipped);
         };
         metrics.target_patches.inc();

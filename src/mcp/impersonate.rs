@@ -45,11 +45,15 @@
 //! `preview`.) Writes are rare, so each derives its client from the server's own `kube::Config`,
 //! and kube's own code puts the `Impersonate-*` headers on.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::sync::Arc;
 
 use kube::Client;
 
 use super::auth::Identity;
+use crate::{
+    core::identity::{Impersonation, User},
+    edge::impersonation,
+};
 
 /// Who the MCP server's writes are made as.
 #[derive(Clone)]
@@ -66,118 +70,21 @@ impl Writer {
         match self {
             Writer::Server(client) => Ok(client.clone()),
             Writer::Caller(base) => {
-                let mut config = (**base).clone();
-                Impersonation::of(who)?.apply(&mut config);
-                Client::try_from(config).map_err(|e| format!("cannot act as {}: {e}", who.username))
+                let imp = impersonation_of(who).map_err(|e| format!("{e}; nothing was written"))?;
+                impersonation::client(base, imp)
             }
         }
     }
 }
 
-/// The `Impersonate-*` fields for one caller.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Impersonation {
-    pub user: String,
-    pub uid: Option<String>,
-    pub groups: Vec<String>,
-    pub extra: BTreeMap<String, Vec<String>>,
-}
-
-const SERVICEACCOUNT_PREFIX: &str = "system:serviceaccount:";
-const NODE_PREFIX: &str = "system:node:";
-
-impl Impersonation {
-    /// How `who` is impersonated, or why it cannot be.
-    pub fn of(who: &Identity) -> Result<Impersonation, String> {
-        let refuse = |why: &str| Err(format!("cannot act as {:?}: {why}; nothing was written", who.username));
-        let user = who.username.clone();
-        if user.is_empty() {
-            return refuse("the identity has no username");
-        }
-        if let Some(rest) = user.strip_prefix(SERVICEACCOUNT_PREFIX) {
-            // Only a ServiceAccount's own token says so; another authenticator's user who merely bears
-            // such a name must not be impersonated as that ServiceAccount.
-            if !who.groups.iter().any(|g| g == "system:serviceaccounts") {
-                return refuse("a ServiceAccount username without the system:serviceaccounts group");
-            }
-            let mut parts = rest.split(':');
-            let well_formed = matches!((parts.next(), parts.next(), parts.next()), (Some(ns), Some(name), None) if !ns.is_empty() && !name.is_empty());
-            if !well_formed {
-                return refuse("not a well-formed ServiceAccount username");
-            }
-            // serviceaccount mode: the username only; the API server derives the groups.
-            return Ok(Impersonation { user, uid: None, groups: Vec::new(), extra: BTreeMap::new() });
-        }
-        if user.starts_with(NODE_PREFIX) {
-            return refuse("node identities are not impersonated");
-        }
-        if who.groups.iter().any(|g| g == "system:masters") {
-            return refuse("members of system:masters cannot be impersonated");
-        }
-        if who.groups.iter().any(String::is_empty) {
-            return refuse("an empty group name cannot be impersonated");
-        }
-        let mut extra = BTreeMap::new();
-        for (key, values) in &who.extra {
-            // A key without values says nothing; the API server refuses one, so leave it out.
-            if values.is_empty() {
-                continue;
-            }
-            if let Err(why) = valid_extra_key(key) {
-                return refuse(&format!("its extra key {key:?} {why}"));
-            }
-            if values.iter().any(String::is_empty) {
-                return refuse(&format!("its extra {key:?} has an empty value"));
-            }
-            extra.insert(key.clone(), values.clone());
-        }
-        let imp = Impersonation { user, uid: who.uid.clone(), groups: who.groups.clone(), extra };
-        // Header values must be visible ASCII: say so here rather than as an HTTP error later.
-        let values = std::iter::once(&imp.user)
-            .chain(imp.uid.iter())
-            .chain(imp.groups.iter())
-            .chain(imp.extra.values().flatten());
-        if let Some(v) = values.into_iter().find(|v| !v.bytes().all(|b| (0x20..0x7f).contains(&b))) {
-            return refuse(&format!(
-                "{v:?} is not printable ASCII, which impersonation headers cannot carry"
-            ));
-        }
-        Ok(imp)
-    }
-
-    /// Sets the impersonation on a client configuration.
-    pub fn apply(self, config: &mut kube::Config) {
-        let auth = &mut config.auth_info;
-        auth.impersonate = Some(self.user);
-        auth.impersonate_uid = self.uid;
-        auth.impersonate_groups = (!self.groups.is_empty()).then_some(self.groups);
-        auth.impersonate_user_extra = (!self.extra.is_empty()).then(|| self.extra.into_iter().collect());
-    }
-}
-
-/// The API server's rule for impersonated extra keys: a lowercase domain-prefixed path (`acme.io/foo`).
-/// Header names are case-insensitive, so an uppercase key would silently become another key.
-fn valid_extra_key(key: &str) -> Result<(), &'static str> {
-    if key != key.to_lowercase() {
-        return Err("is not lowercase");
-    }
-    let Some((domain, path)) = key.split_once('/') else {
-        return Err("is not a domain-prefixed path such as acme.io/foo");
-    };
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    if domain.is_empty() || domain.len() > 253 || !domain.split('.').all(label_ok) {
-        return Err("does not start with a DNS subdomain");
-    }
-    let path_ok = |b: u8| b.is_ascii_alphanumeric() || b"/-._~%!$&'()*+,;=:".contains(&b);
-    if path.is_empty() || !path.bytes().all(path_ok) {
-        return Err("has an invalid path after the domain");
-    }
-    Ok(())
+/// How a caller is impersonated, or why it cannot be.
+pub fn impersonation_of(who: &Identity) -> Result<Impersonation, String> {
+    Impersonation::of(User {
+        username: &who.username,
+        uid: who.uid.as_deref(),
+        groups: &who.groups,
+        extra: &who.extra,
+    })
 }
 
 #[cfg(test)]
@@ -194,55 +101,6 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.iter().map(|s| s.to_string()).collect()))
                 .collect(),
         }
-    }
-
-    #[test]
-    fn a_serviceaccount_is_impersonated_by_its_username_only() {
-        let who = identity(
-            "system:serviceaccount:team:agent",
-            &["system:serviceaccounts", "system:serviceaccounts:team", "system:authenticated"],
-            &[("authentication.kubernetes.io/credential-id", &["JTI=abc"])],
-        );
-        let imp = Impersonation::of(&who).unwrap();
-        assert_eq!(
-            imp,
-            Impersonation {
-                user: "system:serviceaccount:team:agent".into(),
-                uid: None,
-                groups: vec![],
-                extra: BTreeMap::new()
-            }
-        );
-        let mut config = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
-        imp.apply(&mut config);
-        assert_eq!(config.auth_info.impersonate.as_deref(), Some("system:serviceaccount:team:agent"));
-        assert_eq!(config.auth_info.impersonate_uid, None, "serviceaccount mode forbids a uid");
-        assert_eq!(config.auth_info.impersonate_groups, None, "serviceaccount mode forbids groups");
-        assert_eq!(config.auth_info.impersonate_user_extra, None, "serviceaccount mode forbids extra");
-    }
-
-    #[tokio::test]
-    async fn any_other_user_is_impersonated_with_uid_groups_and_extra() {
-        let who = identity(
-            "alice@example.com",
-            &["devs", "system:authenticated"],
-            &[("example.com/team", &["a", "b"]), ("example.com/empty", &[])],
-        );
-        let imp = Impersonation::of(&who).unwrap();
-        assert_eq!(imp.uid.as_deref(), Some("uid-1"));
-        assert_eq!(imp.groups, ["devs", "system:authenticated"]);
-        assert_eq!(imp.extra.len(), 1, "a key without values is left out: {imp:?}");
-        let mut config = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
-        imp.apply(&mut config);
-        let auth = &config.auth_info;
-        assert_eq!(auth.impersonate.as_deref(), Some("alice@example.com"));
-        assert_eq!(auth.impersonate_uid.as_deref(), Some("uid-1"));
-        assert_eq!(
-            auth.impersonate_groups.as_deref(),
-            Some(&["devs".to_string(), "system:authenticated".into()][..])
-        );
-        let extra = auth.impersonate_user_extra.as_ref().unwrap();
-        assert_eq!(extra["example.com/team"], ["a", "b"]);
     }
 
     /// What a client sends: the headers of one request to a stand-in API server.
@@ -295,27 +153,10 @@ mod tests {
     }
 
     #[test]
-    fn identities_the_api_server_would_refuse_are_refused_here_with_a_reason() {
-        let refused = |who: Identity, why: &str| {
-            let e = Impersonation::of(&who).unwrap_err();
-            assert!(e.contains(why) && e.contains("nothing was written"), "{e}");
-        };
-        refused(identity("root", &["system:masters"], &[]), "system:masters");
-        refused(identity("system:node:n1", &["system:nodes"], &[]), "node");
-        refused(identity("bob", &["devs", ""], &[]), "empty group");
-        refused(identity("bob", &[], &[("Example.com/Team", &["a"])]), "not lowercase");
-        refused(identity("bob", &[], &[("team", &["a"])]), "domain-prefixed");
-        refused(identity("bob", &[], &[("-x.com/team", &["a"])]), "DNS subdomain");
-        refused(identity("bob", &[], &[("x.com/team", &[""])]), "empty value");
-        refused(identity("bob", &[], &[("x.com/te am", &["a"])]), "invalid path");
-        refused(identity("bøb", &[], &[]), "printable ASCII");
-        refused(identity("system:serviceaccount:team", &["system:serviceaccounts"], &[]), "well-formed");
-        // Named like a ServiceAccount by another authenticator: not the ServiceAccount.
-        refused(
-            identity("system:serviceaccount:team:agent", &["oidc:devs"], &[]),
-            "system:serviceaccounts group",
-        );
-        refused(identity("", &[], &[]), "no username");
+    fn a_refusal_says_nothing_was_written() {
+        let caller = Writer::Caller(Arc::new(kube::Config::new("http://127.0.0.1:9".parse().unwrap())));
+        let e = caller.client_for(&identity("root", &["system:masters"], &[])).err().unwrap();
+        assert!(e.contains("system:masters") && e.ends_with("nothing was written"), "{e}");
     }
 
     #[tokio::test]

@@ -218,6 +218,12 @@ struct OperatorArgs {
     #[arg(long, env = "FLEETROLL_NODE_ROLLOUTS", default_value_t = true, action = clap::ArgAction::Set)]
     node_rollouts: bool,
 
+    /// Whose rights changes to targets in this cluster are made with: `creator` impersonates each
+    /// rollout's recorded creator (constrained impersonation, Kubernetes 1.36+), `operator` uses this
+    /// process's own.
+    #[arg(long, env = "FLEETROLL_ACT_AS", value_enum, default_value_t = crate::edge::impersonation::ActAs::Creator)]
+    act_as: crate::edge::impersonation::ActAs,
+
     /// Hosts, addresses or CIDRs health-check URLs may name besides their targets (comma-separated or
     /// repeated; none by default). A CIDR also lets checks reach loopback or link-local addresses in it.
     #[arg(long = "http-check-allow", env = "FLEETROLL_HTTP_CHECK_ALLOW", value_delimiter = ',')]
@@ -330,6 +336,7 @@ impl OperatorArgs {
                     .collect(),
                 self_workloads: self.self_workloads,
                 node_rollouts: self.node_rollouts,
+                act_as: self.act_as,
                 member_exec,
                 http_check: crate::core::http_check::Policy {
                     allowed: self.http_check_allow,

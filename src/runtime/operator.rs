@@ -47,8 +47,8 @@ pub struct Options {
 /// and a shutdown signal.
 struct Serving {
     client: Client,
-    /// The API server's URL (health checks may not reach it).
-    cluster_url: axum::http::Uri,
+    /// The client's configuration, from which clients acting as rollouts' creators derive.
+    config: kube::Config,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
@@ -79,7 +79,6 @@ async fn serve(listen: Listen, mut mcp_opts: mcp::Options) -> Result<Serving> {
     }
     // The MCP server keeps the configuration: writes made for a caller derive an impersonating client.
     let client = Client::try_from(config.clone()).map_err(Error::Kube)?;
-    let cluster_url = config.cluster_url.clone();
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
     let shutdown = CancellationToken::new();
@@ -92,7 +91,7 @@ async fn serve(listen: Listen, mut mcp_opts: mcp::Options) -> Result<Serving> {
         );
     }
     let health = http::Health { metrics: metrics.clone(), ready: ready.clone() };
-    let mcp_app = mcp::router(client.clone(), config, &mcp_opts);
+    let mcp_app = mcp::router(client.clone(), config.clone(), &mcp_opts);
     let server = start_http(listen, health, mcp_app, &mcp_opts.resource, &shutdown).await?;
 
     Api::<FleetRollout>::all(client.clone())
@@ -100,7 +99,7 @@ async fn serve(listen: Listen, mut mcp_opts: mcp::Options) -> Result<Serving> {
         .await
         .map_err(Error::CrdMissing)?;
     ready.store(true, Ordering::Relaxed);
-    Ok(Serving { client, cluster_url, metrics, shutdown, server })
+    Ok(Serving { client, config, metrics, shutdown, server })
 }
 
 /// Starts the HTTP listeners: `/metrics` on the main one, or on its own when `listen.metrics` is set.
@@ -186,10 +185,9 @@ pub async fn serve_mcp(listen: Listen, mcp_opts: mcp::Options) -> Result<()> {
 }
 
 pub async fn run(opts: Options) -> Result<()> {
-    let Serving { client, cluster_url, metrics, shutdown, server } =
-        serve(opts.listen, opts.mcp.clone()).await?;
+    let Serving { client, config, metrics, shutdown, server } = serve(opts.listen, opts.mcp.clone()).await?;
     let mut settings = opts.settings;
-    settings.http_check.api_server = api_server_addresses(&cluster_url, &client).await;
+    settings.http_check.api_server = api_server_addresses(&config.cluster_url, &client).await;
     settings.analysis.policy.api_server = settings.http_check.api_server.clone();
 
     let elector = Arc::new(Elector::new(
@@ -217,7 +215,7 @@ pub async fn run(opts: Options) -> Result<()> {
     metrics.leader.set(1);
 
     let result = tokio::select! {
-        r = controller::run(client, settings, metrics.clone(), shutdown.clone()) => r,
+        r = controller::run(client, config, settings, metrics.clone(), shutdown.clone()) => r,
         _ = campaign => {
             error!("lost the leader lease; stopping so that no two replicas act");
             shutdown.cancel();

@@ -154,6 +154,7 @@ impl Rng {
     }
 }
 
+pub mod audit;
 pub mod chart;
 pub mod cli;
 pub mod fleet;

@@ -114,7 +114,11 @@ make_pki() {
   }
   cert apiserver /CN=kube-apiserver serverAuth \
     "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:$IP,IP:10.96.0.1"
-  cert admin "/O=system:masters/CN=fleetroll-admin" clientAuth
+  # The admin is a cluster-admin by a ClusterRoleBinding, not a member of system:masters (as kubeadm's
+  # admin.conf since 1.29): an identity that can be impersonated, so the operator can act as rollouts
+  # created with it. super-admin (system:masters) only creates that binding.
+  cert admin "/O=fleetroll:cluster-admins/CN=fleetroll-admin" clientAuth
+  cert super-admin "/O=system:masters/CN=fleetroll-super-admin" clientAuth
   cert kcm /CN=system:kube-controller-manager clientAuth
   cert scheduler /CN=system:kube-scheduler clientAuth
   cert kwok "/O=system:masters/CN=kwok" clientAuth
@@ -169,6 +173,8 @@ start_apiserver() {
     --service-account-key-file="$D/pki/sa.pub" --service-account-signing-key-file="$D/pki/sa.key" \
     --service-cluster-ip-range=10.96.0.0/16 \
     --authorization-mode=Node,RBAC --allow-privileged=true \
+    --audit-policy-file="$here/audit-policy.yaml" --audit-log-path="$D/logs/audit.log" \
+    --audit-log-maxsize=200 --audit-log-maxbackup=1 --audit-log-format=json \
     --max-requests-inflight=2000 --max-mutating-requests-inflight=1000 \
     --profiling=false --v=1
   wait_for "kube-apiserver /readyz" 120 kube-apiserver \
@@ -309,7 +315,11 @@ start_plane() {
   make_pki
   start_etcd
   start_apiserver
+  write_kubeconfig "$D/super-admin.kubeconfig" super-admin
+  "$BIN/kubectl" --kubeconfig="$D/super-admin.kubeconfig" create clusterrolebinding fleetroll:cluster-admins \
+    --clusterrole=cluster-admin --group=fleetroll:cluster-admins >/dev/null
   write_kubeconfig "$KCFG" admin
+  wait_for "the admin's cluster-admin binding" 30 kube-apiserver kubectl auth can-i '*' '*' --all-namespaces
   start_controller_manager
   start_scheduler
   start_kwok

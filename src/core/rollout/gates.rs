@@ -190,7 +190,8 @@ pub(super) fn next_batch(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: V
     if next >= total_batches(f) {
         return succeed(f, s, events);
     }
-    let held = guarded(f, &mut s, &mut events, next)
+    let held = acting(f, &mut s, &mut events, next)
+        .or_else(|| guarded(f, &mut s, &mut events, next))
         .or_else(|| paused(f, &mut s, &mut events, next))
         .or_else(|| approved(f, &mut s, &mut events, next))
         .or_else(|| paced(f, &mut s, &mut events));
@@ -212,6 +213,24 @@ fn succeed(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: Vec<Event>) -> 
     );
     events.push(Event::normal(reason::SUCCEEDED, None, message));
     write(f, s, events)
+}
+
+/// A rollout whose creator the operator cannot act as holds every batch (the first one too, so nothing
+/// changes): its changes would otherwise be made with rights no one granted it.
+fn acting(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, next: u32) -> Gate {
+    let Some(why) = f.cannot_act else {
+        s.creator_hold = None;
+        return None;
+    };
+    let why = super::truncate(why.to_string(), 1024);
+    if s.creator_hold.as_ref() != Some(&why) {
+        let message = format!("batch {}/{} held: {why}", next + 1, total_batches(f));
+        events.push(Event::warning(reason::CANNOT_ACT_AS_CREATOR, Some(next), message));
+    }
+    s.creator_hold = Some(why);
+    s.phase = Phase::Paused;
+    s.reason = Some(reason::CANNOT_ACT_AS_CREATOR.into());
+    Some(write_if_changed(f, s.clone(), std::mem::take(events), None))
 }
 
 /// A platform policy the planned rollout breaks holds the next batch (the first one too, so nothing

@@ -68,6 +68,9 @@ pub struct Facts<'a> {
     pub status: &'a FleetRolloutStatus,
     /// What the platform policies governing the rollout's creator require.
     pub guardrails: &'a crate::core::policy::Guardrails,
+    /// Why the operator cannot make changes as the rollout's creator (who cannot be impersonated, or was
+    /// never recorded); None when it can. Every batch waits until it can.
+    pub cannot_act: Option<&'a str>,
     pub plan: &'a Plan,
     /// Whether the rollout carries the finalizer that makes its deletion hand its DaemonSet back.
     pub holds_daemonset: bool,

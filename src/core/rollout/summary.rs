@@ -93,6 +93,11 @@ fn paused(s: &FleetRolloutStatus, batch: u32, total_batches: u32, tally: &str) -
                 format!("held before batch {}/{total_batches} by a FleetRolloutPolicy; {tally}", batch + 1)
             }
         },
+        Some(reason::CANNOT_ACT_AS_CREATOR) => format!(
+            "held before batch {}/{total_batches}: fleetroll changes targets as the rollout's creator, and {}; {tally}",
+            batch + 1,
+            s.creator_hold.as_deref().unwrap_or("cannot act as this one")
+        ),
         Some(reason::FAILURE_BUDGET_EXCEEDED) => {
             format!("paused: failure budget exceeded in batch {batch}/{total_batches}; {tally}")
         }

@@ -237,6 +237,7 @@ fn decide_with(sim: &Sim, measured: &[Measured]) -> Step {
         generation: sim.generation,
         namespace: super::NAMESPACE,
         guardrails: &sim.guardrails,
+        cannot_act: None,
         spec: &sim.spec,
         status: &sim.status,
         plan: &sim.plan,

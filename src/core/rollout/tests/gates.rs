@@ -255,3 +255,27 @@ fn a_policy_requiring_approval_holds_a_rollout_whose_spec_asks_for_none() {
     assert!(sim.changes.is_empty(), "the first batch waits for a person");
     assert_eq!(sim.status.pending_approval.as_ref().map(|p| p.batch), Some(0));
 }
+
+#[test]
+fn a_creator_the_operator_cannot_act_as_holds_every_batch_until_it_can() {
+    let mut sim = Sim::new(spec(4), 8);
+    sim.cannot_act = Some("cannot act as \"root\": members of system:masters cannot be impersonated".into());
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Paused);
+    assert!(sim.changes.is_empty(), "nothing changed: {:?}", sim.changes);
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::CANNOT_ACT_AS_CREATOR));
+    let message = sim.status.message.clone().unwrap();
+    assert!(
+        message.starts_with("held before batch 1/2: fleetroll changes targets as the rollout's creator, and cannot act as \"root\": members of system:masters"),
+        "{message}"
+    );
+    // Held again by the same cause: no second write.
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.creator_hold.as_deref().map(|w| w.contains("system:masters")), Some(true));
+    // The operator may act now (run with --act-as operator, say): the rollout goes on.
+    sim.cannot_act = None;
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    assert_eq!(sim.status.creator_hold, None);
+    assert_eq!(sim.changes.len(), 8);
+}

@@ -71,6 +71,7 @@ pub(super) struct Sim {
     pub(super) unreachable: std::collections::BTreeMap<String, String>,
     /// What the platform policies governing the rollout require.
     pub(super) guardrails: crate::core::policy::Guardrails,
+    pub(super) cannot_act: Option<String>,
 }
 
 pub(super) fn key(t: &PlannedTarget) -> String {
@@ -150,6 +151,7 @@ impl Sim {
             queries: Default::default(),
             unreachable: Default::default(),
             guardrails: Default::default(),
+            cannot_act: None,
         }
     }
 
@@ -196,6 +198,7 @@ impl Sim {
             generation: self.generation,
             namespace: NAMESPACE,
             guardrails: &self.guardrails,
+            cannot_act: self.cannot_act.as_deref(),
             spec: &self.spec,
             status: &self.status,
             plan: &self.plan,

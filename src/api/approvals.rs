@@ -1,0 +1,40 @@
+//! The approvals of a rollout as its status records them: the one a batch waits for, and those that
+//! released batches (the approvals themselves are in the spec).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The approval a rollout waits for: add it to spec.approvals to release the batch.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingApproval {
+    /// The index (0-based) of the batch waiting: the `batch` of the approval to add.
+    pub batch: u32,
+    /// The plan to approve (status.plan.hash): the `planHash` of the approval to add.
+    pub plan_hash: String,
+    /// The gates to approve (health, analysis, strategy.maxFailures, strategy.onFailure and
+    /// strategy.approval, hashed): the `gatesHash` of the approval to add.
+    #[serde(default)]
+    pub gates_hash: String,
+    /// Since when the batch has been waiting (RFC 3339).
+    pub since: Time,
+}
+
+/// An approval that released a batch.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalRecord {
+    /// The index (0-based) of the batch it released.
+    pub batch: u32,
+    /// The plan it approved (status.plan.hash at the time).
+    pub plan_hash: String,
+    /// The gates it approved: a change to them since needs another approval before the next batch.
+    #[serde(default)]
+    pub gates_hash: String,
+    /// Who approved, when known (spec.approvals[].approvedBy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_by: Option<String>,
+    /// When the batch was released (RFC 3339).
+    pub approved_at: Time,
+}
