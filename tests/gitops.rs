@@ -17,7 +17,9 @@ use common::{
     cli::{gitops_judge, repo_path},
     fleet::{Fleet, NEXT_IMAGE, READY_IMAGE, UNREADY_IMAGE, deployment, phase, with_fleet},
     operator::Operator,
-    poll_until, wait_for,
+    poll_until,
+    tenant::{Grant, Tenant},
+    wait_for,
 };
 use fleetroll::api::{FleetRollout, Phase};
 use futures::StreamExt;
@@ -196,6 +198,14 @@ async fn caught_up(fleet: &Fleet, seen: &Arc<Mutex<Vec<Value>>>) {
 /// Runs an Argo CD action on the live rollout: the script in gopher-lua, then its merge patch, as Argo CD's
 /// server does (it refuses an action that discovery.lua disables, and so does this).
 async fn argo_action(fleet: &Fleet, name: &str, action: &str) {
+    argo_action_as(fleet, &fleet.client, name, action).await.unwrap_or_else(|e| {
+        panic!("Argo CD's {action} patch was refused: {e}");
+    });
+}
+
+/// Runs an Argo CD action's Lua on the live rollout and applies its patch with `client` (the identity Argo CD
+/// acts with).
+async fn argo_action_as(fleet: &Fleet, client: &kube::Client, name: &str, action: &str) -> kube::Result<()> {
     let live = serde_json::to_value(fleet.rollouts().get(name).await.unwrap()).unwrap();
     let offered =
         gitops_judge(&["lua-discovery", &repo_path(&format!("{ARGO}/actions/discovery.lua"))], &live).await;
@@ -203,9 +213,8 @@ async fn argo_action(fleet: &Fleet, name: &str, action: &str) {
     let script = repo_path(&format!("{ARGO}/actions/{action}/action.lua"));
     let out = gitops_judge(&["lua-action", &script], &live).await;
     let patch = out["patch"].clone();
-    fleet.rollouts().patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap_or_else(|e| {
-        panic!("Argo CD's {action} patch {patch} was refused: {e}");
-    });
+    let api: Api<FleetRollout> = Api::namespaced(client.clone(), &fleet.ns);
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map(drop)
 }
 
 async fn group(fleet: &Fleet, label: &str, n: usize) {
@@ -270,6 +279,14 @@ async fn drive(fleet: &Fleet) {
 
     let _op = Operator::start(&fleet.ns, &[], &[]);
     wait_phase(fleet, "gated", Phase::WaitingForApproval).await;
+    // Argo CD acting with an identity that may patch the rollout but holds no approve verb: refused.
+    let editor =
+        Tenant::create(&fleet.client, &fleet.ns, "argo-editor", &[Grant::cluster_role("edit")]).await;
+    match argo_action_as(fleet, &editor.client, "gated", "approve").await {
+        Err(kube::Error::Api(e)) => assert!(e.code == 403 && e.message.contains("may not approve"), "{e:?}"),
+        other => panic!("an editor without the approve verb approved through Argo CD's action: {other:?}"),
+    }
+    assert!(fleet.rollouts().get("gated").await.unwrap().spec.approvals.is_empty());
     argo_action(fleet, "gated", "approve").await;
     wait_phase(fleet, "paused", Phase::Paused).await;
     argo_action(fleet, "paused", "resume").await;

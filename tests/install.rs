@@ -59,6 +59,8 @@ async fn the_chart_lints_and_every_rendered_object_is_accepted() {
         "--set",
         "admissionPolicy.enabled=false",
         "--set",
+        "actAs=operator",
+        "--set",
         "protectedNamespaces=null",
     ])
     .await
@@ -286,7 +288,8 @@ async fn the_charts_rbac_follows_its_values() {
     assert_eq!(bound["metadata"]["namespace"], "team");
 
     // Off switches, legacy impersonation, and nonsense.
-    let objects = render(&["admissionPolicy.enabled=false", "mcp.impersonation=legacy"]).await;
+    let objects =
+        render(&["admissionPolicy.enabled=false", "actAs=operator", "mcp.impersonation=legacy"]).await;
     assert!(!objects.iter().any(|o| o["kind"] == "ValidatingAdmissionPolicy"));
     let impersonate = object(&objects, "ClusterRole", "fr-fleetroll-impersonate").unwrap();
     assert!(
@@ -294,6 +297,12 @@ async fn the_charts_rbac_follows_its_values() {
             && grants(impersonate, "", "users", "impersonate")
     );
     let chart = repo_path("charts/fleetroll");
+    // Acting as creators trusts spec.creator, which only the admission policies record.
+    let trusting = helm(&["template", "fr", &chart, "--set", "admissionPolicy.enabled=false"]).await;
+    assert!(
+        trusting.code != 0 && trusting.stderr.contains("actAs: creator needs admissionPolicy.enabled"),
+        "{trusting:?}"
+    );
     // The fleet namespace is never the operator's own: edit there would be the operator's rights.
     let own = helm(&["template", "fr", &chart, "--namespace", "ops", "--set", "fleetNamespace=ops"]).await;
     assert!(

@@ -156,6 +156,7 @@ const ATTACKS: &[Entry] = &[
     attack!(member_secret_runs_its_plugin_on_the_previewers_machine),
     attack!(a_change_the_api_server_refuses),
     attack!(a_reconcile_panics),
+    attack!(adopter_without_rights_or_in_someone_elses_name, exclusive),
     attack!(tenant_deployments_of_maximal_size, exclusive),
     attack!(tenant_rollouts_of_maximal_size, exclusive),
     attack!(another_tenants_workload_wakes_a_rollout, exclusive),

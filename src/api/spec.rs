@@ -58,7 +58,7 @@ use super::{
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.strategy) || !has(self.strategy.waves) || size(self.strategy.waves) == 0 || has(self.targets.clusters)").message("strategy.waves orders member clusters: it needs targets.clusters"))]
 #[x_kube(validation = Rule::new("!has(self.targets.clusters) || !has(self.health) || !has(self.health.http)").message("health.http does not apply to targets.clusters: the operator does not reach the Services of member clusters; readiness and metric analysis judge their targets"))]
-#[x_kube(validation = Rule::new(CREATOR_RULE).message("spec.creator is recorded by admission when the rollout is created and never changed or added afterwards"))]
+#[x_kube(validation = Rule::new(CREATOR_RULE).message("spec.creator is recorded by admission when the rollout is created (or adopted, when it has none) and never changed afterwards"))]
 pub struct FleetRolloutSpec {
     /// The image to roll out, by tag or digest, e.g. registry.example.com/web:v2.
     /// Changing it while the rollout runs starts a new revision.
@@ -381,9 +381,9 @@ pub struct Creator {
     pub groups: Vec<String>,
 }
 
-/// The creator never changes once recorded, and is never added to a rollout created without one.
-const CREATOR_RULE: &str =
-    "has(oldSelf.creator) ? (has(self.creator) && self.creator == oldSelf.creator) : !has(self.creator)";
+/// The creator never changes once recorded. A rollout created without one (before creators were recorded)
+/// may be given one: admission writes the adopting user (`kubectl fleetroll adopt`).
+const CREATOR_RULE: &str = "!has(oldSelf.creator) || (has(self.creator) && self.creator == oldSelf.creator)";
 
 /// An approval of one batch of one plan.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

@@ -87,6 +87,9 @@ pub(super) enum PluginCommand {
         #[arg(long)]
         gates_hash: Option<String>,
     },
+    /// Become the creator of a rollout created without one (before fleetroll recorded creators): the
+    /// operator then changes its targets as you, with your rights.
+    Adopt { name: String },
     /// Stop the rollout for good (changed targets keep the new image).
     Abort { name: String },
     /// Restore the previous image of every target the rollout changed.

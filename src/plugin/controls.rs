@@ -27,6 +27,37 @@ pub(super) async fn set(
     Ok(ExitCode::SUCCESS)
 }
 
+/// Makes the caller the creator of a rollout that has none: admission records whoever writes the field
+/// (whatever is sent), and refuses it unless they may change the rollout's targets.
+pub(super) async fn adopt(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    output: Option<Output>,
+) -> Result<ExitCode, String> {
+    let found = Api::<FleetRollout>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .map_err(|e| control::explain(&e, &format!("FleetRollout {ns}/{name}")))?;
+    if let Some(c) = &found.spec.creator {
+        return Err(format!(
+            "FleetRollout {ns}/{name} was created by {}, recorded when it was created; only a rollout \
+             without a recorded creator can be adopted",
+            c.username
+        ));
+    }
+    let claim = serde_json::json!({"creator": {"username": "recorded by admission"}});
+    let fr = control::set(client, ns, name, claim, FIELD_MANAGER).await?;
+    match output {
+        Some(o) => print(&fr, o)?,
+        None => {
+            let who = fr.spec.creator.as_ref().map_or("(not recorded)", |c| c.username.as_str());
+            println!("fleetrollout.fleetroll.dev/{name} adopted: its changes are made as {who} from now on");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Approves `batch` (1-based, as `status` shows them; the waiting one when absent) of `plan_hash` under
 /// `gates_hash` (each the current one when absent).
 pub(super) async fn approve(

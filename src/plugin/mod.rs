@@ -78,6 +78,7 @@ async fn execute(cli: PluginCli) -> Result<ExitCode, String> {
             };
             controls::approve(client, ns, name, what, output).await
         }
+        PluginCommand::Adopt { name } => controls::adopt(client, ns, name, output).await,
         PluginCommand::Inbox { all_namespaces } => inbox::inbox(client, ns, *all_namespaces, output).await,
     }
 }

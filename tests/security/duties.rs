@@ -186,3 +186,78 @@ pub(super) async fn argo_cd_approve_action_run_by_a_patcher(env: &'static Env) -
     row.contained &= by_approver.code == 0;
     row
 }
+
+/// The chart's admission bindings taken away while `during` runs (a cluster before creators were recorded),
+/// then put back and waited for: the mutating policy records creators again.
+async fn without_admission<F: std::future::Future<Output = ()>>(env: &Env, during: F) {
+    let bindings = [
+        ("validatingadmissionpolicybinding", POLICY.to_string()),
+        ("mutatingadmissionpolicybinding", format!("{}-recorded-identities", common::tenant::RELEASE)),
+    ];
+    let mut saved = Vec::new();
+    for (kind, name) in &bindings {
+        let got = common::cli::kubectl(&["get", kind, name, "-o", "json"]).await.ok();
+        let mut binding: Value = serde_json::from_str(&got.stdout).unwrap();
+        binding["metadata"] = json!({"name": name, "labels": binding["metadata"]["labels"]});
+        saved.push(binding);
+        common::cli::kubectl(&["delete", kind, name]).await.ok();
+    }
+    let probe = |recorded: bool| {
+        let admin = env.admin.clone();
+        async move {
+            let fr: FleetRollout = serde_json::from_value(json!({
+                "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": "adoption-probe"},
+                "spec": deployments_spec(),
+            }))
+            .unwrap();
+            let dry_run = PostParams { dry_run: true, ..Default::default() };
+            let made = Api::<FleetRollout>::namespaced(admin, "default").create(&dry_run, &fr).await;
+            made.is_ok_and(|fr| fr.spec.creator.is_some() == recorded)
+        }
+    };
+    common::poll_until("the admission bindings to be gone", Duration::from_secs(60), || probe(false)).await;
+    during.await;
+    let file = std::env::temp_dir().join(format!("{}-bindings.json", short(&env.t1)));
+    std::fs::write(&file, json!({"apiVersion": "v1", "kind": "List", "items": saved}).to_string()).unwrap();
+    common::cli::kubectl(&["create", "-f", file.to_str().unwrap()]).await.ok();
+    common::poll_until("the admission bindings to be back", Duration::from_secs(60), || probe(true)).await;
+}
+
+/// A rollout created before creators were recorded has none: the operator acts for no one until someone
+/// adopts it, and admission records who did (whatever they wrote), and only if they may change its targets.
+pub(super) async fn adopter_without_rights_or_in_someone_elses_name(env: &'static Env) -> Row {
+    let legacy = async {
+        admin_rollout(env, &env.t1, "legacy").await;
+        admin_rollout(env, &env.t1, "legacy-named").await;
+    };
+    without_admission(env, legacy).await;
+    let before = rollout(env, &env.t1, "legacy").await;
+    assert!(before.spec.creator.is_none(), "created with a creator: {:?}", before.spec.creator);
+    let claim =
+        |who: &str| json!({"spec": {"creator": {"username": who, "groups": ["system:masters"]}}}).to_string();
+    let patch = |t: &'static Tenant, name: &'static str, body: String| async move {
+        t.kubectl(&["patch", "fleetrollout", name, "-n", &env.t1, "--type=merge", "-p", &body]).await
+    };
+    let refused = patch(&env.rollouts_only, "legacy", claim(&env.rollouts_only.username)).await;
+    let adopted = env.dev1.kubectl(&["fleetroll", "adopt", "legacy", "-n", &env.t1]).await;
+    let named = patch(&env.dev1, "legacy-named", claim("the-cto")).await;
+    let recorded = rollout(env, &env.t1, "legacy-named").await.spec.creator;
+    let again = env.approver.kubectl(&["fleetroll", "adopt", "legacy", "-n", &env.t1]).await;
+    let mut row = row(
+        "adopts a rollout without a recorded creator, with no rights over its targets",
+        who(&env.rollouts_only, "every verb on fleetrollouts in t1, none on workloads"),
+        Expect::Policy(may_not(&env.rollouts_only, "patch deployments", &env.t1)),
+        &refused,
+    );
+    let by = recorded.as_ref().map(|c| (c.username.as_str(), c.groups.iter().any(|g| g == "system:masters")));
+    let adopted_ok = adopted.code == 0 && adopted.stdout.contains(&format!("made as {}", env.dev1.username));
+    let again_refused = again.code != 0 && again.stderr.contains("only a rollout without a recorded creator");
+    row.outcome = format!(
+        "{}; dev adopts with the plugin: exit {}; dev adopts naming the-cto: recorded {by:?}; approver adopts \
+         one adopted already: exit {}",
+        row.outcome, adopted.code, again.code
+    );
+    row.contained &=
+        adopted_ok && named.code == 0 && by == Some((env.dev1.username.as_str(), false)) && again_refused;
+    row
+}

@@ -44,6 +44,8 @@ plane() {
   # Members get an etcd each rather than a prefix of the hub's: measured with 2 members, sharing saved 88 MiB
   # of 1.7 GiB and no start time (5-6 s both), and an own etcd keeps a hub etcd fault a hub fault.
   COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+  # The hub also trusts an OpenID Connect issuer of its own, so that tests have people with bearer tokens.
+  [ "$1" != hub ] || COMPONENTS=(etcd oidc-issuer kube-apiserver kube-controller-manager kube-scheduler kwok)
 }
 plane hub
 
@@ -124,6 +126,35 @@ make_pki() {
   cert kwok "/O=system:masters/CN=kwok" clientAuth
   openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$p/sa.key" 2>/dev/null
   openssl pkey -in "$p/sa.key" -pubout -out "$p/sa.pub"
+  if [ "$PLANE" = hub ]; then
+    cert oidc-issuer /CN=fleetroll-testenv-oidc serverAuth "IP:$IP"
+    openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$p/oidc-signing.key" 2>/dev/null
+  fi
+}
+
+# The hub's OpenID Connect issuer (tests/testenv/oidc-issuer.py) and the API server's configuration to trust
+# its tokens: audience fleetroll-testenv, username from `sub` and groups from `groups`, both prefixed oidc:.
+start_oidc_issuer() {
+  local modulus
+  modulus=$(openssl rsa -in "$D/pki/oidc-signing.key" -noout -modulus 2>/dev/null | cut -d= -f2)
+  spawn oidc-issuer python3 "$here/oidc-issuer.py" "$IP" "$(port oidc-issuer)" \
+    "$D/pki/oidc-issuer.crt" "$D/pki/oidc-issuer.key" "$modulus"
+  echo "https://$IP:$(port oidc-issuer)" >"$D/oidc-issuer-url"
+  {
+    echo "apiVersion: apiserver.config.k8s.io/v1"
+    echo "kind: AuthenticationConfiguration"
+    echo "jwt:"
+    echo "  - issuer:"
+    echo "      url: https://$IP:$(port oidc-issuer)"
+    echo "      audiences: [fleetroll-testenv]"
+    echo "      certificateAuthority: |"
+    sed 's/^/        /' "$D/pki/ca.crt"
+    echo "    claimMappings:"
+    echo "      username: {claim: sub, prefix: \"oidc:\"}"
+    echo "      groups: {claim: groups, prefix: \"oidc:\"}"
+  } >"$D/authentication-config.yaml"
+  wait_for "the OIDC issuer" 30 oidc-issuer \
+    curl -fsS --cacert "$D/pki/ca.crt" "https://$IP:$(port oidc-issuer)/.well-known/openid-configuration"
 }
 
 # Names the cluster and context of a plane's kubeconfigs: the hub keeps its historical name.
@@ -155,7 +186,8 @@ start_etcd() {
 }
 
 start_apiserver() {
-  local adv=()
+  local adv=() authn=()
+  [ "$PLANE" != hub ] || authn=(--authentication-config="$D/authentication-config.yaml")
   # With a loopback bind address the apiserver advertises the default-route IP, and refuses to start
   # on a host that has none.
   if ! awk 'NR > 1 && $2 == "00000000" { found = 1 } END { exit !found }' /proc/net/route; then
@@ -164,7 +196,7 @@ start_apiserver() {
     [ -n "$ip" ] || die "this host has no default route and no non-loopback IPv4 address for --advertise-address"
     adv=(--advertise-address="$ip")
   fi
-  spawn kube-apiserver "$BIN/kube-apiserver" "${adv[@]}" \
+  spawn kube-apiserver "$BIN/kube-apiserver" "${adv[@]}" "${authn[@]}" \
     --etcd-servers="http://$IP:$(port etcd)" \
     --bind-address="$IP" --secure-port="$(port apiserver)" \
     --tls-cert-file="$D/pki/apiserver.crt" --tls-private-key-file="$D/pki/apiserver.key" \
@@ -232,6 +264,7 @@ start_kwok() {
 start_component() {
   case "$1" in
     etcd) start_etcd ;;
+    oidc-issuer) start_oidc_issuer ;;
     kube-apiserver) start_apiserver ;;
     kube-controller-manager) start_controller_manager ;;
     kube-scheduler) start_scheduler ;;
@@ -311,9 +344,10 @@ is_up() {
 start_plane() {
   local nodes=$1 p
   mkdir -p "$D"/{pids,logs,ports}
-  for p in etcd etcd-peer apiserver controller-manager scheduler kwok; do free_port >"$D/ports/$p"; done
+  for p in etcd etcd-peer apiserver controller-manager scheduler kwok oidc-issuer; do free_port >"$D/ports/$p"; done
   make_pki
   start_etcd
+  [ "$PLANE" != hub ] || start_oidc_issuer
   start_apiserver
   write_kubeconfig "$D/super-admin.kubeconfig" super-admin
   "$BIN/kubectl" --kubeconfig="$D/super-admin.kubeconfig" create clusterrolebinding fleetroll:cluster-admins \
