@@ -10,7 +10,8 @@ use common::{
     fleet::{Fleet, NEXT_IMAGE, READY_IMAGE, image_of, phase, with_fleet},
     mcp::drive,
     operator::{Operator, free_port, http_get, status},
-    tenant::{self, serviceaccount_kubeconfig},
+    people::Person,
+    tenant::{self, APPROVER_ROLE, serviceaccount_kubeconfig},
 };
 use fleetroll::api::{FleetRollout, Phase, PlanStorage};
 use k8s_openapi::{
@@ -444,11 +445,6 @@ async fn grant(fleet: &Fleet, sa: &str, verbs: &[&str]) {
     grant_rules(fleet, sa, verbs, Some(deployments)).await
 }
 
-/// Grants `sa` the `verbs` on FleetRollouts in the fleet's namespace and nothing else.
-async fn grant_only(fleet: &Fleet, sa: &str, verbs: &[&str]) {
-    grant_rules(fleet, sa, verbs, None).await
-}
-
 async fn grant_rules(fleet: &Fleet, sa: &str, verbs: &[&str], more: Option<PolicyRule>) {
     let roles: Api<Role> = Api::namespaced(fleet.client.clone(), &fleet.ns);
     let bindings: Api<RoleBinding> = Api::namespaced(fleet.client.clone(), &fleet.ns);
@@ -482,16 +478,24 @@ async fn serviceaccount_tokens_and_rbac_decide_what_an_agent_may_do() {
     with_fleet("mcp-auth", 0, |fleet| async move {
         fleet.deployments(&fleet.ns, 2, READY_IMAGE).await;
         let sas: Api<ServiceAccount> = Api::namespaced(fleet.client.clone(), &fleet.ns);
-        for name in ["agent", "intruder", "reviewer", "patcher"] {
+        for name in ["agent", "intruder", "patcher"] {
             let sa = ServiceAccount {
                 metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
                 ..Default::default()
             };
             sas.create(&PostParams::default(), &sa).await.unwrap();
         }
+        // People's ID tokens from the test control plane's OpenID Connect issuer are accepted too.
         let op = Operator::start(
             &fleet.ns,
-            &["--auth", "serviceaccount", "--mcp-audience", "http://127.0.0.1:{port}/mcp"],
+            &[
+                "--auth",
+                "serviceaccount",
+                "--mcp-audience",
+                "http://127.0.0.1:{port}/mcp",
+                "--mcp-id-token-audience",
+                "fleetroll-testenv",
+            ],
             &[],
         );
         let url = op.mcp_url();
@@ -560,10 +564,14 @@ async fn serviceaccount_tokens_and_rbac_decide_what_an_agent_may_do() {
         let unapproved = drive(&["call", &url, "approve_batch", &approve_args, "--no-tasks", "--token", &patcher]).await;
         assert!(unapproved.to_string().contains("patcher may not approve fleetrollout"), "{unapproved}");
 
-        // A reviewer with the approve verb (and no rights over the Deployments) approves; the rollout ends.
-        grant_only(&fleet, "reviewer", &["get", "list", "patch", "approve"]).await;
-        let reviewer = token(&fleet, "reviewer", &url).await;
-        // What waits for each one's approval: the reviewer's, not the agent's.
+        // A person of the cluster's OpenID Connect issuer, in the group approvers (the chart's approver role,
+        // no rights over the Deployments), with her own bearer token: the TokenReview vouches for her, the
+        // server acts as her, and she is the one asked.
+        let alice = Person::oidc(&format!("alice-{}", fleet.ns), &["approvers"]).await;
+        tenant::bind(&fleet.client, &fleet.ns, "approvers", "Group", "oidc:approvers", APPROVER_ROLE).await;
+        alice.wait_allowed(&fleet.client, &fleet.ns, "fleetroll.dev", "fleetrollouts", "approve").await;
+        let reviewer = alice.token.clone().unwrap();
+        // What waits for each one's approval: hers, not the agent's.
         let awaiting = json!({"namespace": fleet.ns, "awaitingMyApproval": true}).to_string();
         let names = |listed: &Value| -> Vec<String> {
             let rollouts = listed["structuredContent"]["rollouts"].as_array().cloned().unwrap_or_default();
@@ -574,12 +582,16 @@ async fn serviceaccount_tokens_and_rbac_decide_what_an_agent_may_do() {
         let own = drive(&["call", &url, "list_rollouts", &awaiting, "--no-tasks", "--token", &agent]).await;
         assert_eq!(own["isError"], false, "{own}");
         assert!(names(&own).is_empty(), "{own}");
-        let approved = drive(&["call", &url, "approve_batch", &approve_args, "--no-tasks", "--token", &reviewer]).await;
-        assert_eq!(approved["isError"], false, "{approved}");
+        // The task asks her (input_required, an elicitation form), and her answer approves.
+        let approved = drive(&["approve", &url, &id, "--token", &reviewer]).await;
+        assert_eq!(approved["ack"], json!({"resultType": "complete"}), "{approved}");
+        let asked = approved["answered"][0].as_str().unwrap_or_default();
+        assert!(asked.starts_with("approve-r1-b0-"), "{approved}");
+        assert_eq!(approved["asked"][asked]["method"], "elicitation/create", "{approved}");
         let done = drive(&["wait", &url, &id, "--token", &agent]).await;
         assert_eq!(done["status"], "completed", "{done}");
         let fr = fleet.rollouts().list(&Default::default()).await.unwrap().items.remove(0);
-        let expected = format!("system:serviceaccount:{}:reviewer", fleet.ns);
+        let expected = alice.username.clone();
         assert_eq!(fr.status.clone().unwrap().approvals[0].approved_by.as_deref(), Some(expected.as_str()));
         assert_eq!(fr.spec.creator.as_ref().map(|c| c.username.as_str()), Some(agent_name.as_str()));
         assert_task_secret_not_stored(&fr, &id);

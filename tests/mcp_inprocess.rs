@@ -21,6 +21,7 @@ fn options() -> Options {
         allowed_origins: vec![],
         resource: "http://localhost/mcp".into(),
         authorization_servers: vec![],
+        id_token_audiences: vec![],
         member_exec: fleetroll::mcp::ExecPolicy::never("is not run in these tests"),
         #[cfg(feature = "conformance")]
         conformance_fixtures: false,

@@ -86,7 +86,9 @@ impl FleetMcp {
     }
 
     /// The rollout of a task the caller may act on with `verb` (`patch` changes it: not on a read-only
-    /// server), and who they are.
+    /// server), and who they are. A task is its creator's; someone else who was given its id may read it
+    /// and answer its approval form only if they may be asked (hold `approve` on the rollout, and did not
+    /// create it), never cancel it.
     async fn task_rollout(
         &self,
         task_id: &str,
@@ -99,7 +101,12 @@ impl FleetMcp {
         if verb != Verb::Get && self.read_only {
             return Err(forbidden());
         }
-        let fr = self.ops.task_rollout(&id, &who).await.map_err(internal)?.ok_or_else(not_found)?;
+        let (fr, owned) = self.ops.task_rollout(&id, &who).await.map_err(internal)?.ok_or_else(not_found)?;
+        let approver =
+            || async { matches!(verb, Verb::Get | Verb::Approve) && self.may_be_asked(&who, &fr).await };
+        if !owned && !approver().await {
+            return Err(not_found());
+        }
         Ok((id, who, fr))
     }
 

@@ -75,6 +75,9 @@ pub struct Options {
     /// authorization servers.
     pub resource: String,
     pub authorization_servers: Vec<String>,
+    /// People's ID tokens accepted besides tokens for `resource`: those whose `aud` is one of these (client
+    /// IDs of an OpenID Connect issuer the API server trusts), vouched for by the API server.
+    pub id_token_audiences: Vec<String>,
     /// What member Secrets' exec credential plugins may be.
     pub member_exec: ExecPolicy,
     /// Also serve the conformance suite's fixture tools (tests only).
@@ -112,7 +115,8 @@ impl FleetMcp {
         let metadata_url =
             format!("{}/.well-known/oauth-protected-resource/mcp", endpoint::origin_of(&opts.resource));
         let origins = Origins::new(&opts.allowed_origins, &opts.resource);
-        let auth = Authenticator::new(client, opts.auth.clone(), metadata_url, origins);
+        let auth = Authenticator::new(client, opts.auth.clone(), metadata_url, origins)
+            .accepting_people(opts.id_token_audiences.clone());
         Self { ops, read_only: opts.read_only, auth_off, auth }
     }
 }

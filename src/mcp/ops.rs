@@ -244,19 +244,17 @@ impl Ops {
         Ok(fr)
     }
 
-    /// The rollout a task id names, if the caller may see it (its creator).
+    /// The rollout a task id names (its secret token matching), with whether `who` created the task.
     pub async fn task_rollout(
         &self,
         id: &TaskId,
         who: &Identity,
-    ) -> Result<Option<Arc<FleetRollout>>, kube::Error> {
+    ) -> Result<Option<(Arc<FleetRollout>, bool)>, kube::Error> {
         let Some(fr) = self.rollouts.get(&id.namespace, &id.name).await? else {
             return Ok(None);
         };
-        Ok((id.matches(&fr)
-            && task::created_by(&fr) == who.username
-            && fr.metadata.deletion_timestamp.is_none())
-        .then_some(fr))
+        let owned = task::created_by(&fr) == who.username;
+        Ok((id.matches(&fr) && fr.metadata.deletion_timestamp.is_none()).then_some((fr, owned)))
     }
 
     /// The targets of `batch` in the plan the operator froze for `fr`, wherever it is stored (status or

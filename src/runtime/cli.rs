@@ -100,6 +100,12 @@ struct McpArgs {
     #[arg(long, env = "FLEETROLL_MCP_AUDIENCE")]
     mcp_audience: Option<String>,
 
+    /// Also accept people's ID tokens issued for this audience (an OpenID Connect client ID the API
+    /// server's JWT authenticator accepts; comma-separated or repeated). The API server vouches for such a
+    /// token only as for a request to itself, so never name an audience ServiceAccount tokens carry.
+    #[arg(long = "mcp-id-token-audience", env = "FLEETROLL_MCP_ID_TOKEN_AUDIENCES", value_delimiter = ',')]
+    mcp_id_token_audiences: Vec<String>,
+
     /// Host header values accepted on /mcp (comma-separated or repeated); localhost, 127.0.0.1, ::1 and the
     /// audience's host are always accepted.
     #[arg(long = "mcp-allowed-host", env = "FLEETROLL_MCP_ALLOWED_HOSTS", value_delimiter = ',')]
@@ -154,6 +160,12 @@ impl McpArgs {
             allowed_origins: self.mcp_allowed_origins.clone(),
             resource: audience,
             authorization_servers: self.mcp_authorization_servers.clone(),
+            id_token_audiences: self
+                .mcp_id_token_audiences
+                .iter()
+                .filter(|a| !a.is_empty())
+                .cloned()
+                .collect(),
             member_exec: self.exec.policy()?,
             #[cfg(feature = "conformance")]
             conformance_fixtures: self.conformance_fixtures,

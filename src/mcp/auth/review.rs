@@ -50,11 +50,52 @@ pub struct Authenticator {
     budget: Arc<ReviewBudget>,
     /// SubjectAccessReviews, per caller and tenant.
     access_budgets: Arc<CallerBudgets>,
+    /// The `aud` values of people's ID tokens accepted besides the MCP audience (see [`people_audiences`]).
+    people_audiences: Arc<Vec<String>>,
 }
 
-/// The identity a TokenReview vouched for, if it did so for `audience`.
-fn vouched(status: TokenReviewStatus, audience: &str) -> Option<Identity> {
-    let for_us = status.audiences.as_ref().is_some_and(|a| a.iter().any(|x| x == audience));
+/// The largest token whose claims are looked at (ID tokens with hundreds of groups stay well below).
+const CLAIMS_READ_MAX: usize = 64 * 1024;
+
+/// The audiences a JWT's unverified claims name (`aud`, a string or a list); empty for anything else.
+/// Read only to choose which review to ask for: the API server verifies the token, these claims included.
+fn people_audiences(token: &str) -> Vec<String> {
+    use base64::Engine;
+    let mut parts = token.split('.');
+    let (Some(_), Some(claims), Some(_), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Vec::new();
+    };
+    if claims.len() > CLAIMS_READ_MAX {
+        return Vec::new();
+    }
+    let Ok(bytes) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(claims) else {
+        return Vec::new();
+    };
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Audience {
+        One(String),
+        Many(Vec<String>),
+    }
+    #[derive(serde::Deserialize)]
+    struct Claims {
+        aud: Option<Audience>,
+    }
+    match serde_json::from_slice::<Claims>(&bytes).ok().and_then(|c| c.aud) {
+        Some(Audience::One(a)) => vec![a],
+        Some(Audience::Many(all)) => all,
+        None => Vec::new(),
+    }
+}
+
+/// The identity a TokenReview vouched for, if it did so for `audience` (None: for the API server's own).
+fn vouched(status: TokenReviewStatus, audience: Option<&str>) -> Option<Identity> {
+    let audiences = status.audiences.unwrap_or_default();
+    let for_us = match audience {
+        Some(audience) => audiences.iter().any(|x| x == audience),
+        None => !audiences.is_empty(),
+    };
     if status.authenticated != Some(true) || !for_us {
         return None;
     }
@@ -82,7 +123,44 @@ impl Authenticator {
                 ACCESS_REVIEWS_PER_TENANT,
                 2 * IDENTITIES_CACHED,
             )),
+            people_audiences: Arc::new(Vec::new()),
         }
+    }
+
+    /// Also accepts people's ID tokens issued for one of `audiences` (the client IDs of an OpenID Connect
+    /// issuer the API server trusts): such an authenticator vouches for a token only for the API server's
+    /// own audiences, so a token for the MCP audience can never come from it.
+    pub fn accepting_people(mut self, audiences: Vec<String>) -> Self {
+        self.people_audiences = Arc::new(audiences);
+        self
+    }
+
+    /// One TokenReview: for `audience`, or with none (the API server's own audiences).
+    async fn review(
+        &self,
+        token: &str,
+        audience: Option<&str>,
+    ) -> Result<Option<TokenReviewStatus>, kube::Error> {
+        let review = TokenReview {
+            spec: TokenReviewSpec { token: token.into(), audiences: audience.map(|a| vec![a.into()]) },
+            ..Default::default()
+        };
+        let reviewed =
+            Api::<TokenReview>::all(self.client.clone()).create(&PostParams::default(), &review).await?;
+        Ok(reviewed.status)
+    }
+
+    /// Who a token stands for: a token for `audience`, else a person's ID token for one of the accepted
+    /// people audiences (the API server vouching for it as for any request to itself).
+    async fn identify(&self, token: &str, audience: &str) -> Result<Option<Identity>, kube::Error> {
+        let reviewed = self.review(token, Some(audience)).await?;
+        if let Some(identity) = reviewed.and_then(|s| vouched(s, Some(audience))) {
+            return Ok(Some(identity));
+        }
+        if !people_audiences(token).iter().any(|a| self.people_audiences.contains(a)) {
+            return Ok(None);
+        }
+        Ok(self.review(token, None).await?.and_then(|s| vouched(s, None)))
     }
 
     /// The identity a token stands for. A token never vouched for costs a TokenReview from the budget; one
@@ -99,13 +177,7 @@ impl Authenticator {
                 Err(wait) => return Ok(Reviewed::Limited(wait)),
             },
         };
-        let review = TokenReview {
-            spec: TokenReviewSpec { token: token.into(), audiences: Some(vec![audience.into()]) },
-            ..Default::default()
-        };
-        let reviewed =
-            Api::<TokenReview>::all(self.client.clone()).create(&PostParams::default(), &review).await?;
-        Ok(match reviewed.status.and_then(|s| vouched(s, audience)) {
+        Ok(match self.identify(token, audience).await? {
             Some(identity) => {
                 self.tokens.insert(digest, identity.clone());
                 Reviewed::Valid(identity)
@@ -151,5 +223,49 @@ impl Authenticator {
         let allowed = reviewed.status.is_some_and(|s| s.allowed);
         self.decisions.insert(key, allowed);
         Ok(if allowed { Decision::Allowed } else { Decision::Denied })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use base64::Engine;
+
+    use super::*;
+
+    fn jwt(claims: serde_json::Value) -> String {
+        let b64 = |v: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+        format!("{}.{}.{}", b64(br#"{"alg":"RS256"}"#), b64(claims.to_string().as_bytes()), b64(b"sig"))
+    }
+
+    #[test]
+    fn the_audiences_a_token_names_are_read_from_its_claims_and_nothing_else_is() {
+        assert_eq!(people_audiences(&jwt(serde_json::json!({"aud": "kubectl"}))), ["kubectl"]);
+        assert_eq!(people_audiences(&jwt(serde_json::json!({"aud": ["a", "b"]}))), ["a", "b"]);
+        assert!(people_audiences(&jwt(serde_json::json!({"sub": "alice"}))).is_empty());
+        assert!(people_audiences(&jwt(serde_json::json!({"aud": 7}))).is_empty());
+        for hostile in
+            ["", "opaque-token", "a.b", "a.!!!.c", "a.b.c.d", &format!("a.{}.c", "A".repeat(100_000))]
+        {
+            assert!(people_audiences(hostile).is_empty(), "{hostile:.40}");
+        }
+    }
+
+    #[test]
+    fn a_review_vouches_for_the_audience_asked_or_for_the_api_servers_own() {
+        let status = |audiences: &[&str]| TokenReviewStatus {
+            authenticated: Some(true),
+            audiences: Some(audiences.iter().map(|a| a.to_string()).collect()),
+            user: Some(k8s_openapi::api::authentication::v1::UserInfo {
+                username: Some("oidc:alice".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(vouched(status(&["https://x/mcp"]), Some("https://x/mcp")).is_some());
+        assert!(vouched(status(&["https://kubernetes.default.svc"]), Some("https://x/mcp")).is_none());
+        assert!(vouched(status(&["https://kubernetes.default.svc"]), None).is_some());
+        assert!(vouched(status(&[]), None).is_none());
+        let refused = TokenReviewStatus { authenticated: Some(false), ..status(&["https://x/mcp"]) };
+        assert!(vouched(refused, Some("https://x/mcp")).is_none());
     }
 }
