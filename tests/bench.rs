@@ -57,6 +57,8 @@ struct Sizes {
     members_scale_targets: usize,
     /// Tenant Deployments of near-maximal size beside which the operator's memory is measured.
     heavy_deployments: usize,
+    /// Writes made directly and as an impersonated creator, interleaved, to price impersonation.
+    impersonated_writes: usize,
 }
 
 const FULL: Sizes = Sizes {
@@ -79,6 +81,7 @@ const FULL: Sizes = Sizes {
     members_batch: 50,
     members_scale_targets: 10_000,
     heavy_deployments: 200,
+    impersonated_writes: 1000,
 };
 
 const SMOKE: Sizes = Sizes {
@@ -101,6 +104,7 @@ const SMOKE: Sizes = Sizes {
     members_batch: 5,
     members_scale_targets: 30,
     heavy_deployments: 20,
+    impersonated_writes: 50,
 };
 
 const LONG: Duration = Duration::from_secs(3600);
@@ -152,6 +156,9 @@ async fn run(sizes: Sizes, only: Option<Vec<String>>) {
     }
     if wanted("memory") {
         memory::tenant_sized(&client, &sizes, &mut report, &mut namespaces).await;
+    }
+    if wanted("impersonation") {
+        impersonation(&client, &sizes, &mut report, &mut namespaces).await;
     }
     // Last: 10,000 Deployments keep the control plane busy for minutes after the rollout ends, which
     // would be measured as the next scenario's latency.
@@ -227,6 +234,61 @@ fn batch_spans(obs: &Observer, batches: &[Vec<String>], image: &str, t0: Instant
 /// From one batch's last target rolled out to the next batch's first target changed, seconds.
 fn transitions_of(spans: &[(f64, f64)]) -> Vec<f64> {
     spans.windows(2).map(|w| (w[1].0 - w[0].1).max(0.0)).collect()
+}
+
+/// What a write made as the rollout's creator costs over one made directly: the same server-side apply of
+/// a Deployment's annotation, one at a time, alternately by the admin and by the admin impersonating a
+/// ServiceAccount with `edit` (as the operator acts as a creator), so both see the same API server.
+async fn impersonation(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: &mut Vec<String>) {
+    let n = sizes.impersonated_writes;
+    eprintln!("impersonation: {n} writes each, direct and as a creator, interleaved");
+    let ns = common::create_namespace(client, "bench-impersonation", &[]).await;
+    namespaces.push(ns.clone());
+    bench_support::fleet(client, &ns, 10, 0, 10).await;
+    let creator = common::tenant::Tenant::create(
+        client,
+        &ns,
+        "creator",
+        &[common::tenant::Grant::cluster_role("edit")],
+    )
+    .await;
+    let as_creator =
+        common::tenant::client_from(&common::cluster().kubeconfig, Some(&creator.username)).await;
+    let apply = |c: Client, i: usize| {
+        let ns = ns.clone();
+        async move {
+            let api: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(c, &ns);
+            let body = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                              "metadata": {"annotations": {"bench.fleetroll.dev/write": i.to_string()}}});
+            let params = kube::api::PatchParams::apply("fleetroll-bench").force();
+            let t0 = Instant::now();
+            api.patch(&format!("t-{:05}", i % 10), &params, &kube::api::Patch::Apply(&body)).await.unwrap();
+            t0.elapsed().as_secs_f64()
+        }
+    };
+    let (mut direct, mut impersonated) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        direct.push(apply(client.clone(), i).await);
+        impersonated.push(apply(as_creator.clone(), i).await);
+    }
+    direct.sort_by(f64::total_cmp);
+    impersonated.sort_by(f64::total_cmp);
+    let (d50, i50) =
+        (bench_support::percentile(&direct, 50.0), bench_support::percentile(&impersonated, 50.0));
+    report.rows.push(row(
+        format!(
+            "impersonation: one target patch as its creator / directly ({n} each, interleaved): p50 / p99"
+        ),
+        format!(
+            "{} vs {}; +{:.2} ms per write at p50 ({:.2}x)",
+            bench_support::p50_p99_ms(&impersonated),
+            bench_support::p50_p99_ms(&direct),
+            (i50 - d50) * 1000.0,
+            i50 / d50
+        ),
+        "",
+        None,
+    ));
 }
 
 async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: &mut Vec<String>) {

@@ -80,7 +80,10 @@ async fn the_chart_lints_and_every_rendered_object_is_accepted() {
         "{unchecked:?}"
     );
 
-    with_namespace("chart", |_client: Client, ns: String| async move {
+    with_namespace("chart", |client: Client, ns: String| async move {
+        // The CRDs first: a test beside this one installing them between apply's read and its create would
+        // make the dry run fail with AlreadyExists.
+        common::fleet::ensure_crd(&client).await;
         // The NetworkPolicy too (off by default), so that the API server judges it as well.
         let chart = repo_path("charts/fleetroll");
         let sets = ["--namespace", &ns, "--set", "networkPolicy.enabled=true"];
@@ -569,13 +572,14 @@ async fn operator_on_the_charts_rbac(fleet: Fleet, fullname: String) {
 }
 
 /// The operator, with the chart's rights only, changes targets as each rollout's creator: once the
-/// creator's RoleBinding is gone, the next batch changes nothing, the rollout halts saying why, and the
-/// targets already changed stay as they are. The audit log names the creator behind every change.
+/// creator's RoleBinding is gone, the next batch changes nothing, the rollout halts saying why (within its
+/// failure budget), and the targets already changed stay as they are. The audit log names the creator
+/// behind every change.
 async fn a_creator_who_loses_its_rights_stops_its_rollout(fleet: &Fleet, fullname: &str) {
     let ns = fleet.ns.clone();
     let creator = Tenant::create(&fleet.client, &ns, "revoked", &[Grant::cluster_role("edit")]).await;
     let spec = json!({"image": READY_IMAGE, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
-                      "strategy": {"batchSize": 2, "approval": "EveryBatch"}});
+                      "strategy": {"batchSize": 1, "approval": "EveryBatch", "maxFailures": 2}});
     let rollout: FleetRollout = serde_json::from_value(json!({
         "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": "revoked"}, "spec": spec,
     }))
@@ -599,14 +603,18 @@ async fn a_creator_who_loses_its_rights_stops_its_rollout(fleet: &Fleet, fullnam
         all
     };
     let before = images(&fleet.all_deployments().await);
-    assert_eq!(before.iter().filter(|i| *i == READY_IMAGE).count(), 2, "batch 1 changed: {before:?}");
+    assert_eq!(before.iter().filter(|i| *i == READY_IMAGE).count(), 1, "batch 1 changed: {before:?}");
 
     // The creator's rights go; a person approves the next batch all the same.
     kubectl(&["delete", "rolebinding", "revoked-0", "-n", &ns]).await.ok();
+    // As the API server sees the ServiceAccount when the operator impersonates it: with its groups.
+    let sa_groups = format!("--as-group=system:serviceaccounts:{ns}");
+    let as_creator =
+        ["--as", creator.username.as_str(), "--as-group=system:serviceaccounts", sa_groups.as_str()];
     let mut gone = false;
     for _ in 0..100 {
         let can =
-            kubectl(&["auth", "can-i", "patch", "deployments", "-n", &ns, "--as", &creator.username]).await;
+            kubectl(&[&as_creator[..], &["auth", "can-i", "patch", "deployments", "-n", &ns]].concat()).await;
         if can.stdout.trim() == "no" {
             gone = true;
             break;
@@ -620,10 +628,12 @@ async fn a_creator_who_loses_its_rights_stops_its_rollout(fleet: &Fleet, fullnam
             phase(f) == Phase::Paused
         })
         .await;
+    // Within its failure budget, and halted all the same: the creator's rights are gone.
     let status = fr.status.unwrap();
-    assert_eq!(status.reason.as_deref(), Some("FailureBudgetExceeded"), "{status:?}");
+    assert_eq!(status.reason.as_deref(), Some("CreatorLacksRights"), "{status:?}");
+    assert_eq!(status.rights_hold.as_ref().map(|h| h.batch), Some(1), "{status:?}");
     let denied = &status.failures;
-    assert_eq!(denied.len(), 2, "{denied:?}");
+    assert_eq!(denied.len(), 1, "{denied:?}");
     assert!(
         denied.iter().all(|f| f.reason == "ChangeDenied"
             && f.message
@@ -635,11 +645,11 @@ async fn a_creator_who_loses_its_rights_stops_its_rollout(fleet: &Fleet, fullnam
     // Every change was made by the operator's ServiceAccount, as the creator.
     let operator = format!("system:serviceaccount:{ns}:{fullname}");
     let by_creator = |c: &common::audit::Change| c.as_user.as_deref() == Some(creator.username.as_str());
-    let seen = |c: &[common::audit::Change]| c.iter().filter(|c| by_creator(c)).count() >= 4;
+    let seen = |c: &[common::audit::Change]| c.iter().filter(|c| by_creator(c)).count() >= 2;
     if let Some(changes) = common::audit::changes(&ns, Duration::from_secs(30), seen).await {
         let mine: Vec<_> = changes.iter().filter(|c| by_creator(c)).collect();
         assert!(mine.iter().all(|c| c.user == operator && c.verb == "patch"), "{mine:#?}");
-        assert_eq!(mine.iter().filter(|c| c.code == 200).count(), 2, "{mine:#?}");
-        assert!(mine.iter().filter(|c| c.code == 403).count() >= 2, "{mine:#?}");
+        assert_eq!(mine.iter().filter(|c| c.code == 200).count(), 1, "{mine:#?}");
+        assert!(mine.iter().any(|c| c.code == 403), "{mine:#?}");
     }
 }

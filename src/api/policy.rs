@@ -132,3 +132,20 @@ pub struct PolicyHold {
     /// What breaks it, e.g. "batch 1 has 80 targets, at most 50 allowed".
     pub message: String,
 }
+
+/// The API server refused changes made as the rollout's creator: the creator no longer holds the rights.
+/// Every later batch waits until a person resumes the rollout (`spec.resumeToken` changes), once the rights
+/// are back, or aborts or rolls it back.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RightsHold {
+    /// The index (0-based) of the batch whose changes were refused.
+    pub batch: u32,
+    /// The API server's words for the first refusal.
+    #[schemars(length(max = 1024))]
+    pub message: String,
+    /// spec.resumeToken when the changes were refused: any other value releases the hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub resume_token: Option<String>,
+}

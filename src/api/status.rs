@@ -100,6 +100,11 @@ pub struct FleetRolloutStatus {
     #[schemars(length(max = 1024))]
     pub creator_hold: Option<String>,
 
+    /// Set when the API server refused a change made as the creator (its rights are gone): the batches
+    /// after it wait for a person to resume the rollout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rights_hold: Option<super::RightsHold>,
+
     /// Approvals that released batches, with who gave them when known (the last 10).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub approvals: Vec<ApprovalRecord>,

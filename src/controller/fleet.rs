@@ -344,9 +344,29 @@ impl Fleet for Nodes {
     }
 
     async fn release(ctx: &Context, fr: &FleetRollout, finished: bool) -> Result<()> {
-        if ctx.daemonset_held(fr) {
-            let writer = ctx.writer(fr).map_err(crate::error::Error::Target)?;
-            daemonset_pods::release(At::home_as(&ctx.client, &writer, fr), fr, finished).await?;
+        if !ctx.daemonset_held(fr) {
+            return Ok(());
+        }
+        // A creator who cannot have it handed back (its rights gone, or never one to act as) leaves it held
+        // rather than keeping a finished rollout from ending: said in an event and the log.
+        let released = match ctx.writer(fr) {
+            Ok(writer) => {
+                match daemonset_pods::release(At::home_as(&ctx.client, &writer, fr), fr, finished).await {
+                    Err(crate::error::Error::Kube(e)) => {
+                        Err(crate::error::denial(&e).ok_or(crate::error::Error::Kube(e))?)
+                    }
+                    other => other.map_err(|e| e.to_string()),
+                }
+            }
+            Err(why) => Err(why),
+        };
+        if let Err(why) = released {
+            let message = format!(
+                "DaemonSet {} not handed back ({why}); set its updateStrategy back by hand",
+                fr.spec.targets.daemon_set.as_deref().unwrap_or_default()
+            );
+            tracing::warn!(%message, "could not hand the DaemonSet back");
+            ctx.rollouts_io.warn(fr, crate::core::reason::CANNOT_ACT_AS_CREATOR, message);
         }
         Ok(())
     }

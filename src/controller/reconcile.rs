@@ -294,7 +294,8 @@ async fn act<F: Fleet>(
             failpoint::hit(failpoint::AFTER_APPLY).await;
             let batch = after.status.current_batch.unwrap_or_default();
             let after = rollout::unreached(after, batch, &targets, &out.unreached);
-            let after = rollout::held(rollout::denied(after, batch, out.denied), batch, out.held);
+            let denied = rollout::denied(after, batch, out.denied, fr.spec.resume_token.as_deref());
+            let after = rollout::held(denied, batch, out.held);
             ctx.rollouts_io.write_status(&fr, after).await
         }
         Step::Restore { key, targets, refused, waiting } => {

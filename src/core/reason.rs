@@ -18,6 +18,8 @@ pub const APPROVED: &str = "Approved";
 pub const POLICY_VIOLATION: &str = "PolicyViolation";
 /// The operator changes targets as the rollout's creator, and cannot act as this one.
 pub const CANNOT_ACT_AS_CREATOR: &str = "CannotActAsCreator";
+/// The API server refused changes made as the rollout's creator: the creator lost its rights.
+pub const CREATOR_LACKS_RIGHTS: &str = "CreatorLacksRights";
 pub const SUCCEEDED: &str = "Succeeded";
 pub const FAILURE_BUDGET_EXCEEDED: &str = "FailureBudgetExceeded";
 pub const ABORT_REQUESTED: &str = "AbortRequested";

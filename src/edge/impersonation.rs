@@ -3,7 +3,7 @@
 //! impersonated, and how, is decided in [`crate::core::identity`]; kube's own code puts the
 //! `Impersonate-*` headers on.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{num::NonZeroUsize, sync::Arc};
 
 use kube::Client;
 
@@ -38,20 +38,25 @@ pub enum ActAs {
     Operator,
 }
 
-/// How many creators' clients are kept: each holds a connection pool; a fleet has a few creators.
-const CLIENTS_KEPT: usize = 64;
+/// How many creators' clients are kept, the least recently used going first: each holds a connection pool,
+/// and a fleet has a few creators.
+const CLIENTS_KEPT: NonZeroUsize = match NonZeroUsize::new(64) {
+    Some(n) => n,
+    None => NonZeroUsize::MIN,
+};
 
 /// The clients the operator changes targets with, one per creator, kept between batches.
 pub struct Writers {
     act_as: ActAs,
     own: Client,
     base: Arc<kube::Config>,
-    clients: std::sync::Mutex<HashMap<Impersonation, Client>>,
+    clients: std::sync::Mutex<lru::LruCache<Impersonation, Client>>,
 }
 
 impl Writers {
     pub fn new(act_as: ActAs, own: Client, base: kube::Config) -> Self {
-        Self { act_as, own, base: Arc::new(base), clients: Default::default() }
+        let clients = std::sync::Mutex::new(lru::LruCache::new(CLIENTS_KEPT));
+        Self { act_as, own, base: Arc::new(base), clients }
     }
 
     /// Why changes cannot be made for a rollout created by `creator`; None when they can.
@@ -69,15 +74,13 @@ impl Writers {
         }
         let imp = Impersonation::of_creator(creator)?;
         // A panic elsewhere while holding the lock must not stop every later change.
-        let mut clients = self.clients.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(found) = clients.get(&imp) {
+        let lock = || self.clients.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(found) = lock().get(&imp) {
             return Ok(found.clone());
         }
-        if clients.len() >= CLIENTS_KEPT {
-            clients.clear();
-        }
+        // Built outside the lock: a client is a TLS configuration and a connection pool.
         let made = client(&self.base, imp.clone())?;
-        clients.insert(imp, made.clone());
+        lock().put(imp, made.clone());
         Ok(made)
     }
 }
@@ -139,6 +142,11 @@ mod tests {
         assert!(writers.for_creator(Some(&agent)).is_ok());
         assert!(writers.for_creator(Some(&agent)).is_ok(), "from the cache the second time");
         assert_eq!(writers.clients.lock().unwrap().len(), 1);
+        for i in 0..100 {
+            let someone = Creator { username: format!("user-{i}"), ..Default::default() };
+            assert!(writers.for_creator(Some(&someone)).is_ok());
+        }
+        assert_eq!(writers.clients.lock().unwrap().len(), CLIENTS_KEPT.get(), "bounded");
         assert!(writers.cannot_act(Some(&root)).unwrap().contains("system:masters"));
         assert!(writers.for_creator(None).err().unwrap().contains("no recorded creator"));
         let as_itself = Writers::new(ActAs::Operator, own, config());

@@ -96,6 +96,11 @@ impl Rollouts {
     }
 
     /// Events are best effort and must not slow the rollout down: they are sent in the background.
+    /// Publishes a Warning event about `fr` that no status write carries (in the background).
+    pub fn warn(&self, fr: &FleetRollout, reason: &'static str, message: String) {
+        self.publish(fr, vec![Event::warning(reason, None, message)]);
+    }
+
     fn publish(&self, fr: &FleetRollout, events: Vec<Event>) {
         if events.is_empty() {
             return;

@@ -187,6 +187,24 @@ pub(super) async fn argo_cd_approve_action_run_by_a_patcher(env: &'static Env) -
     row
 }
 
+/// The chart's admission bindings put back when dropped, whatever happened (a panic too): without them every
+/// later test on the shared cluster would meet a cluster without fleetroll's admission.
+struct Bindings {
+    file: std::path::PathBuf,
+}
+
+impl Drop for Bindings {
+    fn drop(&mut self) {
+        let kubectl = common::testenv_dir().join("bin/kubectl");
+        let kubeconfig = common::cluster().kubeconfig;
+        let file = self.file.display().to_string();
+        // `apply`, not `create`: the normal path may have put them back already.
+        let _ = std::process::Command::new(kubectl)
+            .args(["--kubeconfig", &kubeconfig.display().to_string(), "apply", "-f", &file])
+            .output();
+    }
+}
+
 /// The chart's admission bindings taken away while `during` runs (a cluster before creators were recorded),
 /// then put back and waited for: the mutating policy records creators again.
 async fn without_admission<F: std::future::Future<Output = ()>>(env: &Env, during: F) {
@@ -200,6 +218,11 @@ async fn without_admission<F: std::future::Future<Output = ()>>(env: &Env, durin
         let mut binding: Value = serde_json::from_str(&got.stdout).unwrap();
         binding["metadata"] = json!({"name": name, "labels": binding["metadata"]["labels"]});
         saved.push(binding);
+    }
+    let file = std::env::temp_dir().join(format!("{}-bindings.json", short(&env.t1)));
+    std::fs::write(&file, json!({"apiVersion": "v1", "kind": "List", "items": saved}).to_string()).unwrap();
+    let restore = Bindings { file };
+    for (kind, name) in &bindings {
         common::cli::kubectl(&["delete", kind, name]).await.ok();
     }
     let probe = |recorded: bool| {
@@ -217,10 +240,21 @@ async fn without_admission<F: std::future::Future<Output = ()>>(env: &Env, durin
     };
     common::poll_until("the admission bindings to be gone", Duration::from_secs(60), || probe(false)).await;
     during.await;
-    let file = std::env::temp_dir().join(format!("{}-bindings.json", short(&env.t1)));
-    std::fs::write(&file, json!({"apiVersion": "v1", "kind": "List", "items": saved}).to_string()).unwrap();
-    common::cli::kubectl(&["create", "-f", file.to_str().unwrap()]).await.ok();
+    drop(restore);
     common::poll_until("the admission bindings to be back", Duration::from_secs(60), || probe(true)).await;
+    // ...the validating one too: a dry run by a tenant who may patch no workload is refused again.
+    let enforced = || async {
+        let fr: FleetRollout = serde_json::from_value(json!({
+            "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": "adoption-probe"},
+            "spec": deployments_spec(),
+        }))
+        .unwrap();
+        let dry_run = PostParams { dry_run: true, ..Default::default() };
+        let made =
+            Api::<FleetRollout>::namespaced(env.creator.client.clone(), &env.t1).create(&dry_run, &fr).await;
+        matches!(made, Err(kube::Error::Api(e)) if e.message.contains(POLICY))
+    };
+    common::poll_until("the validating policy to be enforced again", Duration::from_secs(60), enforced).await;
 }
 
 /// A rollout created before creators were recorded has none: the operator acts for no one until someone

@@ -7,7 +7,7 @@ use super::{Event, Facts, Step, Transition, trim_front, write};
 use crate::{
     api::{
         BatchStatus, DENIED_LISTED, FAILURE_DETAILS, FailurePolicy, FleetRolloutStatus, Phase, PlannedTarget,
-        TargetFailure, time,
+        RightsHold, TargetFailure, time,
     },
     core::{
         clusters::{self, Count},
@@ -92,9 +92,29 @@ pub(super) fn in_scope(
     (allowed, refused)
 }
 
+/// Whether the API server refused a change because the user it was made as may not make it (RBAC, as
+/// opposed to an admission policy): as [`crate::error::denial`] words it.
+pub fn refused_by_authorization(message: &str) -> bool {
+    message.contains("(403 Forbidden)") && message.contains(" cannot ") && message.contains(" resource \"")
+}
+
 /// Records, in the status written after a batch was applied, the targets whose change the API server
-/// refused: each fails now, with the API server's message, and counts against the failure budget.
-pub fn denied(mut after: Transition, batch: u32, denied: Vec<(PlannedTarget, String)>) -> Transition {
+/// refused: each fails now, with the API server's message, and counts against the failure budget. A
+/// refusal of a change in the rollout's own cluster by authorization means the creator, as whom it was
+/// made, lost its rights: the later batches wait for a person (`status.rightsHold`, `resume_token` being
+/// spec.resumeToken now).
+pub fn denied(
+    mut after: Transition,
+    batch: u32,
+    denied: Vec<(PlannedTarget, String)>,
+    resume_token: Option<&str>,
+) -> Transition {
+    let lost = denied.iter().find(|(t, m)| t.cluster.is_empty() && refused_by_authorization(m));
+    if let Some((_, message)) = lost.filter(|_| after.status.rights_hold.is_none()) {
+        let message = super::truncate(message.clone(), 1024);
+        after.status.rights_hold =
+            Some(RightsHold { batch, message, resume_token: resume_token.map(String::from) });
+    }
     let s = &mut after.status;
     for (t, message) in denied {
         let key = t.key();

@@ -191,6 +191,7 @@ pub(super) fn next_batch(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: V
         return succeed(f, s, events);
     }
     let held = acting(f, &mut s, &mut events, next)
+        .or_else(|| rights_lost(f, &mut s, &mut events, next))
         .or_else(|| guarded(f, &mut s, &mut events, next))
         .or_else(|| paused(f, &mut s, &mut events, next))
         .or_else(|| approved(f, &mut s, &mut events, next))
@@ -230,6 +231,47 @@ fn acting(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, ne
     s.creator_hold = Some(why);
     s.phase = Phase::Paused;
     s.reason = Some(reason::CANNOT_ACT_AS_CREATOR.into());
+    Some(write_if_changed(f, s.clone(), std::mem::take(events), None))
+}
+
+/// A change under way (a batch begun, a rollback) that the operator cannot make as the creator waits,
+/// in the phase it is in, with `status.creatorHold` saying why.
+pub(super) fn waiting_for_creator(f: &Facts<'_>, why: &str) -> Step {
+    let mut s = f.status.clone();
+    let why = super::truncate(why.to_string(), 1024);
+    let mut events = Vec::new();
+    if s.creator_hold.as_ref() != Some(&why) {
+        let message = format!("changes wait: fleetroll changes targets as the rollout's creator, and {why}");
+        events.push(Event::warning(reason::CANNOT_ACT_AS_CREATOR, s.current_batch, message));
+    }
+    s.creator_hold = Some(why);
+    s.reason = Some(reason::CANNOT_ACT_AS_CREATOR.into());
+    write_if_changed(f, s, events, None)
+}
+
+/// Changes refused because the creator lost its rights hold every later batch until a person resumes the
+/// rollout (a new spec.resumeToken), once the rights are back; or aborts or rolls it back.
+fn rights_lost(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, next: u32) -> Gate {
+    let hold = s.rights_hold.clone()?;
+    let total = total_batches(f);
+    if f.spec.resume_token != hold.resume_token {
+        s.rights_hold = None;
+        let message =
+            format!("resumed before batch {}/{total} after the creator's changes were refused", next + 1);
+        events.push(Event::normal(reason::RESUMED, Some(next), message));
+        return None;
+    }
+    if s.reason.as_deref() != Some(reason::CREATOR_LACKS_RIGHTS) {
+        let message = format!(
+            "batch {}/{total} held: changes made as the rollout's creator were refused in batch {}: {}",
+            next + 1,
+            hold.batch + 1,
+            hold.message
+        );
+        events.push(Event::warning(reason::CREATOR_LACKS_RIGHTS, Some(next), message));
+    }
+    s.phase = Phase::Paused;
+    s.reason = Some(reason::CREATOR_LACKS_RIGHTS.into());
     Some(write_if_changed(f, s.clone(), std::mem::take(events), None))
 }
 

@@ -168,6 +168,11 @@ pub fn decide(f: &Facts<'_>) -> Step {
     }
     match advance(f) {
         Step::Wait { after } => housekeeping::when_idle(f, after),
+        // A batch begun, or a rollback, before the operator could no longer act as the creator (an upgrade,
+        // a restart) changes nothing either: it waits where it is, saying why.
+        Step::Apply { .. } | Step::Restore { .. } if f.cannot_act.is_some() => {
+            gates::waiting_for_creator(f, f.cannot_act.unwrap_or_default())
+        }
         step => step,
     }
 }

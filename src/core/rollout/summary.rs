@@ -98,6 +98,11 @@ fn paused(s: &FleetRolloutStatus, batch: u32, total_batches: u32, tally: &str) -
             batch + 1,
             s.creator_hold.as_deref().unwrap_or("cannot act as this one")
         ),
+        Some(reason::CREATOR_LACKS_RIGHTS) => format!(
+            "held before batch {}/{total_batches}: changes made as the rollout's creator were refused ({}); resume once its rights are back, or abort or roll back; {tally}",
+            batch + 1,
+            s.rights_hold.as_ref().map_or("its rights are gone", |h| h.message.as_str())
+        ),
         Some(reason::FAILURE_BUDGET_EXCEEDED) => {
             format!("paused: failure budget exceeded in batch {batch}/{total_batches}; {tally}")
         }

@@ -150,17 +150,19 @@ impl Authenticator {
         Ok(reviewed.status)
     }
 
-    /// Who a token stands for: a token for `audience`, else a person's ID token for one of the accepted
-    /// people audiences (the API server vouching for it as for any request to itself).
+    /// Who a token stands for: a token for `audience`, or a person's ID token for one of the accepted people
+    /// audiences, which the API server vouches for only as for a request to itself (one review each: the
+    /// token's own unverified `aud` says which to ask for). Never a ServiceAccount on that second path: a
+    /// ServiceAccount can always get a token for the MCP audience, so one without it was not meant for us.
     async fn identify(&self, token: &str, audience: &str) -> Result<Option<Identity>, kube::Error> {
-        let reviewed = self.review(token, Some(audience)).await?;
-        if let Some(identity) = reviewed.and_then(|s| vouched(s, Some(audience))) {
-            return Ok(Some(identity));
+        let named = people_audiences(token);
+        let a_persons =
+            !named.iter().any(|a| a == audience) && named.iter().any(|a| self.people_audiences.contains(a));
+        if !a_persons {
+            return Ok(self.review(token, Some(audience)).await?.and_then(|s| vouched(s, Some(audience))));
         }
-        if !people_audiences(token).iter().any(|a| self.people_audiences.contains(a)) {
-            return Ok(None);
-        }
-        Ok(self.review(token, None).await?.and_then(|s| vouched(s, None)))
+        let person = self.review(token, None).await?.and_then(|s| vouched(s, None));
+        Ok(person.filter(|p| !p.username.starts_with("system:serviceaccount:")))
     }
 
     /// The identity a token stands for. A token never vouched for costs a TokenReview from the budget; one

@@ -299,3 +299,50 @@ fn an_image_changed_by_someone_else_fails_its_target_and_a_warning_says_so() {
     assert!(events.iter().any(|e| e.reason == reason::BATCH_FAILED));
     assert!(changed_warning(&events).is_some(), "{events:?}");
 }
+
+#[test]
+fn a_creator_whose_rights_are_gone_holds_every_later_batch_until_a_person_resumes() {
+    let mut spec = spec(2);
+    spec.strategy.max_failures = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(4);
+    let mut sim = Sim::new(spec, 6);
+    // The creator's RoleBinding goes after batch 1: every change of batch 2 is refused by RBAC.
+    sim.creator.denial = Some("the API server refused the change (403 Forbidden): deployments.apps \"web\" is forbidden: User \"system:serviceaccount:team:agent\" cannot patch resource \"deployments\" in API group \"apps\"".into());
+    for t in sim.plan.batch(1).to_vec() {
+        sim.denied.insert(key(&t));
+    }
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Paused);
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::CREATOR_LACKS_RIGHTS));
+    assert_eq!(sim.status.counts.failed, 2, "within the budget of 4, and held all the same");
+    assert_eq!(sim.changes.len(), 2, "batch 3 not changed: {:?}", sim.changes);
+    assert_eq!(sim.status.rights_hold.as_ref().map(|h| h.batch), Some(1));
+    let message = sim.status.message.clone().unwrap();
+    assert!(
+        message.starts_with("held before batch 3/3: changes made as the rollout's creator were refused"),
+        "{message}"
+    );
+    // The rights are back and a person resumes: batch 3 goes.
+    sim.denied.clear();
+    sim.spec.resume_token = Some("2026-12-03T16:00:00Z".into());
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    assert_eq!(sim.status.rights_hold, None);
+    assert_eq!(sim.changes.len(), 4);
+}
+
+#[test]
+fn only_an_authorization_refusal_means_the_creator_lost_its_rights() {
+    use super::super::failure::refused_by_authorization;
+    assert!(refused_by_authorization(
+        "the API server refused the change (403 Forbidden): deployments.apps \"a\" is forbidden: User \"bob\" cannot patch resource \"deployments\" in API group \"apps\" in the namespace \"t\""
+    ));
+    assert!(!refused_by_authorization(
+        "the API server refused the change (403 Forbidden): deployments.apps \"a\" is forbidden: ValidatingAdmissionPolicy 'p' with binding 'b' denied request: no"
+    ));
+    assert!(!refused_by_authorization(
+        "the API server refused the change (422 Invalid): spec.template: Invalid value"
+    ));
+    assert!(!refused_by_authorization(
+        "cannot act as \"root\": members of system:masters cannot be impersonated"
+    ));
+}

@@ -259,7 +259,8 @@ fn a_policy_requiring_approval_holds_a_rollout_whose_spec_asks_for_none() {
 #[test]
 fn a_creator_the_operator_cannot_act_as_holds_every_batch_until_it_can() {
     let mut sim = Sim::new(spec(4), 8);
-    sim.cannot_act = Some("cannot act as \"root\": members of system:masters cannot be impersonated".into());
+    sim.creator.cannot_act =
+        Some("cannot act as \"root\": members of system:masters cannot be impersonated".into());
     sim.settle();
     assert_eq!(sim.status.phase, Phase::Paused);
     assert!(sim.changes.is_empty(), "nothing changed: {:?}", sim.changes);
@@ -273,9 +274,33 @@ fn a_creator_the_operator_cannot_act_as_holds_every_batch_until_it_can() {
     assert_eq!(sim.settle(), None);
     assert_eq!(sim.status.creator_hold.as_deref().map(|w| w.contains("system:masters")), Some(true));
     // The operator may act now (run with --act-as operator, say): the rollout goes on.
-    sim.cannot_act = None;
+    sim.creator.cannot_act = None;
     sim.settle();
     assert_eq!(sim.status.phase, Phase::Succeeded);
     assert_eq!(sim.status.creator_hold, None);
+    assert_eq!(sim.changes.len(), 8);
+}
+
+#[test]
+fn a_batch_begun_before_the_creator_could_no_longer_be_acted_as_changes_nothing_until_it_can() {
+    let mut sim = Sim::new(spec(4), 8);
+    // The first batch's intent is written (an operator of the previous version, say); then the operator
+    // can no longer act as the creator.
+    for _ in 0..10 {
+        if sim.status.current().is_some_and(|b| b.state == crate::api::BatchState::Applying) {
+            break;
+        }
+        sim.step();
+    }
+    assert!(sim.status.current().is_some_and(|b| b.state == crate::api::BatchState::Applying));
+    sim.creator.cannot_act =
+        Some("cannot act as \"root\": members of system:masters cannot be impersonated".into());
+    sim.settle();
+    assert!(sim.changes.is_empty(), "changed: {:?}", sim.changes);
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::CANNOT_ACT_AS_CREATOR));
+    assert!(sim.status.creator_hold.as_deref().is_some_and(|w| w.contains("system:masters")));
+    sim.creator.cannot_act = None;
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Succeeded);
     assert_eq!(sim.changes.len(), 8);
 }

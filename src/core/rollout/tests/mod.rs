@@ -36,6 +36,15 @@ pub(super) fn spec(n_batch: i32) -> FleetRolloutSpec {
     }
 }
 
+/// The edge's answers about the rollout's creator.
+#[derive(Default)]
+pub(super) struct Creator {
+    /// Why the operator cannot act as the creator (None: it can).
+    pub(super) cannot_act: Option<String>,
+    /// What the API server says of a denied change (an admission webhook's refusal by default).
+    pub(super) denial: Option<String>,
+}
+
 /// A fleet whose targets follow the simulated cluster: a change makes a target NotReady until the test
 /// (or `auto_ready`) marks it Ready.
 pub(super) struct Sim {
@@ -71,7 +80,8 @@ pub(super) struct Sim {
     pub(super) unreachable: std::collections::BTreeMap<String, String>,
     /// What the platform policies governing the rollout require.
     pub(super) guardrails: crate::core::policy::Guardrails,
-    pub(super) cannot_act: Option<String>,
+    /// What the edge says of acting as the rollout's creator.
+    pub(super) creator: Creator,
 }
 
 pub(super) fn key(t: &PlannedTarget) -> String {
@@ -151,7 +161,7 @@ impl Sim {
             queries: Default::default(),
             unreachable: Default::default(),
             guardrails: Default::default(),
-            cannot_act: None,
+            creator: Creator::default(),
         }
     }
 
@@ -198,7 +208,7 @@ impl Sim {
             generation: self.generation,
             namespace: NAMESPACE,
             guardrails: &self.guardrails,
-            cannot_act: self.cannot_act.as_deref(),
+            cannot_act: self.creator.cannot_act.as_deref(),
             spec: &self.spec,
             status: &self.status,
             plan: &self.plan,
@@ -221,6 +231,36 @@ impl Sim {
         })
     }
 
+    /// As the edge carries out a batch: each target changed, held, denied or missed.
+    fn apply_batch(&mut self, k: &str, image: &str, targets: &[PlannedTarget], after: &Transition) {
+        let (mut refused, mut held) = (Vec::new(), Vec::new());
+        let mut missed = std::collections::BTreeMap::new();
+        for t in targets {
+            if let Some(why) = self.unreachable.get(&t.cluster) {
+                missed.insert(t.cluster.clone(), why.clone());
+            } else if let Some(other) = self.taken.get(&key(t)).cloned() {
+                // As the edge: the other's change came first; ours is not made.
+                let state = self.world.get_mut(&key(t)).unwrap();
+                (state.image, state.applied) = (Ok("web:other".into()), Some("other-uid/1/0".into()));
+                held.push((t.clone(), super::HeldBy { rollout: other, running: true }));
+            } else if self.denied.contains(&key(t)) {
+                let said = self
+                    .creator
+                    .denial
+                    .clone()
+                    .unwrap_or_else(|| format!("admission webhook denied {}", key(t)));
+                refused.push((t.clone(), said));
+            } else {
+                self.change(t, image, k);
+            }
+        }
+        let batch = after.status.current_batch.unwrap_or_default();
+        let after = unreached(after.clone(), batch, targets, &missed);
+        let denied = denied(after, batch, refused, self.spec.resume_token.as_deref());
+        self.status = super::held(denied, batch, held).status;
+        self.writes += 1;
+    }
+
     /// Performs one step like the controller would. Returns it for inspection.
     pub(super) fn step(&mut self) -> Step {
         let step = self.advance();
@@ -229,28 +269,7 @@ impl Sim {
                 self.status = t.status.clone();
                 self.writes += 1;
             }
-            Step::Apply { key: k, image, targets, after } => {
-                let (mut refused, mut held) = (Vec::new(), Vec::new());
-                let mut missed = std::collections::BTreeMap::new();
-                for t in targets {
-                    if let Some(why) = self.unreachable.get(&t.cluster) {
-                        missed.insert(t.cluster.clone(), why.clone());
-                    } else if let Some(other) = self.taken.get(&key(t)).cloned() {
-                        // As the edge: the other's change came first; ours is not made.
-                        let state = self.world.get_mut(&key(t)).unwrap();
-                        (state.image, state.applied) = (Ok("web:other".into()), Some("other-uid/1/0".into()));
-                        held.push((t.clone(), super::HeldBy { rollout: other, running: true }));
-                    } else if self.denied.contains(&key(t)) {
-                        refused.push((t.clone(), format!("admission webhook denied {}", key(t))));
-                    } else {
-                        self.change(t, image, k);
-                    }
-                }
-                let batch = after.status.current_batch.unwrap_or_default();
-                let after = unreached(after.clone(), batch, targets, &missed);
-                self.status = super::held(denied(after, batch, refused), batch, held).status;
-                self.writes += 1;
-            }
+            Step::Apply { key: k, image, targets, after } => self.apply_batch(k, image, targets, after),
             Step::Restore { key: k, targets, refused, waiting } => {
                 let mut restored = 0;
                 let mut waiting = waiting.clone();
