@@ -161,6 +161,25 @@ fn selected(scenario: &str) -> bool {
     named.is_empty() || named.iter().any(|n| n == scenario)
 }
 
+/// Creates a rollout as a client would after a control-plane fault: a kube-apiserver that has just
+/// restarted refuses FleetRollout writes for up to 30 s while its discovery has not found the
+/// FleetRolloutPolicy CRD its guardrails policy takes parameters from ("failed to find resource referenced by
+/// paramKind", kubernetes/kubernetes#124237); that refusal is tried again, any other is not.
+async fn create(api: &Api<FleetRollout>, fr: &FleetRollout) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        match api.create(&PostParams::default(), fr).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(e))
+                if e.message.contains("failed to configure policy") && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("creating {:?}: {e}", fr.metadata.name),
+        }
+    }
+}
+
 fn rollout(name: &str, image: &str, group: &str, batch: usize, soak: &str) -> FleetRollout {
     serde_json::from_value(json!({
         "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": name},
@@ -256,7 +275,7 @@ async fn kills(
             let fr = rollout(&format!("g{g}"), &image, &format!("g{g}"), batch, "0s");
             let name = format!("g{g}");
             if revisions == 1 {
-                api.create(&PostParams::default(), &fr).await.unwrap();
+                create(&api, &fr).await;
             } else {
                 api.patch(
                     &name,
@@ -348,9 +367,7 @@ async fn leader_kills(
     let mut leader = Operator::start(&ns, &["--lease-duration", "4s"], &[]);
     assert!(leader.wait_for_line("became the leader", Duration::from_secs(30)).await);
     let mut standby = Operator::start(&ns, &["--lease-duration", "4s"], &[]);
-    api.create(&PostParams::default(), &rollout("lead", "example.invalid/chaos:leader", "g0", 1, "1s"))
-        .await
-        .unwrap();
+    create(&api, &rollout("lead", "example.invalid/chaos:leader", "g0", 1, "1s")).await;
     let mut takeovers = Vec::new();
     for round in 0..rounds {
         // Mid-batch: wait for batch `round + 1` to start, then kill the leader.
@@ -421,9 +438,7 @@ async fn control_plane(
         let start = || Operator::start(&ns, &["--lease-duration", "15s"], &[]);
         let mut op = start();
         let mut restarts = 0;
-        api.create(&PostParams::default(), &rollout("plane", "example.invalid/chaos:plane", "g0", 2, "2s"))
-            .await
-            .unwrap();
+        create(&api, &rollout("plane", "example.invalid/chaos:plane", "g0", 2, "2s")).await;
         common::wait_for(&api, "plane", "batch 2", LONG, |f| {
             f.status.as_ref().and_then(|s| s.current_batch).is_some_and(|b| b >= 1)
         })
