@@ -350,12 +350,15 @@ impl Fleet for Nodes {
         // A creator who cannot have it handed back (its rights gone, or never one to act as) leaves it held
         // rather than keeping a finished rollout from ending: said in an event and the log.
         let released = match ctx.writer(fr) {
+            // A refusal is final; anything else (a conflict, the API server away) is tried again.
             Ok(writer) => {
                 match daemonset_pods::release(At::home_as(&ctx.client, &writer, fr), fr, finished).await {
-                    Err(crate::error::Error::Kube(e)) => {
-                        Err(crate::error::denial(&e).ok_or(crate::error::Error::Kube(e))?)
-                    }
-                    other => other.map_err(|e| e.to_string()),
+                    Ok(()) => Ok(()),
+                    Err(crate::error::Error::Kube(e)) => match crate::error::denial(&e) {
+                        Some(message) => Err(message),
+                        None => return Err(crate::error::Error::Kube(e)),
+                    },
+                    Err(e) => return Err(e),
                 }
             }
             Err(why) => Err(why),

@@ -253,9 +253,14 @@ pub async fn finalize(
         fr.status.as_ref().is_some_and(|s| matches!(s.phase, Phase::Succeeded | Phase::RolledBack));
     if !daemonset_name(fr).is_empty() {
         let released = match &writer {
+            // A refusal is final; anything else (a conflict, the API server away) is tried again.
             Ok(writer) => match release(At::home_as(client, writer, fr), fr, finished).await {
-                Err(Error::Kube(e)) => Err(denial(&e).ok_or(Error::Kube(e))?),
-                other => other.map_err(|e| e.to_string()),
+                Ok(()) => Ok(()),
+                Err(Error::Kube(e)) => match denial(&e) {
+                    Some(message) => Err(message),
+                    None => return Err(Error::Kube(e)),
+                },
+                Err(e) => return Err(e),
             },
             Err(why) => Err(why.clone()),
         };

@@ -447,8 +447,10 @@ async fn health_check_attack(
     let fleet = fleet_of(env, prefix, 1).await;
     let dev = Tenant::create(&env.admin, &fleet.ns, "dev", &edit()).await;
     let op = Operator::start(&fleet.ns, allow, &[]);
+    // 30 s: a check that is refused or fails must be seen failing for that reason, not because the target
+    // was slow to become ready beside 70 attacks at once (then no check runs and the failure says so).
     let spec = json!({"image": NEXT_IMAGE, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
-        "health": {"timeout": "10s", "http": {"url": url}}});
+        "health": {"timeout": "30s", "http": {"url": url}}});
     create_as(&dev, &fleet.ns, "probe", spec).await.ok();
     (fleet, op, dev)
 }
