@@ -166,18 +166,15 @@ fn selected(scenario: &str) -> bool {
 /// FleetRolloutPolicy CRD its guardrails policy takes parameters from ("failed to find resource referenced by
 /// paramKind", kubernetes/kubernetes#124237); that refusal is tried again, any other is not.
 async fn create(api: &Api<FleetRollout>, fr: &FleetRollout) {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
+    let what = "the API server to admit FleetRollouts again";
+    common::poll_until(what, Duration::from_secs(90), || async {
         match api.create(&PostParams::default(), fr).await {
-            Ok(_) => return,
-            Err(kube::Error::Api(e))
-                if e.message.contains("failed to configure policy") && Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
+            Ok(_) => true,
+            Err(kube::Error::Api(e)) if e.message.contains("failed to configure policy") => false,
             Err(e) => panic!("creating {:?}: {e}", fr.metadata.name),
         }
-    }
+    })
+    .await;
 }
 
 fn rollout(name: &str, image: &str, group: &str, batch: usize, soak: &str) -> FleetRollout {

@@ -611,17 +611,12 @@ async fn a_creator_who_loses_its_rights_stops_its_rollout(fleet: &Fleet, fullnam
     let sa_groups = format!("--as-group=system:serviceaccounts:{ns}");
     let as_creator =
         ["--as", creator.username.as_str(), "--as-group=system:serviceaccounts", sa_groups.as_str()];
-    let mut gone = false;
-    for _ in 0..100 {
-        let can =
-            kubectl(&[&as_creator[..], &["auth", "can-i", "patch", "deployments", "-n", &ns]].concat()).await;
-        if can.stdout.trim() == "no" {
-            gone = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(gone, "the RoleBinding's removal never reached the authorizer");
+    let args = [&as_creator[..], &["auth", "can-i", "patch", "deployments", "-n", &ns]].concat();
+    let what = "the RoleBinding's removal to reach the authorizer";
+    common::poll_until(what, Duration::from_secs(10), || async {
+        kubectl(&args).await.stdout.trim() == "no"
+    })
+    .await;
     fleet.approve("revoked", &[0, 1], &plan_hash(fr)).await;
     let fr = fleet
         .wait_rollout("revoked", "the rollout to halt", Duration::from_secs(120), |f| {

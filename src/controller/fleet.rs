@@ -349,20 +349,7 @@ impl Fleet for Nodes {
         }
         // A creator who cannot have it handed back (its rights gone, or never one to act as) leaves it held
         // rather than keeping a finished rollout from ending: said in an event and the log.
-        let released = match ctx.writer(fr) {
-            // A refusal is final; anything else (a conflict, the API server away) is tried again.
-            Ok(writer) => {
-                match daemonset_pods::release(At::home_as(&ctx.client, &writer, fr), fr, finished).await {
-                    Ok(()) => Ok(()),
-                    Err(crate::error::Error::Kube(e)) => match crate::error::denial(&e) {
-                        Some(message) => Err(message),
-                        None => return Err(crate::error::Error::Kube(e)),
-                    },
-                    Err(e) => return Err(e),
-                }
-            }
-            Err(why) => Err(why),
-        };
+        let released = daemonset_pods::hand_back(&ctx.client, &ctx.writer(fr), fr, finished).await?;
         if let Err(why) = released {
             let message = format!(
                 "DaemonSet {} not handed back ({why}); set its updateStrategy back by hand",

@@ -237,10 +237,8 @@ async fn rollout_exists(client: &Client, key: &str) -> Result<bool> {
 /// A node rollout being deleted: hands its DaemonSet back if it still holds it, then lets it go. After
 /// success or a rollback only the update strategy goes back (the template is the one the rollout ended
 /// on); otherwise the template from before the rollout goes back too, so deleting an unfinished rollout
-/// undoes it instead of letting the DaemonSet controller finish it on every node at once. The DaemonSet is
-/// changed with `writer` (the creator, impersonated); one the creator may no longer change is left as it is
-/// (its hold names a rollout that no longer exists, which no other rollout honours) rather than keeping
-/// the rollout from going.
+/// undoes it instead of letting the DaemonSet controller finish it on every node at once. One the creator
+/// may no longer change is left held (by a rollout gone, which no other honours) rather than kept.
 pub async fn finalize(
     client: &Client,
     writer: std::result::Result<Client, String>,
@@ -251,27 +249,34 @@ pub async fn finalize(
     }
     let finished =
         fr.status.as_ref().is_some_and(|s| matches!(s.phase, Phase::Succeeded | Phase::RolledBack));
-    if !daemonset_name(fr).is_empty() {
-        let released = match &writer {
-            // A refusal is final; anything else (a conflict, the API server away) is tried again.
-            Ok(writer) => match release(At::home_as(client, writer, fr), fr, finished).await {
-                Ok(()) => Ok(()),
-                Err(Error::Kube(e)) => match denial(&e) {
-                    Some(message) => Err(message),
-                    None => return Err(Error::Kube(e)),
-                },
-                Err(e) => return Err(e),
-            },
-            Err(why) => Err(why.clone()),
-        };
-        if let Err(why) = released {
-            warn!(daemonset = %daemonset_name(fr), %why, "could not hand the DaemonSet back; the rollout goes \
-                  all the same (set its updateStrategy back by hand)");
-        }
+    if !daemonset_name(fr).is_empty()
+        && let Err(why) = hand_back(client, &writer, fr, finished).await?
+    {
+        warn!(daemonset = %daemonset_name(fr), %why, "could not hand the DaemonSet back; the rollout goes \
+              all the same (set its updateStrategy back by hand)");
     }
     super::rollouts::set_finalizer(client, fr, false).await?;
     info!("handed the DaemonSet back; the rollout may go");
     Ok(())
+}
+
+/// Hands the DaemonSet back as `writer` (the creator): Ok(Err(why)) when that can never be done (no creator
+/// to act as, a refusal); Err for what is worth trying again (a conflict, the API server away).
+pub async fn hand_back(
+    client: &Client,
+    writer: &std::result::Result<Client, String>,
+    fr: &FleetRollout,
+    finished: bool,
+) -> Result<std::result::Result<(), String>> {
+    let writer = match writer {
+        Ok(writer) => writer,
+        Err(why) => return Ok(Err(why.clone())),
+    };
+    match release(At::home_as(client, writer, fr), fr, finished).await {
+        Ok(()) => Ok(Ok(())),
+        Err(Error::Kube(e)) => denial(&e).map(Err).ok_or(Error::Kube(e)),
+        Err(e) => Err(e),
+    }
 }
 
 /// One batch (or one replay of it): takes control of the DaemonSet and sets its template to the

@@ -1,7 +1,7 @@
 //! The local control plane's audit log (tests/testenv/audit-policy.yaml: changes to workloads and pods, at
 //! Metadata level): who changed a target, and as whom.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -57,16 +57,8 @@ pub async fn changes(
     if !super::cluster().local {
         return None;
     }
-    let start = Instant::now();
-    loop {
-        let found = changes_in(namespace);
-        if done(&found) {
-            return Some(found);
-        }
-        assert!(
-            start.elapsed() < deadline,
-            "the audit log never showed what was expected in {namespace}: {found:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let what = format!("the audit log to show what was expected in {namespace}");
+    super::poll_until(&what, deadline, || async { done(&changes_in(namespace)) }).await;
+    // The log only grows: what held holds still.
+    Some(changes_in(namespace))
 }
