@@ -349,8 +349,8 @@ impl Fleet for Nodes {
         }
         // A creator who cannot have it handed back (its rights gone, or never one to act as) leaves it held
         // rather than keeping a finished rollout from ending: said in an event and the log.
-        let released = daemonset_pods::hand_back(&ctx.client, &ctx.writer(fr), fr, finished).await?;
-        if let Err(why) = released {
+        let handed = daemonset_pods::hand_back(&ctx.client, &ctx.writer(fr), fr, finished).await?;
+        if let daemonset_pods::HandBack::Left(why) = handed {
             let message = format!(
                 "DaemonSet {} not handed back ({why}); set its updateStrategy back by hand",
                 fr.spec.targets.daemon_set.as_deref().unwrap_or_default()

@@ -250,7 +250,7 @@ pub async fn finalize(
     let finished =
         fr.status.as_ref().is_some_and(|s| matches!(s.phase, Phase::Succeeded | Phase::RolledBack));
     if !daemonset_name(fr).is_empty()
-        && let Err(why) = hand_back(client, &writer, fr, finished).await?
+        && let HandBack::Left(why) = hand_back(client, &writer, fr, finished).await?
     {
         warn!(daemonset = %daemonset_name(fr), %why, "could not hand the DaemonSet back; the rollout goes \
               all the same (set its updateStrategy back by hand)");
@@ -260,21 +260,29 @@ pub async fn finalize(
     Ok(())
 }
 
-/// Hands the DaemonSet back as `writer` (the creator): Ok(Err(why)) when that can never be done (no creator
-/// to act as, a refusal); Err for what is worth trying again (a conflict, the API server away).
+/// What became of a DaemonSet's hand-back.
+#[derive(Debug)]
+pub enum HandBack {
+    Done,
+    /// It can never be done (no creator to act as, or the API server refused the creator); why.
+    Left(String),
+}
+
+/// Hands the DaemonSet back as `writer` (the creator). Err is what is worth trying again (a conflict, the
+/// API server away).
 pub async fn hand_back(
     client: &Client,
     writer: &std::result::Result<Client, String>,
     fr: &FleetRollout,
     finished: bool,
-) -> Result<std::result::Result<(), String>> {
+) -> Result<HandBack> {
     let writer = match writer {
         Ok(writer) => writer,
-        Err(why) => return Ok(Err(why.clone())),
+        Err(why) => return Ok(HandBack::Left(why.clone())),
     };
     match release(At::home_as(client, writer, fr), fr, finished).await {
-        Ok(()) => Ok(Ok(())),
-        Err(Error::Kube(e)) => denial(&e).map(Err).ok_or(Error::Kube(e)),
+        Ok(()) => Ok(HandBack::Done),
+        Err(Error::Kube(e)) => denial(&e).map(HandBack::Left).ok_or(Error::Kube(e)),
         Err(e) => Err(e),
     }
 }
