@@ -15,11 +15,11 @@ use kube::{
     api::{DeleteParams, ListParams, PostParams, Preconditions},
     core::Selector,
 };
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use super::{lists, targets::Outcome};
 use crate::{
-    api::{FIELD_MANAGER, FleetRollout, FleetRolloutStatus, Phase, PlannedTarget, Unplanned},
+    api::{FIELD_MANAGER, FleetRollout, FleetRolloutStatus, PlannedTarget, Unplanned},
     core::{
         Blocked,
         nodes::{self, NodeAction},
@@ -234,59 +234,6 @@ async fn rollout_exists(client: &Client, key: &str) -> Result<bool> {
     Ok(Api::<FleetRollout>::namespaced(client.clone(), ns).get_opt(name).await?.is_some())
 }
 
-/// A node rollout being deleted: hands its DaemonSet back if it still holds it, then lets it go. After
-/// success or a rollback only the update strategy goes back (the template is the one the rollout ended
-/// on); otherwise the template from before the rollout goes back too, so deleting an unfinished rollout
-/// undoes it instead of letting the DaemonSet controller finish it on every node at once. One the creator
-/// may no longer change is left held (by a rollout gone, which no other honours) rather than kept.
-pub async fn finalize(
-    client: &Client,
-    writer: std::result::Result<Client, String>,
-    fr: &FleetRollout,
-) -> Result<()> {
-    if !super::rollouts::holds_daemonset(fr) {
-        return Ok(());
-    }
-    let finished =
-        fr.status.as_ref().is_some_and(|s| matches!(s.phase, Phase::Succeeded | Phase::RolledBack));
-    if !daemonset_name(fr).is_empty()
-        && let HandBack::Left(why) = hand_back(client, &writer, fr, finished).await?
-    {
-        warn!(daemonset = %daemonset_name(fr), %why, "could not hand the DaemonSet back; the rollout goes \
-              all the same (set its updateStrategy back by hand)");
-    }
-    super::rollouts::set_finalizer(client, fr, false).await?;
-    info!("handed the DaemonSet back; the rollout may go");
-    Ok(())
-}
-
-/// What became of a DaemonSet's hand-back.
-#[derive(Debug)]
-pub enum HandBack {
-    Done,
-    /// It can never be done (no creator to act as, or the API server refused the creator); why.
-    Left(String),
-}
-
-/// Hands the DaemonSet back as `writer` (the creator). Err is what is worth trying again (a conflict, the
-/// API server away).
-pub async fn hand_back(
-    client: &Client,
-    writer: &std::result::Result<Client, String>,
-    fr: &FleetRollout,
-    finished: bool,
-) -> Result<HandBack> {
-    let writer = match writer {
-        Ok(writer) => writer,
-        Err(why) => return Ok(HandBack::Left(why.clone())),
-    };
-    match release(At::home_as(client, writer, fr), fr, finished).await {
-        Ok(()) => Ok(HandBack::Done),
-        Err(Error::Kube(e)) => denial(&e).map(HandBack::Left).ok_or(Error::Kube(e)),
-        Err(e) => Err(e),
-    }
-}
-
 /// One batch (or one replay of it): takes control of the DaemonSet and sets its template to the
 /// revision (once), then deletes the old pod on each node of the batch. Safe to repeat: a pod of the
 /// revision is never deleted, and each delete is conditional on the pod's uid.
@@ -425,23 +372,6 @@ pub async fn restore(
     Ok(outcome)
 }
 
-/// Hands the DaemonSet back, if this rollout holds it: a rollout that `finished` (succeeded or was rolled
-/// back) its update strategy only ([`nodes::release`]); any other one as it was before the rollout,
-/// template too ([`nodes::hand_back`]). Idempotent.
-pub async fn release(at: At<'_>, fr: &FleetRollout, finished: bool) -> Result<()> {
-    let Some((api, ds)) = daemonset(at, fr).await? else { return Ok(()) };
-    let own = format!("{}/{}", fr.namespace().unwrap_or_default(), fr.name_any());
-    if !nodes::held_by(ds.annotations(), &own) {
-        return Ok(());
-    }
-    let next = if finished { nodes::release(&ds) } else { nodes::hand_back(&ds) };
-    if let Some(next) = next {
-        api.replace(&ds.name_any(), &post_params(), &next).await?;
-        info!(daemonset = %ds.name_any(), template_restored = !finished, "handed the DaemonSet back");
-    }
-    Ok(())
-}
-
 fn tally(outcome: &mut Outcome, action: &NodeAction) {
     match action {
         NodeAction::Delete { .. } => outcome.changed += 1,
@@ -454,5 +384,8 @@ fn post_params() -> PostParams {
     PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }
 }
 
+mod hand_back;
 #[cfg(test)]
 mod tests;
+
+pub use hand_back::{HandBack, finalize, hand_back, release};
