@@ -179,7 +179,10 @@ pub(super) async fn gates_loosened_after_a_persons_approval(env: &'static Env) -
     fleet.deployments(&ns, 4, READY_IMAGE).await;
     let mut op = Operator::start(&ns, &[], &[]);
     let agent = Tenant::create(&env.admin, &ns, "agent", &[Grant::cluster_role("edit")]).await;
-    let spec = json!({"image": common::fleet::NEXT_IMAGE, "strategy": {"batchSize": 2, "approval": "FirstBatch"},
+    // The pause between batches keeps the second batch from starting on its own before the agent's patch
+    // lands (with FirstBatch and unchanged gates it needs no approval); the approval gate comes first.
+    let spec = json!({"image": common::fleet::NEXT_IMAGE,
+        "strategy": {"batchSize": 2, "approval": "FirstBatch", "pauseBetweenBatches": "10m"},
         "health": {"timeout": "2m"}, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}}});
     create_as(&agent, &ns, "gated", spec).await;
     let waiting = |batch: u32| {
@@ -191,6 +194,10 @@ pub(super) async fn gates_loosened_after_a_persons_approval(env: &'static Env) -
     // A person approves the first batch, as the plan and gates stood.
     let hash = fr.status.and_then(|s| s.plan).map(|p| p.hash).unwrap();
     fleet.approve("gated", &[0], &hash).await;
+    let recorded = |f: &FleetRollout| f.status.as_ref().is_some_and(|s| !s.approvals.is_empty());
+    fleet
+        .wait_rollout("gated", "the approval to release the first batch", Duration::from_secs(120), recorded)
+        .await;
     // Then the agent loosens the gates: a day to be healthy, and every failure tolerated.
     let loosen = json!({"spec": {"health": {"timeout": "24h"}, "strategy": {"maxFailures": "100%"}}});
     let ran = agent
