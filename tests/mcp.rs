@@ -530,11 +530,31 @@ async fn serviceaccount_tokens_and_rbac_decide_what_an_agent_may_do() {
 
         // With a Role that allows it, the same call works. The agent holds the approve verb too, but it
         // created the rollout: it is not asked, is told who may approve, and its approvals are refused.
+        // A platform policy says the agent's rollouts need a first-batch approval by the OpenID Connect
+        // group approvers: one without is refused, naming it.
         grant(&fleet, "agent", &["create", "get", "list", "patch", "approve"]).await;
-        let agent = token(&fleet, "agent", &url).await;
-        let id = task_id(&drive(&["start", &url, &start, "--token", &agent]).await);
         let agent_name = format!("system:serviceaccount:{}:agent", fleet.ns);
-        let told = format!("by someone who holds the approve verb on this rollout and did not create it ({agent_name} did)");
+        let policy = format!("{}-people-approve", fleet.ns);
+        let rules = json!({"subjects": {"serviceAccounts": [{"namespace": fleet.ns, "name": "agent"}]},
+                           "approval": "FirstBatch", "approvers": {"groups": ["oidc:approvers"]}});
+        let probe = serde_json::from_str::<Value>(&rollout_args(&fleet.ns, json!({}))).unwrap();
+        let probe = json!({"image": probe["image"], "targets": probe["targets"]});
+        common::policy::govern(&fleet.client, &fleet.ns, &policy, rules, &agent_name, probe).await;
+        let agent = token(&fleet, "agent", &url).await;
+        let unapproved = rollout_args(&fleet.ns, json!({}));
+        let refused = drive(&["call", &url, "rollout_fleet", &unapproved, "--no-tasks", "--token", &agent]).await;
+        assert_eq!(refused["isError"], true, "{refused}");
+        let named = format!("FleetRollout denied by FleetRolloutPolicy {policy} (approval)");
+        assert!(refused.to_string().contains(&named), "{refused}");
+        let id = task_id(&drive(&["start", &url, &start, "--token", &agent]).await);
+        let told = format!(
+            "by someone who holds the approve verb on this rollout and did not create it ({agent_name} did), and \
+             is a member of group oidc:approvers (FleetRolloutPolicy {policy})"
+        );
+        let self_refused = |text: &str| {
+            text.contains("created this rollout and may not approve it")
+                || text.contains(&format!("FleetRolloutPolicy {policy} (approvers)"))
+        };
         let working = drive(&["wait", &url, &id, "--token", &agent, "--until", "working", "--message", &told]).await;
         assert_eq!(working["status"], "working", "{working}");
         assert!(working["statusMessage"].as_str().unwrap_or_default().contains(&told), "{working}");
@@ -542,7 +562,7 @@ async fn serviceaccount_tokens_and_rbac_decide_what_an_agent_may_do() {
         let approve_args = json!({"namespace": fleet.ns, "name": name}).to_string();
         let own = drive(&["call", &url, "approve_batch", &approve_args, "--no-tasks", "--token", &agent]).await;
         assert_eq!(own["isError"], true, "{own}");
-        assert!(own.to_string().contains("created this rollout and may not approve it"), "{own}");
+        assert!(self_refused(&own.to_string()), "{own}");
         let status = fleet.rollouts().get(&name).await.unwrap().status.unwrap();
         let pending = status.pending_approval.clone().unwrap();
         // The form's key, which the agent is never shown but can work out from the status.
@@ -555,7 +575,7 @@ async fn serviceaccount_tokens_and_rbac_decide_what_an_agent_may_do() {
         );
         let answer = json!({"taskId": id, "inputResponses": {key: {"action": "accept", "content": {"approve": true}}}});
         let answered = drive(&["raw", &url, "tasks/update", &answer.to_string(), "--token", &agent]).await;
-        assert!(answered.to_string().contains("created this rollout and may not approve it"), "{answered}");
+        assert!(self_refused(&answered.to_string()), "{answered}");
         assert!(fleet.rollouts().get(&name).await.unwrap().spec.approvals.is_empty(), "nothing approved");
 
         // One who may patch the rollout but holds no approve verb is refused before anything is written.

@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::{
     cli::{kubectl, repo_path, validate_krew_manifest},
     fleet::{NEXT_IMAGE, READY_IMAGE, UNREADY_IMAGE, phase, with_fleet},
+    mcp::drive,
     nodes::{self, DAEMONSET, POOL_LABEL, with_pool},
     operator::Operator,
     people::Person,
@@ -224,10 +225,12 @@ async fn the_krew_manifest_is_valid_for_every_platform() {
     assert_eq!(ran.code, 0, "krew rejects the manifest:\n{}{}\n{rendered}", ran.stdout, ran.stderr);
 }
 
-/// Separation of duties with real identities: an agent (a ServiceAccount with edit and even the approver
-/// role) starts a rollout that waits for a first-batch approval; it may not approve it, nor may a person
-/// with edit alone; alice, a person (an x509 user in the group approvers), approves with the plugin, and
-/// the rollout completes. `kubectl get -o wide` and the plugin name the creator the API server recorded.
+/// Separation of duties with real identities, under a platform policy: a FleetRolloutPolicy says that the
+/// agent's rollouts need a first-batch approval by the group approvers. The agent (a ServiceAccount with
+/// edit and even the approver role) starts a rollout over MCP; it may not approve it, over MCP or with
+/// kubectl, nor may a person with edit alone; alice, a person (an x509 user in the group approvers),
+/// approves with the plugin, and the rollout completes, each target changed as the agent (the audit log).
+/// `kubectl get -o wide` and the plugin name the creator the API server recorded and who may approve.
 #[tokio::test]
 async fn an_agents_rollout_waits_for_a_person_to_approve_it() {
     with_fleet("plugin-duties", 0, |fleet| async move {
@@ -255,23 +258,46 @@ async fn an_agents_rollout_waits_for_a_person_to_approve_it() {
             .unwrap();
         alice.wait_allowed(&fleet.client, "", "fleetroll.dev", "fleetrollouts", "list").await;
         bob.wait_allowed(&fleet.client, &ns, "fleetroll.dev", "fleetrollouts", "patch").await;
-        let _op = Operator::start(&ns, &[], &[]);
+        let targets = json!({"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}});
+        let policy = format!("{ns}-people-approve");
+        let rules = json!({"subjects": {"serviceAccounts": [{"namespace": ns, "name": "agent"}]},
+                           "approval": "FirstBatch", "approvers": {"groups": ["approvers"]}});
+        let probe = json!({"image": NEXT_IMAGE, "targets": targets});
+        common::policy::govern(&fleet.client, &ns, &policy, rules, &agent.username, probe).await;
+        let op = Operator::start(&ns, &["--auth", "serviceaccount", "--mcp-audience", "http://127.0.0.1:{port}/mcp"], &[]);
+        let url = op.mcp_url();
+        let token = tenant::token_for(&fleet.client, &ns, "agent", Some(&url)).await;
 
-        let spec = json!({"image": NEXT_IMAGE, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
-                          "strategy": {"batchSize": 1, "approval": "FirstBatch"}});
-        let manifest = json!({"apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout",
-                              "metadata": {"name": "agents", "namespace": ns}, "spec": spec});
-        let file = std::env::temp_dir().join(format!("{ns}-agents.json"));
-        std::fs::write(&file, manifest.to_string()).unwrap();
-        agent.kubectl(&["create", "-f", file.to_str().unwrap()]).await.ok();
+        // Over MCP, the agent's rollout without the approval the policy asks for is refused, naming it.
+        let args = |strategy: Value| {
+            json!({"namespace": ns, "name": "agents", "image": NEXT_IMAGE, "targets": targets, "strategy": strategy})
+                .to_string()
+        };
+        let unapproved = drive(&["call", &url, "rollout_fleet", &args(json!({"batchSize": 1})), "--no-tasks", "--token", &token]).await;
+        assert_eq!(unapproved["isError"], true, "{unapproved}");
+        let named = format!("FleetRollout denied by FleetRolloutPolicy {policy} (approval)");
+        assert!(unapproved.to_string().contains(&named), "{unapproved}");
+        let started = drive(&["start", &url, &args(json!({"batchSize": 1, "approval": "FirstBatch"})), "--token", &token]).await;
+        assert_eq!(started["resultType"], "task", "{started}");
+        let task = started["taskId"].as_str().unwrap().to_string();
         let waiting = |f: &fleetroll::api::FleetRollout| phase(f) == Phase::WaitingForApproval;
         let fr = fleet.wait_rollout("agents", "the approval gate", DEADLINE, waiting).await;
         assert_eq!(fr.spec.creator.as_ref().map(|c| c.username.as_str()), Some(agent.username.as_str()));
+        let approvers = &fr.status.as_ref().unwrap().pending_approval.as_ref().unwrap().approvers;
+        assert_eq!((approvers[0].policy.as_str(), &approvers[0].groups[..]), (policy.as_str(), &["approvers".to_string()][..]));
 
-        // The agent holds the approve verb, but created the rollout: refused, with the policy's reason.
+        // The agent holds the approve verb, but created the rollout: refused over MCP, and with kubectl below.
+        let approve = json!({"namespace": ns, "name": "agents"}).to_string();
+        let own = drive(&["call", &url, "approve_batch", &approve, "--no-tasks", "--token", &token]).await;
+        assert_eq!(own["isError"], true, "{own}");
+        let refused = |text: &str| {
+            text.contains("created this rollout and may not approve it")
+                || text.contains(&format!("FleetRolloutPolicy {policy} (approvers)"))
+        };
+        assert!(refused(&own.to_string()), "{own}");
         let own = agent.kubectl(&["fleetroll", "approve", "agents", "-n", &ns]).await;
         assert_ne!(own.code, 0, "{}", own.stdout);
-        assert!(own.stderr.contains("created this rollout and may not approve it"), "{}", own.stderr);
+        assert!(refused(&own.stderr), "{}", own.stderr);
         // bob may edit the rollout but holds no approve verb.
         let unapproved = bob.kubectl(&["fleetroll", "approve", "agents", "-n", &ns]).await;
         assert_ne!(unapproved.code, 0, "{}", unapproved.stdout);
@@ -284,6 +310,8 @@ async fn an_agents_rollout_waits_for_a_person_to_approve_it() {
         assert!(wide.stdout.contains("CREATOR") && wide.stdout.contains(&agent.username), "{}", wide.stdout);
         let shown = kubectl(&["fleetroll", "status", "agents", "-n", &ns, "--no-follow"]).await.ok();
         assert!(shown.stdout.contains(&format!("created by {}", agent.username)), "{}", shown.stdout);
+        let who = format!("by a member of group approvers (FleetRolloutPolicy {policy})");
+        assert!(shown.stdout.contains(&who), "{}", shown.stdout);
 
         // The inbox lists it for alice (across the namespaces she can read), and for no one else.
         let inbox = alice.kubectl(&["fleetroll", "inbox", "-A"]).await.ok();
@@ -298,6 +326,8 @@ async fn an_agents_rollout_waits_for_a_person_to_approve_it() {
         assert!(approved.stdout.contains("approved batch 1") && approved.stdout.contains("as alice"), "{}", approved.stdout);
         let done = fleet.wait_rollout("agents", "success", DEADLINE, |f| phase(f) == Phase::Succeeded).await;
         let record = &done.status.unwrap().approvals[0];
+        let finished = drive(&["wait", &url, &task, "--token", &token]).await;
+        assert_eq!(finished["status"], "completed", "the agent's task: {finished}");
         assert_eq!(record.approved_by.as_deref(), Some("alice"), "the approver the API server authenticated");
         // Each target was changed as the agent, by the operator impersonating it: the audit log says so.
         let targets = ["web-00", "web-01"];

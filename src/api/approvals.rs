@@ -19,6 +19,33 @@ pub struct PendingApproval {
     pub gates_hash: String,
     /// Since when the batch has been waiting (RFC 3339).
     pub since: Time,
+    /// Who may give it, when FleetRolloutPolicies say: an approver must be one of the users or in one of
+    /// the groups of each policy listed (and hold the approve verb, and not be the creator). Empty: whoever
+    /// holds the approve verb.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub approvers: Vec<PolicyApprovers>,
+}
+
+/// The approvers one FleetRolloutPolicy names, as far as status shows them (16 users and 16 groups at
+/// most; `more` says some are left out, and the policy itself names them all).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyApprovers {
+    /// The FleetRolloutPolicy's name.
+    #[schemars(length(max = 253))]
+    pub policy: String,
+    /// User names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(max = 512)))]
+    pub users: Vec<String>,
+    /// Group names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(max = 256)))]
+    pub groups: Vec<String>,
+    /// true: the policy names more users or groups than are shown here.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub more: bool,
 }
 
 /// An approval that released a batch.

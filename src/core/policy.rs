@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use crate::{
-    api::{ApprovalMode, Creator, FleetRolloutPolicy, FleetRolloutSpec},
+    api::{ApprovalMode, Approvers, Creator, FleetRolloutPolicy, FleetRolloutSpec, PolicyApprovers},
     core::plan::Plan,
 };
 
@@ -19,6 +19,8 @@ pub struct Guardrails {
     pub max_batch_size: Option<(u32, String)>,
     pub max_targets: Option<(u32, String)>,
     pub require_analysis: Option<String>,
+    /// Each policy's approvers: an approver must satisfy every one.
+    pub approvers: Vec<(String, Approvers)>,
     /// Each policy's namespaces: a target must be in every one of these sets.
     pub namespaces: Vec<(String, BTreeSet<String>)>,
     /// Each policy's member clusters: a target in a member cluster must be in every one of these sets.
@@ -65,6 +67,9 @@ pub fn guardrails(policies: &[impl AsRef<FleetRolloutPolicy>], creator: Option<&
         if spec.require_analysis && g.require_analysis.is_none() {
             g.require_analysis = Some(name.clone());
         }
+        if let Some(approvers) = &spec.approvers {
+            g.approvers.push((name.clone(), approvers.clone()));
+        }
         if let Some(ns) = &spec.namespaces {
             g.namespaces.push((name.clone(), ns.iter().cloned().collect()));
         }
@@ -98,6 +103,54 @@ pub fn approval_mode(spec: ApprovalMode, g: &Guardrails) -> ApprovalMode {
         Some((mode, _)) if rank(*mode) > rank(spec) => *mode,
         _ => spec,
     }
+}
+
+/// How many policies' approvers, and how many users and groups of each, status shows (its size is bounded).
+const SHOWN_POLICIES: usize = 8;
+const SHOWN_NAMES: usize = 16;
+
+/// Who may approve, as status shows it: the approvers of each governing policy that names them.
+pub fn approvers(g: &Guardrails) -> Vec<PolicyApprovers> {
+    let shown = |names: &[String]| names.iter().take(SHOWN_NAMES).cloned().collect::<Vec<_>>();
+    g.approvers
+        .iter()
+        .take(SHOWN_POLICIES)
+        .map(|(policy, a)| PolicyApprovers {
+            policy: policy.clone(),
+            users: shown(&a.users),
+            groups: shown(&a.groups),
+            more: a.users.len() > SHOWN_NAMES || a.groups.len() > SHOWN_NAMES,
+        })
+        .collect()
+}
+
+/// Whether `username`, in `groups`, is one the approvers of every listed policy allow. A list cut short
+/// (`more`) allows anyone here: admission judges the approval against the whole policy when it is written.
+pub fn allows_approver(approvers: &[PolicyApprovers], username: &str, groups: &[String]) -> bool {
+    approvers.iter().all(|a| {
+        a.more || a.users.iter().any(|u| u == username) || a.groups.iter().any(|g| groups.contains(g))
+    })
+}
+
+/// The approvers in words: "a member of group approvers (policy agents-need-people)".
+pub fn describe_approvers(approvers: &[PolicyApprovers]) -> String {
+    let one = |a: &PolicyApprovers| {
+        let mut who: Vec<String> = Vec::new();
+        if !a.groups.is_empty() {
+            who.push(format!("a member of group {}", a.groups.join(" or ")));
+        }
+        if !a.users.is_empty() {
+            who.push(format!("user {}", a.users.join(" or ")));
+        }
+        if a.more {
+            who.push("another the policy names".into());
+        }
+        if who.is_empty() {
+            who.push("no one".into());
+        }
+        format!("{} (FleetRolloutPolicy {})", who.join(" or "), a.policy)
+    };
+    approvers.iter().map(one).collect::<Vec<_>>().join(", and ")
 }
 
 /// The first policy the rest of the planned rollout, from batch `next` on, breaks, if any (`maxTargets`

@@ -106,11 +106,15 @@ pub fn describe_for(s: &Summary, may_approve: bool) -> String {
             p.plan_hash
         )),
         (Some(p), false) => line.push_str(&format!(
-            ". Batch {} waits for approval of plan {} by someone who holds the approve verb on this rollout{}; \
+            ". Batch {} waits for approval of plan {} by someone who holds the approve verb on this rollout{}{}; \
              you may not give it",
             p.batch + 1,
             p.plan_hash,
-            s.creator.as_ref().map(|c| format!(" and did not create it ({c} did)")).unwrap_or_default()
+            s.creator.as_ref().map(|c| format!(" and did not create it ({c} did)")).unwrap_or_default(),
+            Some(&p.approvers)
+                .filter(|a| !a.is_empty())
+                .map(|a| format!(", and is {}", crate::core::policy::describe_approvers(a)))
+                .unwrap_or_default()
         )),
         (None, _) => {}
     }

@@ -25,7 +25,10 @@ use super::{
 };
 use crate::{
     api::{FleetRollout, FleetRolloutStatus},
-    core::task::{Asker, awaited_approval, parse_approval_key, view},
+    core::{
+        policy,
+        task::{Asker, awaited_approval, parse_approval_key, view},
+    },
 };
 
 /// The identity and grant the auth middleware attached to the HTTP request. Without them (a request that
@@ -166,13 +169,17 @@ impl FleetMcp {
         tools::started_result(fr, started.replayed).into()
     }
 
-    /// Whether `who` is asked for the approval `fr` waits for: it holds the approve verb on it, and is not
-    /// its creator unless also granted self-approve (RBAC's part of what admission asks of an approval; a
-    /// policy's approvers are judged when the answer is written, which a dry run per poll would cost). When
-    /// the API server cannot say (the caller's review budget spent), no: the message says who may.
+    /// Whether `who` is asked for the approval `fr` waits for: it is one of the approvers its policies name
+    /// (status.pendingApproval.approvers), holds the approve verb on it, and is not its creator unless also
+    /// granted self-approve (what admission asks of an approval, without a dry run per poll). When the API
+    /// server cannot say (the caller's review budget spent), no: the message says who may.
     async fn may_be_asked(&self, who: &Identity, fr: &FleetRollout) -> bool {
         if self.auth_off {
             return true;
+        }
+        let approvers = fr.status.as_ref().and_then(|s| s.pending_approval.as_ref()).map(|p| &p.approvers);
+        if !policy::allows_approver(approvers.map_or(&[][..], |a| a), &who.username, &who.groups) {
+            return false;
         }
         let on =
             |verb| Access { verb, namespace: fr.metadata.namespace.clone(), name: fr.metadata.name.clone() };

@@ -42,8 +42,12 @@ pub(super) fn render(fr: &FleetRollout, health: Option<BatchHealth>) -> String {
     out.push_str(&batch_lines(&s, health));
     out.push_str(&cluster_lines(&s));
     if let Some(p) = &s.pending_approval {
+        let by = Some(&p.approvers)
+            .filter(|a| !a.is_empty())
+            .map(|a| format!(" by {}", crate::core::policy::describe_approvers(a)))
+            .unwrap_or_default();
         out.push_str(&format!(
-            "Waiting for approval of batch {} (plan {}): kubectl fleetroll approve {}\n",
+            "Waiting for approval of batch {} (plan {}){by}: kubectl fleetroll approve {}\n",
             p.batch + 1,
             p.plan_hash,
             fr.name_any()

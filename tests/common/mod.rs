@@ -164,5 +164,6 @@ pub mod members;
 pub mod nodes;
 pub mod operator;
 pub mod people;
+pub mod policy;
 pub mod prometheus;
 pub mod tenant;

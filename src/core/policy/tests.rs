@@ -157,3 +157,37 @@ fn a_policy_requiring_analysis_holds_a_rollout_without_one() {
         None
     );
 }
+
+#[test]
+fn an_approver_must_satisfy_every_policy_naming_approvers_and_status_shows_them_bounded() {
+    let policies = [
+        policy(
+            "a-people",
+            json!({"subjects": {"groups": ["system:serviceaccounts"]}, "approvers": {"groups": ["approvers"]}}),
+        ),
+        policy(
+            "b-sre",
+            json!({"subjects": {"users": ["system:serviceaccount:team:agent"]}, "approvers": {"groups": ["sre"], "users": ["bob"]}}),
+        ),
+        policy("c-none", json!({"subjects": {"users": ["alice"]}, "approvers": {"users": ["carol"]}})),
+    ];
+    let shown = approvers(&guardrails(&policies, Some(&agent())));
+    assert_eq!(shown.iter().map(|a| a.policy.as_str()).collect::<Vec<_>>(), ["a-people", "b-sre"]);
+    let groups = |g: &[&str]| g.iter().map(|g| g.to_string()).collect::<Vec<_>>();
+    assert!(allows_approver(&shown, "alice", &groups(&["approvers", "sre"])), "in both");
+    assert!(allows_approver(&shown, "bob", &groups(&["approvers"])), "by name in one, by group in the other");
+    assert!(!allows_approver(&shown, "alice", &groups(&["approvers"])), "only one policy's approvers");
+    assert!(allows_approver(&[], "anyone", &[]), "no policy names approvers");
+    assert_eq!(
+        describe_approvers(&shown),
+        "a member of group approvers (FleetRolloutPolicy a-people), and a member of group sre or user bob \
+         (FleetRolloutPolicy b-sre)"
+    );
+    // A policy naming many: status shows 16 of each and says more exist; the rest are admission's to judge.
+    let many: Vec<String> = (0..40).map(|i| format!("group-{i}")).collect();
+    let big = [policy("big", json!({"subjects": {"users": ["alice"]}, "approvers": {"groups": many}}))];
+    let shown = approvers(&guardrails(&big, Some(&alice())));
+    assert_eq!((shown[0].groups.len(), shown[0].more), (16, true));
+    assert!(allows_approver(&shown, "mallory", &[]), "a list cut short is not judged here");
+    assert!(describe_approvers(&shown).contains("or another the policy names"));
+}

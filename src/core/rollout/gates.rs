@@ -340,23 +340,12 @@ fn approved(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, 
     let Some(a) = given else {
         let waiting = PendingApproval {
             batch: next,
-            plan_hash: plan_hash.clone(),
-            gates_hash: gates.clone(),
+            plan_hash,
+            gates_hash: gates,
             since: time(f.now),
+            approvers: policy::approvers(f.guardrails),
         };
-        let same = |p: &PendingApproval| p.batch == next && p.plan_hash == plan_hash && p.gates_hash == gates;
-        if !s.pending_approval.as_ref().is_some_and(same) {
-            s.pending_approval = Some(waiting);
-            let why = if loosened { ": its gates changed since the last approval" } else { "" };
-            let message = format!(
-                "batch {}/{total} waits for an approval of plan {plan_hash} and gates {gates}{why}",
-                next + 1
-            );
-            events.push(Event::normal(reason::WAITING_FOR_APPROVAL, Some(next), message));
-        }
-        s.phase = Phase::WaitingForApproval;
-        s.reason = Some(reason::WAITING_FOR_APPROVAL.into());
-        return Some(write_if_changed(f, s.clone(), std::mem::take(events), None));
+        return Some(wait_for_approval(f, s, events, waiting, loosened));
     };
     s.approvals.push(ApprovalRecord {
         batch: next,
@@ -373,6 +362,43 @@ fn approved(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, 
         format!("batch {}/{total} approved{by}", next + 1),
     ));
     None
+}
+
+/// The batch waits for `waiting`; its event is told once, when the wait (batch, plan, gates) begins. A
+/// policy written meanwhile changes who may approve, not the wait.
+fn wait_for_approval(
+    f: &Facts<'_>,
+    s: &mut FleetRolloutStatus,
+    events: &mut Vec<Event>,
+    waiting: PendingApproval,
+    loosened: bool,
+) -> Step {
+    let same = |p: &PendingApproval| {
+        (p.batch, &p.plan_hash, &p.gates_hash) == (waiting.batch, &waiting.plan_hash, &waiting.gates_hash)
+    };
+    match s.pending_approval.as_mut() {
+        Some(p) if same(p) => p.approvers = waiting.approvers,
+        _ => {
+            let why = if loosened { ": its gates changed since the last approval" } else { "" };
+            let by = if waiting.approvers.is_empty() {
+                String::new()
+            } else {
+                format!(" by {}", policy::describe_approvers(&waiting.approvers))
+            };
+            let message = format!(
+                "batch {}/{} waits for an approval of plan {} and gates {}{by}{why}",
+                waiting.batch + 1,
+                total_batches(f),
+                waiting.plan_hash,
+                waiting.gates_hash
+            );
+            events.push(Event::normal(reason::WAITING_FOR_APPROVAL, Some(waiting.batch), message));
+            s.pending_approval = Some(waiting);
+        }
+    }
+    s.phase = Phase::WaitingForApproval;
+    s.reason = Some(reason::WAITING_FOR_APPROVAL.into());
+    write_if_changed(f, s.clone(), std::mem::take(events), None)
 }
 
 fn needs_approval(mode: ApprovalMode, batch: u32) -> bool {

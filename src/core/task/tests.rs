@@ -106,6 +106,19 @@ fn a_caller_who_may_not_approve_is_not_asked_and_is_told_who_may() {
         view.message
     );
     assert_eq!(view.summary.creator.as_deref(), Some("system:serviceaccount:team:agent"));
+    // Under a policy naming approvers, the message names them too.
+    let pending = fr.status.as_mut().unwrap().pending_approval.as_mut().unwrap();
+    pending.approvers = vec![crate::api::PolicyApprovers {
+        policy: "agents-need-people".into(),
+        groups: vec!["approvers".into()],
+        ..Default::default()
+    }];
+    let view = super::view(&fr, Asker { forms: true, may_approve: false }, &targets(&["a"]), now());
+    assert!(
+        view.message.contains("did not create it (system:serviceaccount:team:agent did), and is a member of group approvers (FleetRolloutPolicy agents-need-people); you may not give it"),
+        "{}",
+        view.message
+    );
 }
 
 #[test]

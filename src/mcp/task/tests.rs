@@ -172,6 +172,7 @@ fn waiting_for_approval_asks_with_a_form_only_when_the_client_can_answer() {
         plan_hash: "feedbeef00000000".into(),
         gates_hash: "0123abcd0123abcd".into(),
         since: Time(at(20)),
+        approvers: vec![],
     });
     let (status, wire) = status_of(&fr, true);
     assert_eq!(status, TaskStatus::InputRequired);

@@ -68,6 +68,7 @@ fn the_view_has_a_bar_per_batch_and_says_what_to_do() {
         plan_hash: "abc".into(),
         gates_hash: "def".into(),
         since: Time(Timestamp::UNIX_EPOCH),
+        approvers: vec![],
     });
     fr.status = Some(s);
     let view = render(&fr, None);

@@ -257,6 +257,35 @@ fn a_policy_requiring_approval_holds_a_rollout_whose_spec_asks_for_none() {
 }
 
 #[test]
+fn the_waiting_approval_names_the_approvers_of_its_policies_as_they_change() {
+    use crate::{api::Approvers, core::policy::Guardrails};
+    let mut sim = Sim::new(spec(4), 8);
+    let approvers = |groups: &[&str]| Approvers {
+        groups: groups.iter().map(|g| g.to_string()).collect(),
+        ..Default::default()
+    };
+    sim.guardrails = Guardrails {
+        approval: Some((ApprovalMode::FirstBatch, "agents".into())),
+        approvers: vec![("agents".into(), approvers(&["approvers"]))],
+        ..Default::default()
+    };
+    sim.settle();
+    let pending = sim.status.pending_approval.clone().unwrap();
+    assert_eq!(pending.approvers.len(), 1);
+    assert_eq!(
+        (pending.approvers[0].policy.as_str(), &pending.approvers[0].groups[..]),
+        ("agents", &["approvers".to_string()][..])
+    );
+    // The platform changes who may approve while the batch waits: the same wait, its approvers updated.
+    sim.guardrails.approvers = vec![("agents".into(), approvers(&["sre"]))];
+    sim.settle();
+    let now = sim.status.pending_approval.clone().unwrap();
+    assert_eq!((now.since, now.batch), (pending.since, pending.batch));
+    assert_eq!(now.approvers[0].groups, vec!["sre".to_string()]);
+    assert!(sim.changes.is_empty());
+}
+
+#[test]
 fn a_creator_the_operator_cannot_act_as_holds_every_batch_until_it_can() {
     let mut sim = Sim::new(spec(4), 8);
     sim.creator.cannot_act =
