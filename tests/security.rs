@@ -124,6 +124,7 @@ const ATTACKS: &[Entry] = &[
     attack!(agent_omits_the_approval_a_policy_requires),
     attack!(agent_exceeds_a_policys_batch_cap),
     attack!(approver_outside_a_policys_approvers),
+    attack!(approval_given_before_a_policy_named_approvers),
     attack!(a_plan_beyond_a_policys_caps_is_held),
     attack!(governed_agent_loosens_someone_elses_rollout),
     attack!(finalizer_stripped_from_a_held_node_rollout),

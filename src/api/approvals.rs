@@ -13,8 +13,8 @@ pub struct PendingApproval {
     pub batch: u32,
     /// The plan to approve (status.plan.hash): the `planHash` of the approval to add.
     pub plan_hash: String,
-    /// The gates to approve (health, analysis, strategy.maxFailures, strategy.onFailure and
-    /// strategy.approval, hashed): the `gatesHash` of the approval to add.
+    /// The gates to approve (health, analysis, strategy.maxFailures, strategy.onFailure, strategy.approval,
+    /// resumeToken and the approvers policies name, hashed): the `gatesHash` of the approval to add.
     #[serde(default)]
     pub gates_hash: String,
     /// Since when the batch has been waiting (RFC 3339).

@@ -399,8 +399,9 @@ pub struct Approval {
     pub plan_hash: String,
 
     /// The gates this approves (status.pendingApproval.gatesHash): health, analysis, strategy.maxFailures,
-    /// strategy.onFailure, strategy.approval and resumeToken as they are when approving. A change to any of
-    /// them needs a new approval; an approval without it never counts (it was written for plans alone).
+    /// strategy.onFailure, strategy.approval and resumeToken as they are when approving, and the approvers
+    /// FleetRolloutPolicies name. A change to any of them needs a new approval; an approval without it never
+    /// counts (it was written for plans alone).
     #[serde(default)]
     #[schemars(length(max = 64))]
     pub gates_hash: String,

@@ -202,13 +202,15 @@ pub(crate) fn sha256_hex(value: &impl Serialize) -> String {
     hex(&Sha256::digest(canonical.as_bytes()))
 }
 
-/// What judges a rollout's batches and decides what happens when they fail: `health`, `analysis`,
-/// `strategy.maxFailures`, `strategy.onFailure`, `strategy.approval` and `resumeToken`, hashed (16 hex
-/// digits). An approval
-/// binds it beside the plan's hash: a change to any of these after an approval needs another one, so the
-/// gates a person approved cannot be loosened behind them.
-pub fn gates_hash(spec: &crate::api::FleetRolloutSpec) -> String {
-    let gates = serde_json::json!({
+/// What judges a rollout's batches and decides what happens when they fail (`health`, `analysis`,
+/// `strategy.maxFailures`, `.onFailure`, `.approval`, `resumeToken`) and who may approve (the `approvers`
+/// policies name), hashed (16 hex digits). An approval binds it beside the plan's hash: what a person
+/// approved cannot be loosened behind them, nor approved by others than a policy names since.
+pub fn gates_hash(
+    spec: &crate::api::FleetRolloutSpec,
+    approvers: &[(String, crate::api::Approvers)],
+) -> String {
+    let mut gates = serde_json::json!({
         "health": spec.health,
         "analysis": spec.analysis,
         "maxFailures": spec.strategy.max_failures,
@@ -217,6 +219,13 @@ pub fn gates_hash(spec: &crate::api::FleetRolloutSpec) -> String {
         // A new resumeToken releases a hold of the analysis: a person's decision as much as an approval.
         "resumeToken": spec.resume_token,
     });
+    // Only when a policy names approvers, so the hash of every other rollout stays what it was.
+    if !approvers.is_empty() {
+        let sorted = |names: &Vec<String>| names.iter().cloned().collect::<std::collections::BTreeSet<_>>();
+        let approvers: Vec<_> =
+            approvers.iter().map(|(p, a)| (p, sorted(&a.users), sorted(&a.groups))).collect();
+        gates["approvers"] = serde_json::json!(approvers);
+    }
     let mut full = sha256_hex(&gates);
     full.truncate(16);
     full

@@ -17,15 +17,7 @@ const GUARDRAILS: &str = "fleetroll-guardrails";
 async fn governed(env: &'static Env, prefix: &str, rules: Value) -> (String, Tenant, String) {
     let ns = env.scratch_namespace(prefix, &[]).await;
     let agent = Tenant::create(&env.admin, &ns, "agent", &[Grant::cluster_role("edit")]).await;
-    let name = policy_name(&ns);
-    let mut spec = json!({"subjects": {"groups": [format!("system:serviceaccounts:{ns}")]}});
-    merge(&mut spec, &rules);
-    let policy: FleetRolloutPolicy = serde_json::from_value(json!({
-        "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRolloutPolicy", "metadata": {"name": name}, "spec": spec,
-    }))
-    .unwrap();
-    let policies: Api<FleetRolloutPolicy> = Api::all(env.admin.clone());
-    policies.create(&PostParams::default(), &policy).await.unwrap();
+    let name = govern_namespace(env, &ns, rules).await;
     // The admission plugin sees a new parameter from its informer: wait until it refuses (in a dry run) a
     // rollout with no approval and batches of 100000 (each attack's policy caps one or the other).
     let mut unbound = deployments_spec();
@@ -37,6 +29,20 @@ async fn governed(env: &'static Env, prefix: &str, rules: Value) -> (String, Ten
     })
     .await;
     (ns, agent, name)
+}
+
+/// Writes the policy governing the ServiceAccounts of `ns` with `rules`; returns its name.
+async fn govern_namespace(env: &Env, ns: &str, rules: Value) -> String {
+    let name = policy_name(ns);
+    let mut spec = json!({"subjects": {"groups": [format!("system:serviceaccounts:{ns}")]}});
+    merge(&mut spec, &rules);
+    let policy: FleetRolloutPolicy = serde_json::from_value(json!({
+        "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRolloutPolicy", "metadata": {"name": name}, "spec": spec,
+    }))
+    .unwrap();
+    let policies: Api<FleetRolloutPolicy> = Api::all(env.admin.clone());
+    policies.create(&PostParams::default(), &policy).await.unwrap();
+    name
 }
 
 /// The policy an attack makes for its namespace `ns` (deleted with the namespace at the end).
@@ -178,4 +184,66 @@ pub(super) async fn governed_agent_loosens_someone_elses_rollout(env: &'static E
         &ran,
         refused_by(&ran, &policy, "approval"),
     )
+}
+
+pub(super) async fn approval_given_before_a_policy_named_approvers(env: &'static Env) -> Row {
+    let ns = env.scratch_namespace("sec-early", &[]).await;
+    let agent = Tenant::create(&env.admin, &ns, "agent", &[Grant::cluster_role("edit")]).await;
+    let fleet = Fleet { client: env.admin.clone(), ns: ns.clone(), tenants: vec![] };
+    fleet.deployments(&ns, 2, READY_IMAGE).await;
+    let _op = Operator::start(&ns, &[], &[]);
+    // The agent's rollout, gated by an approval of its first batch and paused, so the approval waits.
+    let targets = json!({"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}});
+    let gated = |paused: bool| {
+        json!({"image": common::fleet::NEXT_IMAGE, "targets": targets, "paused": paused,
+                                      "strategy": {"approval": "FirstBatch", "batchSize": 1}})
+    };
+    create_as(&agent, &ns, "early", gated(true)).await.ok();
+    let planned = |f: &FleetRollout| f.status.as_ref().is_some_and(|s| s.plan.is_some());
+    let fr = fleet.wait_rollout("early", "a plan", Duration::from_secs(120), planned).await;
+    let (plan, gates) = (fr.status.unwrap().plan.unwrap().hash, fleet.gates("early").await);
+    // erin holds the approve verb and approves it while no policy names approvers: admitted.
+    let erin = Person::x509(&env.admin, "erin", &["developers"]).await;
+    common::tenant::bind(&env.admin, &ns, "erin", "User", "erin", APPROVER_ROLE).await;
+    erin.wait_allowed(&env.admin, &ns, "fleetroll.dev", "fleetrollouts", "approve").await;
+    let approval = json!({"spec": {"approvals": [{"batch": 0, "planHash": plan, "gatesHash": gates}]}});
+    let ran = erin
+        .kubectl(&["patch", "fleetrollout", "early", "-n", &ns, "--type=merge", "-p", &approval.to_string()])
+        .await;
+    // Then the platform names who approves its agents' rollouts, and the operator sees it (a rollout the
+    // agent starts now waits for them).
+    let policy = govern_namespace(env, &ns, json!({"approvers": {"groups": ["release-managers"]}})).await;
+    create_as(&agent, &ns, "probe", gated(false)).await.ok();
+    let named = |f: &FleetRollout| {
+        let pending = f.status.as_ref().and_then(|s| s.pending_approval.as_ref());
+        pending.is_some_and(|p| p.approvers.iter().any(|a| a.policy == policy))
+    };
+    fleet.wait_rollout("probe", "the approvers named", Duration::from_secs(120), named).await;
+    // The agent lets its rollout go: erin's approval is not the approvers', so the batch waits for theirs.
+    let resume = json!({"spec": {"paused": false}}).to_string();
+    agent.kubectl(&["patch", "fleetrollout", "early", "-n", &ns, "--type=merge", "-p", &resume]).await.ok();
+    let decided = |f: &FleetRollout| named(f) || f.status.as_ref().is_some_and(|s| !s.batches.is_empty());
+    let fr = fleet.wait_rollout("early", "the approval judged", Duration::from_secs(120), decided).await;
+    let s = fr.status.clone().unwrap();
+    let deployments = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(env.admin.clone(), &ns);
+    let listed = deployments.list(&Default::default()).await.unwrap().items;
+    let untouched = listed.len() == 2 && listed.iter().all(|d| common::fleet::image_of(d) == READY_IMAGE);
+    let rebound = s.pending_approval.as_ref().is_some_and(|p| p.gates_hash != gates);
+    Row {
+        attack: "approves an agent's paused rollout before the platform names its approvers, then lets it go"
+            .into(),
+        who: "erin (x509 user, approver role) and the agent (edit)".into(),
+        expected:
+            "the approval admitted; once the policy names approvers, the batch waits for theirs (its gates \
+                   hash binds them); nothing changes"
+                .into(),
+        outcome: format!(
+            "{}; {}/{}: {}; targets untouched: {untouched}",
+            outcome(&ran),
+            s.phase,
+            s.reason.unwrap_or_default(),
+            s.message.unwrap_or_default()
+        ),
+        contained: ran.code == 0 && s.phase == Phase::WaitingForApproval && rebound && untouched,
+    }
 }

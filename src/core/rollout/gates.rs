@@ -321,9 +321,10 @@ fn paused(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, ne
 
 /// A batch that needs an approval waits for one bound to this plan's hash and these gates, and records it
 /// once given. Once a batch was approved, a change of the gates (health, analysis, failure budget and
-/// policy, the approval mode) makes the next batch wait for another approval, whatever the mode says.
+/// policy, the approval mode, the approvers policies name) makes the next batch wait for another approval,
+/// whatever the mode says.
 fn approved(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, next: u32) -> Gate {
-    let gates = plan::gates_hash(f.spec);
+    let gates = plan::gates_hash(f.spec, &f.guardrails.approvers);
     // A record written before approvals bound gates (no hash) binds none: its rollout goes on as approved.
     let loosened = s.approvals.last().is_some_and(|a| !a.gates_hash.is_empty() && a.gates_hash != gates);
     let mode = policy::approval_mode(f.spec.strategy.approval, f.guardrails);

@@ -31,7 +31,7 @@ fn approvals_are_bound_to_the_plan_hash() {
     assert_eq!((pending.batch, pending.plan_hash.as_str()), (0, sim.plan.hash.as_str()));
 
     let gates = pending.gates_hash.clone();
-    assert_eq!(gates, plan::gates_hash(&sim.spec));
+    assert_eq!(gates, plan::gates_hash(&sim.spec, &[]));
     let approval = |plan_hash: &str, gates_hash: &str| Approval {
         batch: 0,
         plan_hash: plan_hash.into(),
@@ -80,7 +80,7 @@ fn gates_loosened_after_an_approval_hold_the_next_batch_for_another() {
     ] {
         let mut loosened = sim.spec.clone();
         loosen(&mut loosened);
-        assert_ne!(plan::gates_hash(&loosened), pending.gates_hash);
+        assert_ne!(plan::gates_hash(&loosened, &[]), pending.gates_hash);
     }
     sim.spec.strategy.approval = ApprovalMode::None;
     for t in sim.plan.batches[0].clone() {
@@ -140,7 +140,7 @@ fn every_batch_approval_gates_each_batch() {
         assert_eq!(sim.status.phase, Phase::WaitingForApproval);
         assert_eq!(sim.status.pending_approval.as_ref().map(|p| p.batch), Some(batch));
         assert_eq!(sim.changes.len(), 5 * batch as usize);
-        let gates_hash = plan::gates_hash(&sim.spec);
+        let gates_hash = plan::gates_hash(&sim.spec, &[]);
         sim.spec.approvals.push(Approval {
             batch,
             plan_hash: sim.plan.hash.clone(),
@@ -332,4 +332,40 @@ fn a_batch_begun_before_the_creator_could_no_longer_be_acted_as_changes_nothing_
     sim.settle();
     assert_eq!(sim.status.phase, Phase::Succeeded);
     assert_eq!(sim.changes.len(), 8);
+}
+
+#[test]
+fn an_approval_given_before_a_policy_named_approvers_does_not_count() {
+    use crate::{api::Approvers, core::policy::Guardrails};
+    let mut s = spec(4);
+    s.strategy.approval = ApprovalMode::FirstBatch;
+    let mut sim = Sim::new(s, 8);
+    sim.settle();
+    let before = sim.status.pending_approval.clone().unwrap();
+    assert_eq!(before.gates_hash, plan::gates_hash(&sim.spec, &[]), "no policy: the spec's gates alone");
+    sim.spec.approvals = vec![Approval {
+        batch: 0,
+        plan_hash: before.plan_hash.clone(),
+        gates_hash: before.gates_hash.clone(),
+        approved_by: Some("erin".into()),
+    }];
+    // Before the operator sees it, the platform names who approves: erin's approval is not judged by it.
+    let release_managers =
+        Approvers { groups: vec!["release-managers".into(), "sre".into()], ..Default::default() };
+    sim.guardrails =
+        Guardrails { approvers: vec![("agents".into(), release_managers)], ..Default::default() };
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::WaitingForApproval);
+    assert!(sim.changes.is_empty(), "nothing changed: {:?}", sim.changes);
+    let now = sim.status.pending_approval.clone().unwrap();
+    assert_ne!(now.gates_hash, before.gates_hash, "the gates bind the approvers");
+    assert_eq!(now.approvers[0].policy, "agents");
+    // Listed in another order, the same approvers are the same gates.
+    let mut reordered = sim.guardrails.approvers.clone();
+    reordered[0].1.groups = vec!["sre".into(), "release-managers".into()];
+    assert_eq!(plan::gates_hash(&sim.spec, &reordered), now.gates_hash);
+    // An approval of these gates (admission judged its approver under the policy) lets the batch go.
+    sim.spec.approvals[0].gates_hash = now.gates_hash;
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Succeeded);
 }
