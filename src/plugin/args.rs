@@ -82,8 +82,8 @@ pub(super) enum PluginCommand {
         /// The plan being approved; the current plan when absent.
         #[arg(long)]
         plan_hash: Option<String>,
-        /// The gates being approved (health, analysis, maxFailures, onFailure, approval:
-        /// status.pendingApproval.gatesHash); the current ones when absent.
+        /// The gates being approved (health, analysis, maxFailures, onFailure, approval, resumeToken and
+        /// the approvers policies name: status.pendingApproval.gatesHash); the current ones when absent.
         #[arg(long)]
         gates_hash: Option<String>,
     },
