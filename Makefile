@@ -60,7 +60,7 @@ bench: mcp-tools ## benchmarks against the floor, side by side; writes bench/res
 	$(CARGO) build --locked --release --bins --test $@
 	NODES=$(NODES) MEMBERS=$(MEMBERS) $(TESTENV)/with-cluster.sh $(CARGO) test --locked --release --test bench -- --full
 
-chaos: mcp-tools ## fault injection with invariants checked; writes bench/results/chaos.md (about 30 min)
+chaos: mcp-tools ## fault injection with invariants checked; writes bench/results/chaos.md (about 6 min)
 	$(CARGO) build --locked --release --bins --test $@
 	NODES=$(NODES) MEMBERS=$(MEMBERS) $(TESTENV)/with-cluster.sh $(CARGO) test --locked --release --test chaos -- --full
 
