@@ -280,7 +280,7 @@ async fn impersonation(client: &Client, sizes: &Sizes, report: &mut Report, name
             "impersonation: one target patch as its creator / directly ({n} each, interleaved): p50 / p99"
         ),
         format!(
-            "{} vs {}; +{:.2} ms per write at p50 ({:.2}x)",
+            "{} vs {}; {:+.2} ms per write at p50 ({:.2}x)",
             bench_support::p50_p99_ms(&impersonated),
             bench_support::p50_p99_ms(&direct),
             (i50 - d50) * 1000.0,

@@ -48,6 +48,21 @@ pub struct PolicyApprovers {
     pub more: bool,
 }
 
+/// The approvers FleetRolloutPolicies name for a rollout, as the operator last saw them, and a nonce drawn
+/// at random whenever they change. The gates an approval cites bind the nonce, so no approval written before
+/// the approvers changed (nor one worked out in advance) cites them: the batch waits for one that admission
+/// judged under the policies as they are.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ApproverEpoch {
+    /// A digest of the approvers every governing policy names (empty: none names any now).
+    #[schemars(length(max = 64))]
+    pub approvers: String,
+    /// Drawn when they changed (16 hex digits).
+    #[schemars(length(max = 64))]
+    pub nonce: String,
+}
+
 /// An approval that released a batch.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

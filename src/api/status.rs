@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     analysis::BatchAnalysis,
-    approvals::{ApprovalRecord, PendingApproval},
+    approvals::{ApprovalRecord, ApproverEpoch, PendingApproval},
     clusters::ClustersStatus,
     revision::{PlanRef, Revision, SupersededRevision},
 };
@@ -88,6 +88,11 @@ pub struct FleetRolloutStatus {
     /// The approval the rollout is waiting for, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_approval: Option<PendingApproval>,
+
+    /// Who may approve, as the operator last saw FleetRolloutPolicies name them, and the nonce the gates of
+    /// an approval bind since; absent while no policy has named approvers for this rollout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approver_epoch: Option<ApproverEpoch>,
 
     /// The platform policy (FleetRolloutPolicy) that holds the next batch, if one does: the planned rollout
     /// breaks it. Gone once the spec or the policy changes so that it no longer does.

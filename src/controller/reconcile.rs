@@ -211,7 +211,10 @@ async fn decide(
         None => ctx.writers.cannot_act(fr.spec.creator.as_ref()),
         Some(_) => None,
     };
+    let mut nonce = uuid::Uuid::new_v4().simple().to_string();
+    nonce.truncate(16);
     rollout::decide(&Facts {
+        nonce: &nonce,
         cannot_act: cannot_act.as_deref(),
         now,
         uid: &uid,

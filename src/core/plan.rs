@@ -203,13 +203,10 @@ pub(crate) fn sha256_hex(value: &impl Serialize) -> String {
 }
 
 /// What judges a rollout's batches and decides what happens when they fail (`health`, `analysis`,
-/// `strategy.maxFailures`, `.onFailure`, `.approval`, `resumeToken`) and who may approve (the `approvers`
-/// policies name), hashed (16 hex digits). An approval binds it beside the plan's hash: what a person
-/// approved cannot be loosened behind them, nor approved by others than a policy names since.
-pub fn gates_hash(
-    spec: &crate::api::FleetRolloutSpec,
-    approvers: &[(String, crate::api::Approvers)],
-) -> String {
+/// `strategy.maxFailures`, `.onFailure`, `.approval`, `resumeToken`), with the nonce of its approver epoch
+/// once policies named approvers for it, hashed (16 hex digits). An approval binds it beside the plan's
+/// hash: what a person approved cannot be loosened behind them, nor approved before the approvers changed.
+pub fn gates_hash(spec: &crate::api::FleetRolloutSpec, approver_nonce: Option<&str>) -> String {
     let mut gates = serde_json::json!({
         "health": spec.health,
         "analysis": spec.analysis,
@@ -219,16 +216,19 @@ pub fn gates_hash(
         // A new resumeToken releases a hold of the analysis: a person's decision as much as an approval.
         "resumeToken": spec.resume_token,
     });
-    // Only when a policy names approvers, so the hash of every other rollout stays what it was.
-    if !approvers.is_empty() {
-        let sorted = |names: &Vec<String>| names.iter().cloned().collect::<std::collections::BTreeSet<_>>();
-        let approvers: Vec<_> =
-            approvers.iter().map(|(p, a)| (p, sorted(&a.users), sorted(&a.groups))).collect();
-        gates["approvers"] = serde_json::json!(approvers);
+    // Only once policies named approvers, so the hash of every other rollout stays what it was.
+    if let Some(nonce) = approver_nonce {
+        gates["approverNonce"] = serde_json::json!(nonce);
     }
     let mut full = sha256_hex(&gates);
     full.truncate(16);
     full
+}
+
+/// The gates an approval of `fr` must cite now, as the operator computes them.
+pub fn gates_of(fr: &crate::api::FleetRollout) -> String {
+    let epoch = fr.status.as_ref().and_then(|s| s.approver_epoch.as_ref());
+    gates_hash(&fr.spec, epoch.map(|e| e.nonce.as_str()))
 }
 
 fn plan_hash(spec_hash: &str, batches: &[Vec<PlannedTarget>]) -> String {

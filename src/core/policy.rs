@@ -132,6 +132,19 @@ pub fn allows_approver(approvers: &[PolicyApprovers], username: &str, groups: &[
     })
 }
 
+/// A digest of who may approve (the approvers of each governing policy, sorted): empty when no policy names
+/// any.
+pub fn approvers_digest(g: &Guardrails) -> String {
+    if g.approvers.is_empty() {
+        return String::new();
+    }
+    let sorted = |names: &Vec<String>| names.iter().cloned().collect::<BTreeSet<_>>();
+    let named: Vec<_> = g.approvers.iter().map(|(p, a)| (p, sorted(&a.users), sorted(&a.groups))).collect();
+    let mut digest = crate::core::plan::sha256_hex(&named);
+    digest.truncate(16);
+    digest
+}
+
 /// The approvers in words: "a member of group approvers (policy agents-need-people)".
 pub fn describe_approvers(approvers: &[PolicyApprovers]) -> String {
     let one = |a: &PolicyApprovers| {

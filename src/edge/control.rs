@@ -91,7 +91,7 @@ pub struct Approving<'a> {
 }
 
 /// Approves `batch` (default: the one waiting) of `plan_hash` (default: the current plan) under
-/// `gates_hash` (default: the gates the waiting batch names as first read here, else the spec's), recording `who` approved when known:
+/// `gates_hash` (default: the rollout's gates as first read here), recording `who` approved when known:
 /// the admission policy lets an approval name only the user who writes it. Refuses a plan or gates that are
 /// not the rollout's current ones, so what changed under the approver is never approved by mistake.
 /// Read-modify-write with the resourceVersion: a concurrent change is never lost.
@@ -116,15 +116,11 @@ pub async fn approve(
                 "plan {plan_hash} is not the rollout's plan any more (now {current}): review it and approve again"
             ));
         }
-        // What the waiting batch names (it binds the approvers policies name too), else the spec's gates.
-        let gates = status
-            .pending_approval
-            .as_ref()
-            .map_or_else(|| crate::core::plan::gates_hash(&fr.spec, &[]), |p| p.gates_hash.clone());
+        let gates = crate::core::plan::gates_of(&fr);
         let gates_hash = approved_gates.get_or_insert_with(|| gates.clone()).clone();
         if gates_hash != gates {
             return Err(format!(
-                "the rollout's gates (health, analysis, maxFailures, onFailure, approval) are not {gates_hash} \
+                "the rollout's gates (health, analysis, maxFailures, onFailure, approval, resumeToken, approvers) are not {gates_hash} \
                  any more (now {gates}): review them and approve again"
             ));
         }

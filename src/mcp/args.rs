@@ -105,7 +105,7 @@ pub struct ApproveArgs {
     #[serde(default)]
     pub plan_hash: Option<String>,
     /// The gates being approved (status.pendingApproval.gatesHash: health, analysis, maxFailures,
-    /// onFailure, approval); the current ones when absent. An approval of other gates is refused, so gates
+    /// onFailure, approval, resumeToken and who may approve); the current ones when absent. An approval of other gates is refused, so gates
     /// loosened under you are never approved by mistake.
     #[serde(default)]
     pub gates_hash: Option<String>,

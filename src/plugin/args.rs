@@ -83,7 +83,7 @@ pub(super) enum PluginCommand {
         #[arg(long)]
         plan_hash: Option<String>,
         /// The gates being approved (health, analysis, maxFailures, onFailure, approval, resumeToken and
-        /// the approvers policies name: status.pendingApproval.gatesHash); the current ones when absent.
+        /// who may approve: status.pendingApproval.gatesHash); the current ones when absent.
         #[arg(long)]
         gates_hash: Option<String>,
     },

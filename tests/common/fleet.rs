@@ -164,10 +164,9 @@ impl Fleet {
         self.rollouts().create(&PostParams::default(), &fr).await.expect("create the FleetRollout")
     }
 
-    /// The gates hash an approval of rollout `name` must name now (status.pendingApproval.gatesHash), when no
-    /// FleetRolloutPolicy names its approvers.
+    /// The gates hash an approval of rollout `name` must name now (status.pendingApproval.gatesHash).
     pub async fn gates(&self, name: &str) -> String {
-        fleetroll::core::plan::gates_hash(&self.rollouts().get(name).await.expect("the rollout").spec, &[])
+        fleetroll::core::plan::gates_of(&self.rollouts().get(name).await.expect("the rollout"))
     }
 
     /// Approves `batches` of plan `plan_hash` under the rollout's gates as they are now (spec.approvals,

@@ -4,7 +4,7 @@
 //! run as they would without it.
 
 use common::people::Person;
-use fleetroll::api::FleetRolloutPolicy;
+use fleetroll::{api::FleetRolloutPolicy, core::plan::gates_of};
 
 use super::*;
 
@@ -228,22 +228,43 @@ pub(super) async fn approval_given_before_a_policy_named_approvers(env: &'static
     let deployments = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(env.admin.clone(), &ns);
     let listed = deployments.list(&Default::default()).await.unwrap().items;
     let untouched = listed.len() == 2 && listed.iter().all(|d| common::fleet::image_of(d) == READY_IMAGE);
-    let rebound = s.pending_approval.as_ref().is_some_and(|p| p.gates_hash != gates);
+    let pending = s.pending_approval.clone();
+    let rebound = pending.as_ref().is_some_and(|p| p.gates_hash != gates && p.gates_hash == gates_of(&fr));
+    // One of the approvers the policy names approves what the batch now waits for: on it goes.
+    let rita = Person::x509(&env.admin, "rita", &["release-managers"]).await;
+    common::tenant::bind(&env.admin, &ns, "release-managers", "Group", "release-managers", APPROVER_ROLE)
+        .await;
+    rita.wait_allowed(&env.admin, &ns, "fleetroll.dev", "fleetrollouts", "approve").await;
+    let theirs = pending.map(|p| json!({"batch": 0, "planHash": p.plan_hash, "gatesHash": p.gates_hash}));
+    let approval = json!({"spec": {"approvals": [theirs]}}).to_string();
+    let approved =
+        rita.kubectl(&["patch", "fleetrollout", "early", "-n", &ns, "--type=merge", "-p", &approval]).await;
+    let started = |f: &FleetRollout| f.status.as_ref().is_some_and(|s| !s.batches.is_empty());
+    if approved.code == 0 {
+        fleet
+            .wait_rollout("early", "rita's approval to start batch 1", Duration::from_secs(120), started)
+            .await;
+    }
     Row {
         attack: "approves an agent's paused rollout before the platform names its approvers, then lets it go"
             .into(),
         who: "erin (x509 user, approver role) and the agent (edit)".into(),
         expected:
             "the approval admitted; once the policy names approvers, the batch waits for theirs (its gates \
-                   hash binds them); nothing changes"
+                   bind a nonce drawn then); nothing changes until rita (release-managers) approves"
                 .into(),
         outcome: format!(
-            "{}; {}/{}: {}; targets untouched: {untouched}",
+            "{}; {}/{}: {}; targets untouched: {untouched}; rita's approval: {}",
             outcome(&ran),
             s.phase,
             s.reason.unwrap_or_default(),
-            s.message.unwrap_or_default()
+            s.message.unwrap_or_default(),
+            outcome(&approved)
         ),
-        contained: ran.code == 0 && s.phase == Phase::WaitingForApproval && rebound && untouched,
+        contained: ran.code == 0
+            && s.phase == Phase::WaitingForApproval
+            && rebound
+            && untouched
+            && approved.code == 0,
     }
 }

@@ -6,20 +6,19 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 
 use super::{
-    Event, Facts, Step, Transition, finish, later, summary::set_conditions, total_batches, trim_front, until,
-    write, write_if_changed,
+    Event, Facts, Step, Transition, approval, finish, later, summary::set_conditions, total_batches,
+    trim_front, until, write, write_if_changed,
 };
 use crate::{
     api::{
-        ApprovalMode, ApprovalRecord, BATCH_WINDOW, BatchState, BatchStatus, FleetRolloutSpec,
-        FleetRolloutStatus, HISTORY, PendingApproval, Phase, PlanRef, PolicyHold, Revision, RevisionInputs,
-        SupersededRevision, TROUBLE_LISTED, time,
+        BATCH_WINDOW, BatchState, BatchStatus, FleetRolloutSpec, FleetRolloutStatus, HISTORY, Phase, PlanRef,
+        PolicyHold, Revision, RevisionInputs, SupersededRevision, TROUBLE_LISTED, time,
     },
     core::{
         Blocked,
         clusters::{self, PlannedWave},
         count, duration,
-        plan::{self, Plan},
+        plan::Plan,
         policy, reason,
     },
 };
@@ -182,7 +181,7 @@ pub fn start_revision(
 }
 
 /// A gate that holds the next batch: Some(the step to take instead of starting it).
-type Gate = Option<Step>;
+pub(super) type Gate = Option<Step>;
 
 /// Gates and starts the next batch, or finishes the rollout.
 pub(super) fn next_batch(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: Vec<Event>) -> Step {
@@ -194,7 +193,7 @@ pub(super) fn next_batch(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: V
         .or_else(|| rights_lost(f, &mut s, &mut events, next))
         .or_else(|| guarded(f, &mut s, &mut events, next))
         .or_else(|| paused(f, &mut s, &mut events, next))
-        .or_else(|| approved(f, &mut s, &mut events, next))
+        .or_else(|| approval::approved(f, &mut s, &mut events, next))
         .or_else(|| paced(f, &mut s, &mut events));
     match held {
         Some(step) => step,
@@ -317,97 +316,6 @@ fn paused(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, ne
         events.push(Event::normal(reason::RESUMED, Some(next), message));
     }
     None
-}
-
-/// A batch that needs an approval waits for one bound to this plan's hash and these gates, and records it
-/// once given. Once a batch was approved, a change of the gates (health, analysis, failure budget and
-/// policy, the approval mode, the approvers policies name) makes the next batch wait for another approval,
-/// whatever the mode says.
-fn approved(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, next: u32) -> Gate {
-    let gates = plan::gates_hash(f.spec, &f.guardrails.approvers);
-    // A record written before approvals bound gates (no hash) binds none: its rollout goes on as approved.
-    let loosened = s.approvals.last().is_some_and(|a| !a.gates_hash.is_empty() && a.gates_hash != gates);
-    let mode = policy::approval_mode(f.spec.strategy.approval, f.guardrails);
-    if !needs_approval(mode, next) && !loosened {
-        return None;
-    }
-    let total = total_batches(f);
-    let plan_hash = f.plan.hash.clone();
-    let given = f
-        .spec
-        .approvals
-        .iter()
-        .find(|a| a.batch == next && a.plan_hash == plan_hash && a.gates_hash == gates);
-    let Some(a) = given else {
-        let waiting = PendingApproval {
-            batch: next,
-            plan_hash,
-            gates_hash: gates,
-            since: time(f.now),
-            approvers: policy::approvers(f.guardrails),
-        };
-        return Some(wait_for_approval(f, s, events, waiting, loosened));
-    };
-    s.approvals.push(ApprovalRecord {
-        batch: next,
-        plan_hash,
-        gates_hash: gates,
-        approved_by: a.approved_by.clone(),
-        approved_at: time(f.now),
-    });
-    trim_front(&mut s.approvals, HISTORY);
-    let by = a.approved_by.as_deref().map(|w| format!(" by {w}")).unwrap_or_default();
-    events.push(Event::normal(
-        reason::APPROVED,
-        Some(next),
-        format!("batch {}/{total} approved{by}", next + 1),
-    ));
-    None
-}
-
-/// The batch waits for `waiting`; its event is told once, when the wait (batch, plan, gates) begins. A
-/// policy written meanwhile changes who may approve, not the wait.
-fn wait_for_approval(
-    f: &Facts<'_>,
-    s: &mut FleetRolloutStatus,
-    events: &mut Vec<Event>,
-    waiting: PendingApproval,
-    loosened: bool,
-) -> Step {
-    let same = |p: &PendingApproval| {
-        (p.batch, &p.plan_hash, &p.gates_hash) == (waiting.batch, &waiting.plan_hash, &waiting.gates_hash)
-    };
-    match s.pending_approval.as_mut() {
-        Some(p) if same(p) => p.approvers = waiting.approvers,
-        _ => {
-            let why = if loosened { ": its gates changed since the last approval" } else { "" };
-            let by = if waiting.approvers.is_empty() {
-                String::new()
-            } else {
-                format!(" by {}", policy::describe_approvers(&waiting.approvers))
-            };
-            let message = format!(
-                "batch {}/{} waits for an approval of plan {} and gates {}{by}{why}",
-                waiting.batch + 1,
-                total_batches(f),
-                waiting.plan_hash,
-                waiting.gates_hash
-            );
-            events.push(Event::normal(reason::WAITING_FOR_APPROVAL, Some(waiting.batch), message));
-            s.pending_approval = Some(waiting);
-        }
-    }
-    s.phase = Phase::WaitingForApproval;
-    s.reason = Some(reason::WAITING_FOR_APPROVAL.into());
-    write_if_changed(f, s.clone(), std::mem::take(events), None)
-}
-
-fn needs_approval(mode: ApprovalMode, batch: u32) -> bool {
-    match mode {
-        ApprovalMode::None => false,
-        ApprovalMode::FirstBatch => batch == 0,
-        ApprovalMode::EveryBatch => true,
-    }
 }
 
 /// `pauseBetweenBatches`: a timer from the end of the last batch, not a loop.

@@ -16,6 +16,7 @@
 //! goes).
 
 mod analysis;
+mod approval;
 mod drift;
 mod failure;
 mod gates;
@@ -68,6 +69,9 @@ pub struct Facts<'a> {
     pub status: &'a FleetRolloutStatus,
     /// What the platform policies governing the rollout's creator require.
     pub guardrails: &'a crate::core::policy::Guardrails,
+    /// A value drawn at random for this step (16 hex digits), kept when the core needs one no one can
+    /// foresee: the nonce of a new approver epoch.
+    pub nonce: &'a str,
     /// Why the operator cannot make changes as the rollout's creator (who cannot be impersonated, or was
     /// never recorded); None when it can. Every batch waits until it can.
     pub cannot_act: Option<&'a str>,

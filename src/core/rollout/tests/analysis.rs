@@ -237,6 +237,7 @@ fn decide_with(sim: &Sim, measured: &[Measured]) -> Step {
         generation: sim.generation,
         namespace: super::NAMESPACE,
         guardrails: &sim.guardrails,
+        nonce: "0123456789abcdef",
         cannot_act: None,
         spec: &sim.spec,
         status: &sim.status,

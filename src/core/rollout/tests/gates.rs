@@ -31,7 +31,7 @@ fn approvals_are_bound_to_the_plan_hash() {
     assert_eq!((pending.batch, pending.plan_hash.as_str()), (0, sim.plan.hash.as_str()));
 
     let gates = pending.gates_hash.clone();
-    assert_eq!(gates, plan::gates_hash(&sim.spec, &[]));
+    assert_eq!(gates, plan::gates_hash(&sim.spec, None));
     let approval = |plan_hash: &str, gates_hash: &str| Approval {
         batch: 0,
         plan_hash: plan_hash.into(),
@@ -80,7 +80,7 @@ fn gates_loosened_after_an_approval_hold_the_next_batch_for_another() {
     ] {
         let mut loosened = sim.spec.clone();
         loosen(&mut loosened);
-        assert_ne!(plan::gates_hash(&loosened, &[]), pending.gates_hash);
+        assert_ne!(plan::gates_hash(&loosened, None), pending.gates_hash);
     }
     sim.spec.strategy.approval = ApprovalMode::None;
     for t in sim.plan.batches[0].clone() {
@@ -140,7 +140,7 @@ fn every_batch_approval_gates_each_batch() {
         assert_eq!(sim.status.phase, Phase::WaitingForApproval);
         assert_eq!(sim.status.pending_approval.as_ref().map(|p| p.batch), Some(batch));
         assert_eq!(sim.changes.len(), 5 * batch as usize);
-        let gates_hash = plan::gates_hash(&sim.spec, &[]);
+        let gates_hash = plan::gates_hash(&sim.spec, None);
         sim.spec.approvals.push(Approval {
             batch,
             plan_hash: sim.plan.hash.clone(),
@@ -276,11 +276,13 @@ fn the_waiting_approval_names_the_approvers_of_its_policies_as_they_change() {
         (pending.approvers[0].policy.as_str(), &pending.approvers[0].groups[..]),
         ("agents", &["approvers".to_string()][..])
     );
-    // The platform changes who may approve while the batch waits: the same wait, its approvers updated.
+    // The platform changes who may approve while the batch waits: the batch waits for an approval of new
+    // gates (an approval of the old ones was not judged under the new approvers), naming them.
     sim.guardrails.approvers = vec![("agents".into(), approvers(&["sre"]))];
     sim.settle();
     let now = sim.status.pending_approval.clone().unwrap();
-    assert_eq!((now.since, now.batch), (pending.since, pending.batch));
+    assert_eq!(now.batch, pending.batch);
+    assert_ne!(now.gates_hash, pending.gates_hash);
     assert_eq!(now.approvers[0].groups, vec!["sre".to_string()]);
     assert!(sim.changes.is_empty());
 }
@@ -342,30 +344,81 @@ fn an_approval_given_before_a_policy_named_approvers_does_not_count() {
     let mut sim = Sim::new(s, 8);
     sim.settle();
     let before = sim.status.pending_approval.clone().unwrap();
-    assert_eq!(before.gates_hash, plan::gates_hash(&sim.spec, &[]), "no policy: the spec's gates alone");
-    sim.spec.approvals = vec![Approval {
+    assert_eq!(before.gates_hash, plan::gates_hash(&sim.spec, None), "no policy: the spec's gates alone");
+    assert_eq!(sim.status.approver_epoch, None);
+    let erin = |gates_hash: &str| Approval {
         batch: 0,
         plan_hash: before.plan_hash.clone(),
-        gates_hash: before.gates_hash.clone(),
+        gates_hash: gates_hash.into(),
         approved_by: Some("erin".into()),
-    }];
+    };
+    sim.spec.approvals = vec![erin(&before.gates_hash)];
     // Before the operator sees it, the platform names who approves: erin's approval is not judged by it.
-    let release_managers =
-        Approvers { groups: vec!["release-managers".into(), "sre".into()], ..Default::default() };
-    sim.guardrails =
-        Guardrails { approvers: vec![("agents".into(), release_managers)], ..Default::default() };
+    let named = |groups: &[&str]| Approvers {
+        groups: groups.iter().map(|g| g.to_string()).collect(),
+        ..Default::default()
+    };
+    sim.guardrails = Guardrails {
+        approvers: vec![("agents".into(), named(&["release-managers", "sre"]))],
+        ..Default::default()
+    };
     sim.settle();
     assert_eq!(sim.status.phase, Phase::WaitingForApproval);
     assert!(sim.changes.is_empty(), "nothing changed: {:?}", sim.changes);
+    let epoch = sim.status.approver_epoch.clone().expect("an epoch once approvers are named");
     let now = sim.status.pending_approval.clone().unwrap();
-    assert_ne!(now.gates_hash, before.gates_hash, "the gates bind the approvers");
-    assert_eq!(now.approvers[0].policy, "agents");
-    // Listed in another order, the same approvers are the same gates.
-    let mut reordered = sim.guardrails.approvers.clone();
-    reordered[0].1.groups = vec!["sre".into(), "release-managers".into()];
-    assert_eq!(plan::gates_hash(&sim.spec, &reordered), now.gates_hash);
+    assert_eq!(now.gates_hash, plan::gates_hash(&sim.spec, Some(&epoch.nonce)), "the gates bind its nonce");
+    assert_ne!(now.gates_hash, before.gates_hash);
+    // The same approvers listed in another order are no change: the epoch (and its nonce) stays.
+    sim.guardrails.approvers[0].1 = named(&["sre", "release-managers"]);
+    sim.settle();
+    assert_eq!(sim.status.approver_epoch.as_ref(), Some(&epoch));
+    // The policy is deleted (and will be re-created): erin's approval does not come back to life.
+    sim.guardrails = Guardrails::default();
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::WaitingForApproval, "FirstBatch by the spec still waits");
+    assert!(sim.changes.is_empty(), "erin's approval of the spec's gates alone does not count");
+    let gone = sim.status.approver_epoch.clone().unwrap();
+    assert_ne!(gone.nonce, epoch.nonce, "a new epoch: no one names approvers now");
+    assert_eq!(gone.approvers, "");
+    sim.guardrails =
+        Guardrails { approvers: vec![("agents".into(), named(&["release-managers"]))], ..Default::default() };
+    sim.settle();
+    let back = sim.status.approver_epoch.clone().unwrap();
+    assert!(back.nonce != gone.nonce && back.nonce != epoch.nonce);
     // An approval of these gates (admission judged its approver under the policy) lets the batch go.
-    sim.spec.approvals[0].gates_hash = now.gates_hash;
+    let gates = sim.status.pending_approval.clone().unwrap().gates_hash;
+    sim.spec.approvals = vec![erin(&gates)];
     sim.settle();
     assert_eq!(sim.status.phase, Phase::Succeeded);
+}
+
+#[test]
+fn approvers_named_after_an_approval_hold_the_next_batch_for_theirs() {
+    use crate::{api::Approvers, core::policy::Guardrails};
+    let mut s = spec(4);
+    s.strategy.approval = ApprovalMode::FirstBatch;
+    s.health.timeout = "10m".into();
+    let mut sim = Sim::new(s, 8);
+    sim.settle();
+    let pending = sim.status.pending_approval.clone().unwrap();
+    sim.spec.approvals = vec![Approval {
+        batch: 0,
+        plan_hash: pending.plan_hash.clone(),
+        gates_hash: pending.gates_hash,
+        approved_by: Some("erin".into()),
+    }];
+    sim.auto_ready = false;
+    sim.step(); // approved, intent
+    sim.step(); // applied
+    let approvers = Approvers { groups: vec!["release-managers".into()], ..Default::default() };
+    sim.guardrails = Guardrails { approvers: vec![("agents".into(), approvers)], ..Default::default() };
+    for t in sim.plan.batches[0].clone() {
+        sim.world.get_mut(&key(&t)).unwrap().readiness = Readiness::Ready;
+    }
+    sim.auto_ready = true;
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::WaitingForApproval, "FirstBatch, yet the next batch waits");
+    assert_eq!(sim.status.pending_approval.as_ref().map(|p| p.batch), Some(1));
+    assert_eq!(sim.changes.len(), 4, "only the batch erin approved changed");
 }

@@ -201,7 +201,10 @@ impl Sim {
             None => Ok(()),
         };
         let measured = self.measure();
+        // Different at each write, as the edge's random one is at each step.
+        let nonce = format!("{:016x}", self.writes);
         decide(&Facts {
+            nonce: &nonce,
             measured: &measured,
             now: self.now,
             uid: UID,
