@@ -125,6 +125,7 @@ const ATTACKS: &[Entry] = &[
     attack!(agent_exceeds_a_policys_batch_cap),
     attack!(approver_outside_a_policys_approvers),
     attack!(approval_given_before_a_policy_named_approvers),
+    attack!(every_serviceaccount_and_the_group_agents_are_governed, exclusive),
     attack!(a_plan_beyond_a_policys_caps_is_held),
     attack!(governed_agent_loosens_someone_elses_rollout),
     attack!(finalizer_stripped_from_a_held_node_rollout),

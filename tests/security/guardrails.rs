@@ -268,3 +268,52 @@ pub(super) async fn approval_given_before_a_policy_named_approvers(env: &'static
             && approved.code == 0,
     }
 }
+
+/// The two subjects platforms name most: every ServiceAccount, and a group of people (`agents`). Exclusive:
+/// the policy governs every ServiceAccount in the cluster while it runs (with a cap no other attack reaches),
+/// and is deleted before the next attack.
+pub(super) async fn every_serviceaccount_and_the_group_agents_are_governed(env: &'static Env) -> Row {
+    let ns = env.scratch_namespace("sec-every", &[]).await;
+    let agent = Tenant::create(&env.admin, &ns, "agent", &[Grant::cluster_role("edit")]).await;
+    let (otto, carol) = tokio::join!(
+        Person::x509(&env.admin, "otto", &["agents"]),
+        Person::x509(&env.admin, "carol", &["developers"]),
+    );
+    for who in ["otto", "carol"] {
+        common::tenant::bind(&env.admin, &ns, who, "User", who, "edit").await;
+    }
+    otto.wait_allowed(&env.admin, &ns, "fleetroll.dev", "fleetrollouts", "create").await;
+    carol.wait_allowed(&env.admin, &ns, "fleetroll.dev", "fleetrollouts", "create").await;
+    let name = policy_name(&ns);
+    let policy: FleetRolloutPolicy = serde_json::from_value(json!({
+        "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRolloutPolicy", "metadata": {"name": name},
+        "spec": {"subjects": {"groups": ["system:serviceaccounts", "agents"]}, "maxBatchSize": 50000},
+    }))
+    .unwrap();
+    let policies: Api<FleetRolloutPolicy> = Api::all(env.admin.clone());
+    policies.create(&PostParams::default(), &policy).await.unwrap();
+    let mut wide = deployments_spec();
+    wide["strategy"] = json!({"batchSize": 60000});
+    let probe = manifest(&ns, "probe", wide.clone());
+    common::poll_until("the FleetRolloutPolicy to be enforced", Duration::from_secs(60), || async {
+        let ran = agent.kubectl(&["create", "--dry-run=server", "-f", &probe]).await;
+        ran.code != 0 && ran.stderr.contains(&name)
+    })
+    .await;
+    let by_agent = create_as(&agent, &ns, "by-agent", wide.clone()).await;
+    let by_otto = otto.kubectl(&["create", "-f", &manifest(&ns, "by-otto", wide.clone())]).await;
+    let by_carol = carol.kubectl(&["create", "-f", &manifest(&ns, "by-carol", wide)]).await;
+    policies.delete(&name, &DeleteParams::default()).await.unwrap();
+    let mut row = judged(
+        "a ServiceAccount, and a person in group agents, start rollouts of 60000 targets a batch under a \
+         policy capping every ServiceAccount and the group agents at 50000",
+        format!("{} and otto (x509, group agents)", who(&agent, "edit")),
+        "both denied, naming the policy; carol (x509, group developers) writing the same spec is admitted",
+        &by_agent,
+        refused_by(&by_agent, &name, "maxBatchSize")
+            && refused_by(&by_otto, &name, "maxBatchSize")
+            && by_carol.code == 0,
+    );
+    row.outcome = format!("{}; otto: {}; carol: {}", row.outcome, outcome(&by_otto), outcome(&by_carol));
+    row
+}
