@@ -1,6 +1,6 @@
 //! The operator's error type.
 
-use crate::core::rollout::shortened;
+use crate::core::text::cut;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -87,7 +87,7 @@ const DENIAL_MESSAGE_MAX: usize = 512;
 pub fn denial(e: &kube::Error) -> Option<String> {
     match e {
         kube::Error::Api(s) if matches!(s.code, 400 | 403 | 422) => {
-            let (reason, message) = (shortened(&s.reason, 64), shortened(&s.message, DENIAL_MESSAGE_MAX));
+            let (reason, message) = (cut(&s.reason, 64), cut(&s.message, DENIAL_MESSAGE_MAX));
             Some(format!("the API server refused the change ({} {reason}): {message}", s.code))
         }
         _ => None,
@@ -110,7 +110,7 @@ mod tests {
         let huge = "é".repeat(2 * 1024 * 1024);
         let said = denial(&refused(422, &huge)).unwrap();
         assert!(said.len() < DENIAL_MESSAGE_MAX + 64, "{}", said.len());
-        assert!(said.ends_with("é..."), "{said}");
+        assert!(said.ends_with("é…"), "{said}");
         assert_eq!(denial(&refused(500, "webhook down")), None, "a 500 is retried, not a denial");
     }
 }

@@ -328,6 +328,9 @@ pub struct BatchStatus {
 /// How many denied targets a batch checkpoint lists.
 pub const DENIED_LISTED: usize = 100;
 
+/// The most bytes of a target failure's message status keeps (the operator cuts longer ones).
+pub const FAILURE_MESSAGE_MAX: usize = 512;
+
 /// A target that failed, or that the rollout refused to change.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -344,7 +347,7 @@ pub struct TargetFailure {
     /// e.g. Timeout, TargetMissing, HttpCheckFailed, ProgressDeadlineExceeded, or a refusal:
     /// NamespaceNotOptedIn, OutOfScope, TargetProtected, TargetHeldByAnotherRollout.
     pub reason: String,
-    /// What happened, for people.
+    /// What happened, for people (at most FAILURE_MESSAGE_MAX bytes).
     pub message: String,
 }
 

@@ -138,7 +138,7 @@ pub(super) fn holder(ctx: &Context, fr: &FleetRollout) -> impl Fn(&str) -> Optio
         Some(match rollouts.state().into_iter().find(|r| r.uid().as_deref() == Some(owner)) {
             Some(found) => HeldBy { rollout: rollout_key(&found), running: holds_targets(&found) },
             None => HeldBy {
-                rollout: format!("(since deleted, uid {})", crate::core::rollout::shortened(owner, 40)),
+                rollout: format!("(since deleted, uid {})", crate::core::text::cut(owner, 40)),
                 running: false,
             },
         })

@@ -325,7 +325,7 @@ pub fn trouble(
             ClusterTrouble {
                 name: name.clone(),
                 reason: reason::CLUSTER_UNREACHABLE.into(),
-                message: crate::core::rollout::truncate(why.clone(), 256),
+                message: crate::core::text::cut(why, 256),
                 since,
             }
         })

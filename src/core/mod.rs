@@ -15,6 +15,7 @@ pub(crate) mod reason;
 pub(crate) mod rollout;
 pub(crate) mod scope;
 pub(crate) mod task;
+pub(crate) mod text;
 pub(crate) mod workload;
 
 /// A length as a count in status, saturating: no fleet is 4 billion targets, and no input may panic.

@@ -197,7 +197,11 @@ impl PlanStore {
         for (i, data) in shards(&entries, self.limits.shard_targets, SHARD_MAX_BYTES).into_iter().enumerate()
         {
             // The name carries the plan hash, so a re-plan never collides with an older shard.
-            let name = format!("{}-plan-{}-{i}", truncate_name(&fr.name_any(), 200), plan.hash);
+            let name = format!(
+                "{}-plan-{}-{i}",
+                crate::core::text::clip(&fr.name_any(), 200).trim_end_matches('-'),
+                plan.hash
+            );
             let cm = ConfigMap {
                 metadata: ObjectMeta {
                     name: Some(name.clone()),
@@ -316,10 +320,6 @@ async fn read_shards(
         }
     }
     Ok(Ok(batches))
-}
-
-fn truncate_name(name: &str, max: usize) -> &str {
-    if name.len() <= max { name } else { name[..max].trim_end_matches('-') }
 }
 
 #[cfg(test)]

@@ -141,7 +141,7 @@ fn merged(events: Vec<Event>) -> Vec<Event> {
         }
     }
     for e in &mut out {
-        e.message = crate::core::rollout::shortened(&e.message, NOTE_MAX_BYTES);
+        e.message = crate::core::text::cut(&e.message, NOTE_MAX_BYTES);
     }
     out
 }
@@ -211,6 +211,6 @@ mod tests {
             ]
         );
         let long = &merged[3].message;
-        assert!(long.len() <= NOTE_MAX_BYTES && long.ends_with("é..."), "{}", long.len());
+        assert!(long.len() <= NOTE_MAX_BYTES && long.ends_with("é…"), "{}", long.len());
     }
 }

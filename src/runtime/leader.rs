@@ -19,7 +19,7 @@ use kube::{
 use tokio::{sync::watch, time::Instant};
 use tracing::{debug, info, warn};
 
-use crate::core::rollout::shortened;
+use crate::core::text::cut;
 
 /// A lease's duration when its record gives none (client-go's default).
 const DEFAULT_DURATION: Duration = Duration::from_secs(15);
@@ -164,7 +164,7 @@ impl Elector {
                 }
                 Ok(Ok(Round::Held { by, wait })) => {
                     if leading {
-                        warn!(holder = %shortened(&by, 253), "another replica holds the lease: stepping down");
+                        warn!(holder = %cut(&by, 253), "another replica holds the lease: stepping down");
                         self.leading.send_replace(false);
                         return;
                     }
@@ -193,7 +193,7 @@ impl Elector {
         if let (Decision::Wait(wait), Some(seen)) = (decision, seen.as_ref()) {
             if seen.changed_at == now {
                 debug!(
-                    holder = %shortened(seen.holder(), 253),
+                    holder = %cut(seen.holder(), 253),
                     "saw the lease of another replica change; taking it over if it stays unchanged for {:?}",
                     seen.duration()
                 );

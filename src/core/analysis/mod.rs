@@ -232,8 +232,12 @@ pub struct Verdict {
 
 impl Verdict {
     fn new(phase: MeasurementPhase, value: Option<String>, message: Option<String>) -> Self {
-        let cut = crate::core::rollout::truncate;
-        Self { phase, value: value.map(|v| cut(v, VALUE_MAX)), message: message.map(|m| cut(m, MESSAGE_MAX)) }
+        let cut = crate::core::text::cut;
+        Self {
+            phase,
+            value: value.map(|v| cut(&v, VALUE_MAX)),
+            message: message.map(|m| cut(&m, MESSAGE_MAX)),
+        }
     }
 }
 

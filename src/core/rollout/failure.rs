@@ -111,7 +111,7 @@ pub fn denied(
 ) -> Transition {
     let lost = denied.iter().find(|(t, m)| t.cluster.is_empty() && refused_by_authorization(m));
     if let Some((_, message)) = lost.filter(|_| after.status.rights_hold.is_none()) {
-        let message = super::truncate(message.clone(), 1024);
+        let message = crate::core::text::cut(message, 1024);
         after.status.rights_hold =
             Some(RightsHold { batch, message, resume_token: resume_token.map(String::from) });
     }

@@ -222,7 +222,7 @@ fn acting(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, ne
         s.creator_hold = None;
         return None;
     };
-    let why = super::truncate(why.to_string(), 1024);
+    let why = crate::core::text::cut(why, 1024);
     if s.creator_hold.as_ref() != Some(&why) {
         let message = format!("batch {}/{} held: {why}", next + 1, total_batches(f));
         events.push(Event::warning(reason::CANNOT_ACT_AS_CREATOR, Some(next), message));
@@ -237,7 +237,7 @@ fn acting(f: &Facts<'_>, s: &mut FleetRolloutStatus, events: &mut Vec<Event>, ne
 /// in the phase it is in, with `status.creatorHold` saying why.
 pub(super) fn waiting_for_creator(f: &Facts<'_>, why: &str) -> Step {
     let mut s = f.status.clone();
-    let why = super::truncate(why.to_string(), 1024);
+    let why = crate::core::text::cut(why, 1024);
     let mut events = Vec::new();
     if s.creator_hold.as_ref() != Some(&why) {
         let message = format!("changes wait: fleetroll changes targets as the rollout's creator, and {why}");

@@ -39,10 +39,10 @@ pub use self::{
 use self::{failure::in_scope, gates::next_batch, rollback::start_rollback, summary::finish, verify::verify};
 use crate::{
     api::{
-        BatchState, BatchStatus, FleetRolloutSpec, FleetRolloutStatus, Phase, PlannedTarget, RevisionInputs,
-        TargetFailure, TargetKind, Unplanned, time,
+        BatchState, BatchStatus, FAILURE_MESSAGE_MAX, FleetRolloutSpec, FleetRolloutStatus, Phase,
+        PlannedTarget, RevisionInputs, TargetFailure, TargetKind, Unplanned, time,
     },
-    core::{clusters, count, plan::Plan, reason, scope::Refusal, workload::Readiness},
+    core::{clusters, count, plan::Plan, reason, scope::Refusal, text, workload::Readiness},
 };
 
 /// A target of the batch in flight, as observed now.
@@ -313,26 +313,13 @@ fn failure(t: &PlannedTarget, batch: u32, reason: &str, message: String) -> Targ
         name: t.name.clone(),
         batch,
         reason: reason.to_string(),
-        message: truncate(message, 512),
+        message: text::cut(&message, FAILURE_MESSAGE_MAX),
     }
 }
 
 fn trim_front<T>(v: &mut Vec<T>, keep: usize) {
     if v.len() > keep {
         v.drain(..v.len() - keep);
-    }
-}
-
-pub(crate) fn truncate(mut s: String, max: usize) -> String {
-    s.truncate(s.floor_char_boundary(max));
-    s
-}
-
-/// `text` in at most `max` bytes, ending in "..." when it had to be cut.
-pub(crate) fn shortened(text: &str, max: usize) -> String {
-    match text.len() <= max {
-        true => text.to_string(),
-        false => format!("{}...", &text[..text.floor_char_boundary(max.saturating_sub(3))]),
     }
 }
 

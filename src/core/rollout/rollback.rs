@@ -12,13 +12,12 @@ use std::collections::BTreeMap;
 use k8s_openapi::jiff::Timestamp;
 
 use super::{
-    Event, Facts, Step, Transition, failure, finish, is_node_rollout, trim_front, truncate, write,
-    write_if_changed,
+    Event, Facts, Step, Transition, failure, finish, is_node_rollout, trim_front, write, write_if_changed,
 };
 use crate::{
     api::{
-        FAILURE_DETAILS, FleetRolloutStatus, Phase, PlannedTarget, RollbackState, RollbackStatus,
-        TargetFailure, time,
+        FAILURE_DETAILS, FAILURE_MESSAGE_MAX, FleetRolloutStatus, Phase, PlannedTarget, RollbackState,
+        RollbackStatus, TargetFailure, time,
     },
     core::{clusters, count, plan::Plan, reason},
 };
@@ -156,7 +155,11 @@ pub fn restored(
     s.observed_generation = Some(generation);
     let skipped = skipped.saturating_add(count(refused.len()));
     s.counts.refused = s.counts.refused.saturating_add(count(refused.len()));
-    s.failures.extend(refused.into_iter().map(|f| TargetFailure { message: truncate(f.message, 512), ..f }));
+    s.failures.extend(
+        refused
+            .into_iter()
+            .map(|f| TargetFailure { message: crate::core::text::cut(&f.message, FAILURE_MESSAGE_MAX), ..f }),
+    );
     trim_front(&mut s.failures, FAILURE_DETAILS);
     if let Some(c) = s.clusters.as_mut() {
         c.trouble = clusters::trouble(&c.trouble, waiting, now);

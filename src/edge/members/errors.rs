@@ -81,9 +81,5 @@ fn describe_auth(e: &AuthError) -> String {
 
 /// A member's message, cut to a size fit for a status.
 fn cut(message: &str) -> String {
-    const MAX: usize = 300;
-    match message.char_indices().nth(MAX) {
-        Some((at, _)) => format!("{}...", &message[..at]),
-        None => message.to_string(),
-    }
+    crate::core::text::cut(message, 300)
 }

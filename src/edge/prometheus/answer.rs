@@ -195,7 +195,7 @@ fn api_error(status: u16, envelope: &Envelope) -> String {
         reason.push_str(": ");
         reason.push_str(&clean(error));
     }
-    cut(reason)
+    crate::core::text::cut(&reason, REASON_MAX)
 }
 
 /// Where a body stopped making sense, not what it said (serde's messages quote the input).
@@ -206,13 +206,6 @@ fn unreadable(what: &str, e: &serde_json::Error) -> String {
         serde_json::error::Category::Syntax | serde_json::error::Category::Io => "not JSON",
     };
     format!("{what} ({kind} at line {}, column {})", e.line(), e.column())
-}
-
-fn cut(text: String) -> String {
-    match text.char_indices().nth(REASON_MAX) {
-        Some((at, _)) => format!("{}…", &text[..at]),
-        None => text,
-    }
 }
 
 impl<'de> Deserialize<'de> for Found {
