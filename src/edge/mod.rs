@@ -6,6 +6,7 @@ pub(crate) mod answers;
 pub(crate) mod control;
 pub(crate) mod daemonset_pods;
 pub mod discovery;
+pub(crate) mod egress;
 pub(crate) mod events;
 pub(crate) mod impersonation;
 pub(crate) mod lists;

@@ -23,7 +23,7 @@ use crate::{
         analysis::{Answer, Query, provider::Backend},
         http_check::{Policy, Purpose},
     },
-    edge::probe::{GuardedResolver, chain, refusal},
+    edge::egress::{GuardedResolver, chain, guarded, refusal},
 };
 
 /// How many queries of one measurement are in flight at once.
@@ -123,11 +123,7 @@ impl Querier {
     /// past the guard) and no redirects (they could lead anywhere).
     fn client(&self, url: &str, credentials: Option<&Credentials>) -> Result<reqwest::Client, String> {
         let failed = |e: reqwest::Error| format!("cannot build a client for {url}: {}", chain(&e));
-        let mut builder = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .dns_resolver(self.resolver.clone())
-            .user_agent(concat!("fleetroll/", env!("CARGO_PKG_VERSION")));
+        let mut builder = guarded(self.resolver.clone());
         match credentials.and_then(|c| c.ca_pem.as_deref()) {
             Some(pem) => {
                 for cert in reqwest::Certificate::from_pem_bundle(pem).map_err(failed)? {

@@ -4,7 +4,7 @@
 use kube::client::AuthError;
 
 use crate::edge::answers::cut_off;
-use crate::edge::probe::chain;
+use crate::edge::egress::chain;
 
 /// Whether the member refused the client's credentials (401): they were rotated or have expired, so the
 /// client must be rebuilt from its Secret ([`super::Members::forget`]).

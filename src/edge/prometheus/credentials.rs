@@ -6,7 +6,7 @@
 use k8s_openapi::{ByteString, api::core::v1::Secret};
 use kube::{Api, Client};
 
-use crate::{api::ANALYSIS_SECRET_LABEL, edge::probe::chain};
+use crate::{api::ANALYSIS_SECRET_LABEL, edge::egress::chain};
 
 /// The largest value a credentials key may hold (a token, a certificate chain).
 pub const MAX_VALUE_BYTES: usize = 64 * 1024;
