@@ -79,7 +79,7 @@ impl Plan {
     /// hash it carries (recorded in status when it was frozen) is recomputed from its content. A plan read
     /// back from the cluster is input like any other; one edited since fails this.
     pub fn is_authentic(&self, spec_hash: &str) -> bool {
-        plan_hash(spec_hash, &self.batches) == self.hash
+        short_hash(&(spec_hash, &self.batches)) == self.hash
     }
 }
 
@@ -191,7 +191,7 @@ pub(crate) fn build(
     if !batch.is_empty() {
         batches.push(batch);
     }
-    let hash = plan_hash(spec_hash, &batches);
+    let hash = short_hash(&(spec_hash, &batches));
     Ok(Plan { hash, batches })
 }
 
@@ -220,9 +220,7 @@ pub fn gates_hash(spec: &crate::api::FleetRolloutSpec, approver_nonce: Option<&s
     if let Some(nonce) = approver_nonce {
         gates["approverNonce"] = serde_json::json!(nonce);
     }
-    let mut full = sha256_hex(&gates);
-    full.truncate(16);
-    full
+    short_hash(&gates)
 }
 
 /// The gates an approval of `fr` must cite now, as the operator computes them.
@@ -231,8 +229,9 @@ pub fn gates_of(fr: &crate::api::FleetRollout) -> String {
     gates_hash(&fr.spec, epoch.map(|e| e.nonce.as_str()))
 }
 
-fn plan_hash(spec_hash: &str, batches: &[Vec<PlannedTarget>]) -> String {
-    let mut full = sha256_hex(&(spec_hash, batches));
+/// The first 16 hex digits of the SHA-256 of `value` as JSON: what plans, gates and approvers are told by.
+pub(crate) fn short_hash(value: &impl Serialize) -> String {
+    let mut full = sha256_hex(value);
     full.truncate(16);
     full
 }

@@ -140,9 +140,7 @@ pub fn approvers_digest(g: &Guardrails) -> String {
     }
     let sorted = |names: &Vec<String>| names.iter().cloned().collect::<BTreeSet<_>>();
     let named: Vec<_> = g.approvers.iter().map(|(p, a)| (p, sorted(&a.users), sorted(&a.groups))).collect();
-    let mut digest = crate::core::plan::sha256_hex(&named);
-    digest.truncate(16);
-    digest
+    crate::core::plan::short_hash(&named)
 }
 
 /// The approvers in words: "a member of group approvers (policy agents-need-people)".

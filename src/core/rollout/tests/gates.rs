@@ -1,7 +1,31 @@
 //! Gates: pause and resume, approvals bound to the plan, soak, pacing, and HTTP checks.
 
 use super::*;
-use crate::api::{Approval, HttpCheck};
+use crate::api::{Approval, HttpCheck, PendingApproval};
+
+/// Approves the batch the rollout waits for (as `who`, when named), citing the hashes it names, and lets
+/// the batch be applied without its targets becoming ready. Returns the wait it answered.
+fn approve_and_apply_unready(sim: &mut Sim, who: Option<&str>) -> PendingApproval {
+    let pending = sim.status.pending_approval.clone().expect("a batch waits for approval");
+    sim.spec.approvals.push(Approval {
+        batch: pending.batch,
+        plan_hash: pending.plan_hash.clone(),
+        gates_hash: pending.gates_hash.clone(),
+        approved_by: who.map(String::from),
+    });
+    sim.auto_ready = false;
+    sim.step(); // approved, intent
+    sim.step(); // applied
+    pending
+}
+
+/// Makes the first batch's targets ready, and lets later ones become ready on their own.
+fn ready_first_batch(sim: &mut Sim) {
+    for t in sim.plan.batches[0].clone() {
+        sim.world.get_mut(&key(&t)).unwrap().readiness = Readiness::Ready;
+    }
+    sim.auto_ready = true;
+}
 
 #[test]
 fn pause_holds_the_next_batch_and_resume_releases_it() {
@@ -58,16 +82,7 @@ fn gates_loosened_after_an_approval_hold_the_next_batch_for_another() {
     s.health.timeout = "10m".into();
     let mut sim = Sim::new(s, 15);
     sim.settle();
-    let pending = sim.status.pending_approval.clone().unwrap();
-    sim.spec.approvals = vec![Approval {
-        batch: 0,
-        plan_hash: pending.plan_hash.clone(),
-        gates_hash: pending.gates_hash.clone(),
-        approved_by: Some("alice".into()),
-    }];
-    sim.auto_ready = false;
-    sim.step(); // approved, intent
-    sim.step(); // applied
+    let pending = approve_and_apply_unready(&mut sim, Some("alice"));
     assert_eq!(sim.status.approvals.len(), 1);
     // Loosened after the approval: a later batch waits for another, whatever FirstBatch says; so does
     // turning approvals off.
@@ -83,10 +98,7 @@ fn gates_loosened_after_an_approval_hold_the_next_batch_for_another() {
         assert_ne!(plan::gates_hash(&loosened, None), pending.gates_hash);
     }
     sim.spec.strategy.approval = ApprovalMode::None;
-    for t in sim.plan.batches[0].clone() {
-        sim.world.get_mut(&key(&t)).unwrap().readiness = Readiness::Ready;
-    }
-    sim.auto_ready = true;
+    ready_first_batch(&mut sim);
     sim.settle();
     assert_eq!(sim.status.phase, Phase::WaitingForApproval);
     let again = sim.status.pending_approval.clone().unwrap();
@@ -110,22 +122,10 @@ fn an_approval_recorded_before_approvals_bound_gates_holds_nothing_back() {
     s.strategy.approval = ApprovalMode::FirstBatch;
     let mut sim = Sim::new(s, 10);
     sim.settle();
-    let pending = sim.status.pending_approval.clone().unwrap();
-    sim.spec.approvals = vec![Approval {
-        batch: 0,
-        plan_hash: pending.plan_hash,
-        gates_hash: pending.gates_hash,
-        approved_by: None,
-    }];
-    sim.auto_ready = false;
-    sim.step(); // approved, intent
-    sim.step(); // applied
+    approve_and_apply_unready(&mut sim, None);
     // As an operator upgraded mid-rollout reads the record an older one wrote (no gates hash).
     sim.status.approvals.last_mut().unwrap().gates_hash = String::new();
-    for t in sim.plan.batches[0].clone() {
-        sim.world.get_mut(&key(&t)).unwrap().readiness = Readiness::Ready;
-    }
-    sim.auto_ready = true;
+    ready_first_batch(&mut sim);
     sim.settle();
     assert_eq!(sim.status.phase, Phase::Succeeded, "not held for gates it never bound");
 }
@@ -401,22 +401,10 @@ fn approvers_named_after_an_approval_hold_the_next_batch_for_theirs() {
     s.health.timeout = "10m".into();
     let mut sim = Sim::new(s, 8);
     sim.settle();
-    let pending = sim.status.pending_approval.clone().unwrap();
-    sim.spec.approvals = vec![Approval {
-        batch: 0,
-        plan_hash: pending.plan_hash.clone(),
-        gates_hash: pending.gates_hash,
-        approved_by: Some("erin".into()),
-    }];
-    sim.auto_ready = false;
-    sim.step(); // approved, intent
-    sim.step(); // applied
+    approve_and_apply_unready(&mut sim, Some("erin"));
     let approvers = Approvers { groups: vec!["release-managers".into()], ..Default::default() };
     sim.guardrails = Guardrails { approvers: vec![("agents".into(), approvers)], ..Default::default() };
-    for t in sim.plan.batches[0].clone() {
-        sim.world.get_mut(&key(&t)).unwrap().readiness = Readiness::Ready;
-    }
-    sim.auto_ready = true;
+    ready_first_batch(&mut sim);
     sim.settle();
     assert_eq!(sim.status.phase, Phase::WaitingForApproval, "FirstBatch, yet the next batch waits");
     assert_eq!(sim.status.pending_approval.as_ref().map(|p| p.batch), Some(1));
