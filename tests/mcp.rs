@@ -563,6 +563,7 @@ async fn serviceaccount_tokens_and_rbac_decide_what_an_agent_may_do() {
         let own = drive(&["call", &url, "approve_batch", &approve_args, "--no-tasks", "--token", &agent]).await;
         assert_eq!(own["isError"], true, "{own}");
         assert!(self_refused(&own.to_string()), "{own}");
+        assert_eq!(own["structuredContent"]["error"]["reason"], "Forbidden", "{own}");
         let status = fleet.rollouts().get(&name).await.unwrap().status.unwrap();
         let pending = status.pending_approval.clone().unwrap();
         // The form's key, which the agent is never shown but can work out from the status.
@@ -576,6 +577,8 @@ async fn serviceaccount_tokens_and_rbac_decide_what_an_agent_may_do() {
         let answer = json!({"taskId": id, "inputResponses": {key: {"action": "accept", "content": {"approve": true}}}});
         let answered = drive(&["raw", &url, "tasks/update", &answer.to_string(), "--token", &agent]).await;
         assert!(self_refused(&answered.to_string()), "{answered}");
+        let error = &answered["body"]["error"];
+        assert_eq!((&error["code"], &error["data"]["reason"]), (&json!(-32600), &json!("Forbidden")), "{answered}");
         assert!(fleet.rollouts().get(&name).await.unwrap().spec.approvals.is_empty(), "nothing approved");
 
         // One who may patch the rollout but holds no approve verb is refused before anything is written.

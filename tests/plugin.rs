@@ -110,7 +110,7 @@ async fn controls_plan_previews_and_kubectl_conventions() {
         let approved = kubectl(&["fleetroll", "approve", "web", "-n", &ns, "--batch", "1"]).await.ok();
         assert!(approved.stdout.contains("approved batch 1 of plan"), "{}", approved.stdout);
         let stale = kubectl(&["fleetroll", "approve", "web", "-n", &ns, "--plan-hash", "0000000000000000"]).await;
-        assert_eq!(stale.code, 1);
+        assert_eq!(stale.code, 3, "refused: the plan changed");
         assert!(stale.stderr.contains("is not the rollout's plan"), "{}", stale.stderr);
         let aborted = kubectl(&["fleetroll", "abort", "web", "-n", &ns, "-o", "json"]).await.ok();
         assert_eq!(serde_json::from_str::<Value>(&aborted.stdout).unwrap()["spec"]["abort"], true);
@@ -118,14 +118,14 @@ async fn controls_plan_previews_and_kubectl_conventions() {
         kubectl(&["fleetroll", "rollback", "web", "-n", &ns]).await.ok();
         fleet.wait_rollout("web", "the rollback", DEADLINE, |f| phase(f) == Phase::RolledBack).await;
 
-        // kubectl's conventions: --context, exit 1 on errors, 2 on usage errors.
+        // kubectl's conventions (--context, 2 on usage errors), and an exit code per kind of failure.
         let context = kubectl(&["config", "current-context"]).await.ok().stdout.trim().to_string();
         let rolled_back = kubectl(&["fleetroll", "status", "web", "-n", &ns, "--no-follow", "--context", &context]).await;
         assert_eq!(rolled_back.code, 1, "a rollout that did not succeed exits 1: {}", rolled_back.stderr);
         let wrong_context = kubectl(&["fleetroll", "status", "web", "-n", &ns, "--context", "no-such-context"]).await;
-        assert_eq!(wrong_context.code, 1, "{}", wrong_context.stderr);
+        assert_eq!(wrong_context.code, 5, "cannot reach the cluster: {}", wrong_context.stderr);
         let missing = kubectl(&["fleetroll", "status", "nope", "-n", &ns, "--no-follow"]).await;
-        assert_eq!(missing.code, 1);
+        assert_eq!(missing.code, 4, "not found");
         assert!(missing.stderr.contains("not found"), "{}", missing.stderr);
         let usage = kubectl(&["fleetroll", "frobnicate"]).await;
         assert_eq!(usage.code, 2, "{}", usage.stderr);
@@ -296,11 +296,11 @@ async fn an_agents_rollout_waits_for_a_person_to_approve_it() {
         };
         assert!(refused(&own.to_string()), "{own}");
         let own = agent.kubectl(&["fleetroll", "approve", "agents", "-n", &ns]).await;
-        assert_ne!(own.code, 0, "{}", own.stdout);
+        assert_eq!(own.code, 3, "refused: {}", own.stdout);
         assert!(refused(&own.stderr), "{}", own.stderr);
         // bob may edit the rollout but holds no approve verb.
         let unapproved = bob.kubectl(&["fleetroll", "approve", "agents", "-n", &ns]).await;
-        assert_ne!(unapproved.code, 0, "{}", unapproved.stdout);
+        assert_eq!(unapproved.code, 3, "refused: {}", unapproved.stdout);
         assert!(unapproved.stderr.contains("bob may not approve fleetrollouts"), "{}", unapproved.stderr);
         let still = fleet.rollouts().get("agents").await.unwrap();
         assert!(still.spec.approvals.is_empty(), "nothing changed: {:?}", still.spec.approvals);

@@ -9,13 +9,72 @@ use serde_json::{Value, json};
 
 use crate::api::{Approval, FleetRollout};
 
-/// Turns an API error into words for a person or an agent.
-pub fn explain(e: &kube::Error, what: &str) -> String {
-    match e {
-        kube::Error::Api(s) if s.code == 404 => format!("{what}: not found"),
-        kube::Error::Api(s) if s.code == 422 => format!("{what}: the API server rejected it: {}", s.message),
-        kube::Error::Api(s) if s.code == 403 => format!("{what}: not allowed: {}", s.message),
-        other => format!("{what}: {other}"),
+/// Why a control, a read or a start did not happen, told apart where callers branch on it: the MCP server
+/// maps each kind to a JSON-RPC code once (`mcp::errors`), the plugin to a documented exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("{what}: not found")]
+    NotFound { what: String },
+    /// RBAC, an admission policy or impersonation said no.
+    #[error("{what}: not allowed: {reason}")]
+    Forbidden { what: String, reason: String },
+    /// The API server found the request invalid (admission refused the spec, a field out of bounds).
+    #[error("{what}: the API server rejected it: {reason}")]
+    Invalid { what: String, reason: String },
+    /// What the caller asked about is not what the rollout is now: its plan or gates changed, the name is
+    /// taken, it kept changing while written, or it waits for nothing. Read it again and decide again.
+    #[error("{0}")]
+    Changed(String),
+    /// Refused before reaching the API server, in fleetroll's own words (a caller who cannot be
+    /// impersonated, a rollout whose creator is recorded already).
+    #[error("{0}")]
+    Refused(String),
+    /// The API server could not be reached, or failed (transport, timeouts, 5xx, throttling): trying again
+    /// may work; nothing the caller asked was refused.
+    #[error("{what}: {source}")]
+    Unavailable {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl ControlError {
+    /// Tells an API error apart, naming `what` was being done or read.
+    pub fn from_kube(e: kube::Error, what: impl Into<String>) -> Self {
+        let what = what.into();
+        match e {
+            kube::Error::Api(s) if s.code == 404 => ControlError::NotFound { what },
+            kube::Error::Api(s) if s.code == 403 => ControlError::Forbidden { what, reason: s.message },
+            kube::Error::Api(s) if matches!(s.code, 400 | 422) => {
+                ControlError::Invalid { what, reason: s.message }
+            }
+            kube::Error::Api(s) if s.code == 409 => ControlError::Changed(format!("{what}: {}", s.message)),
+            other => ControlError::Unavailable { what, source: Box::new(other) },
+        }
+    }
+
+    /// Tells an operator error apart (the discovery and plan reads the MCP server and the plugin share).
+    pub fn from_operator(e: crate::error::Error, what: impl Into<String>) -> Self {
+        match e {
+            crate::error::Error::Kube(e) => Self::from_kube(e, what),
+            crate::error::Error::Conflict => {
+                ControlError::Changed(format!("{}: changed while it was read", what.into()))
+            }
+            other => ControlError::Unavailable { what: what.into(), source: Box::new(other) },
+        }
+    }
+
+    /// The Kubernetes `Status` reason it stands for, for machines reading an answer: `NotFound`,
+    /// `Forbidden`, `Invalid`, `Conflict` or `ServiceUnavailable`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ControlError::NotFound { .. } => "NotFound",
+            ControlError::Forbidden { .. } | ControlError::Refused(_) => "Forbidden",
+            ControlError::Invalid { .. } => "Invalid",
+            ControlError::Changed(_) => "Conflict",
+            ControlError::Unavailable { .. } => "ServiceUnavailable",
+        }
     }
 }
 
@@ -23,11 +82,11 @@ fn what(ns: &str, name: &str) -> String {
     format!("FleetRollout {ns}/{name}")
 }
 
-pub async fn get(client: &Client, ns: &str, name: &str) -> Result<FleetRollout, String> {
+pub async fn get(client: &Client, ns: &str, name: &str) -> Result<FleetRollout, ControlError> {
     Api::<FleetRollout>::namespaced(client.clone(), ns)
         .get(name)
         .await
-        .map_err(|e| explain(&e, &what(ns, name)))
+        .map_err(|e| ControlError::from_kube(e, what(ns, name)))
 }
 
 /// The merge patch adding an approval of (`batch`, `plan_hash`, `gates_hash`) to `fr`, replacing any other
@@ -55,7 +114,7 @@ fn approval_patch(
 /// the API server judges it as it would the real one (RBAC's `approve`, the creator's own rollout, a
 /// platform policy's approvers). Ok(false) also when it waits for none, has changed since it was read, or is
 /// gone.
-pub async fn may_approve(client: &Client, fr: &FleetRollout) -> Result<bool, String> {
+pub async fn may_approve(client: &Client, fr: &FleetRollout) -> Result<bool, ControlError> {
     let Some(pending) = crate::core::task::awaited_approval(fr) else { return Ok(false) };
     let (ns, name) = (fr.namespace().unwrap_or_default(), fr.name_any());
     let patch = approval_patch(fr, pending.batch, &pending.plan_hash, &pending.gates_hash, None);
@@ -63,7 +122,7 @@ pub async fn may_approve(client: &Client, fr: &FleetRollout) -> Result<bool, Str
     match Api::<FleetRollout>::namespaced(client.clone(), &ns).patch(&name, &pp, &Patch::Merge(patch)).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if matches!(s.code, 403 | 404 | 409) => Ok(false),
-        Err(e) => Err(explain(&e, &what(&ns, &name))),
+        Err(e) => Err(ControlError::from_kube(e, what(&ns, &name))),
     }
 }
 
@@ -74,12 +133,12 @@ pub async fn set(
     name: &str,
     spec: Value,
     manager: &str,
-) -> Result<FleetRollout, String> {
+) -> Result<FleetRollout, ControlError> {
     let pp = PatchParams { field_manager: Some(manager.into()), ..Default::default() };
     Api::<FleetRollout>::namespaced(client.clone(), ns)
         .patch(name, &pp, &Patch::Merge(json!({ "spec": spec })))
         .await
-        .map_err(|e| explain(&e, &what(ns, name)))
+        .map_err(|e| ControlError::from_kube(e, what(ns, name)))
 }
 
 /// What an approval approves; each part defaults to what the rollout waits for now.
@@ -102,33 +161,39 @@ pub async fn approve(
     approving: Approving<'_>,
     who: Option<&str>,
     manager: &str,
-) -> Result<FleetRollout, String> {
+) -> Result<FleetRollout, ControlError> {
     let Approving { batch, plan_hash, gates_hash } = approving;
     let api = Api::<FleetRollout>::namespaced(client.clone(), ns);
     let mut approved_gates = gates_hash.map(String::from);
     for _ in 0..5 {
         let fr = get(client, ns, name).await?;
         let status = fr.status.clone().unwrap_or_default();
-        let current = status.plan.as_ref().map(|p| p.hash.clone()).ok_or("the rollout has no plan yet")?;
+        let current = status
+            .plan
+            .as_ref()
+            .map(|p| p.hash.clone())
+            .ok_or_else(|| ControlError::Changed("the rollout has no plan yet".into()))?;
         let plan_hash = plan_hash.map_or_else(|| current.clone(), String::from);
         if plan_hash != current {
-            return Err(format!(
+            return Err(ControlError::Changed(format!(
                 "plan {plan_hash} is not the rollout's plan any more (now {current}): review it and approve again"
-            ));
+            )));
         }
         let gates = crate::core::plan::gates_of(&fr);
         let gates_hash = approved_gates.get_or_insert_with(|| gates.clone()).clone();
         if gates_hash != gates {
-            return Err(format!(
+            return Err(ControlError::Changed(format!(
                 "the rollout's gates (health, analysis, maxFailures, onFailure, approval, resumeToken, approvers) are not {gates_hash} \
                  any more (now {gates}): review them and approve again"
-            ));
+            )));
         }
         let batch = match (batch, &status.pending_approval) {
             (Some(b), _) => b,
             (None, Some(p)) => p.batch,
             (None, None) => {
-                return Err("no batch is waiting for approval; name one with the batch argument".into());
+                return Err(ControlError::Changed(
+                    "no batch is waiting for approval; name one with the batch argument".into(),
+                ));
             }
         };
         let patch = approval_patch(&fr, batch, &plan_hash, &gates_hash, who);
@@ -136,8 +201,8 @@ pub async fn approve(
         match api.patch(name, &pp, &Patch::Merge(patch)).await {
             Ok(updated) => return Ok(updated),
             Err(e) if crate::error::is_conflict(&e) => continue,
-            Err(e) => return Err(explain(&e, &what(ns, name))),
+            Err(e) => return Err(ControlError::from_kube(e, what(ns, name))),
         }
     }
-    Err("the rollout kept changing while approving; try again".into())
+    Err(ControlError::Changed("the rollout kept changing while approving; try again".into()))
 }

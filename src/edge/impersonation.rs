@@ -19,11 +19,10 @@ pub fn apply(imp: Impersonation, config: &mut kube::Config) {
 }
 
 /// A client derived from `base` that acts as `imp`.
-pub fn client(base: &kube::Config, imp: Impersonation) -> Result<Client, String> {
-    let user = imp.user.clone();
+pub fn client(base: &kube::Config, imp: Impersonation) -> Result<Client, kube::Error> {
     let mut config = base.clone();
     apply(imp, &mut config);
-    Client::try_from(config).map_err(|e| format!("cannot act as {user:?}: {e}"))
+    Client::try_from(config)
 }
 
 /// Whose rights the operator's changes to targets in its own cluster are made with.
@@ -79,7 +78,8 @@ impl Writers {
             return Ok(found.clone());
         }
         // Built outside the lock: a client is a TLS configuration and a connection pool.
-        let made = client(&self.base, imp.clone())?;
+        let made =
+            client(&self.base, imp.clone()).map_err(|e| format!("cannot act as {:?}: {e}", imp.user))?;
         lock().put(imp, made.clone());
         Ok(made)
     }

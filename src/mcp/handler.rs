@@ -29,6 +29,7 @@ use crate::{
         policy,
         task::{Asker, awaited_approval, parse_approval_key, view},
     },
+    edge::control::ControlError,
 };
 
 /// The identity and grant the auth middleware attached to the HTTP request. Without them (a request that
@@ -63,9 +64,21 @@ fn internal(e: impl std::fmt::Display) -> McpError {
     McpError::internal_error(format!("Kubernetes API: {e}"), None)
 }
 
-/// A write the API server (or impersonation) refused, with its reason.
-fn refused(e: String) -> McpError {
-    McpError::invalid_request(e, None)
+/// The JSON-RPC error of a failed control (tasks/update, tasks/cancel), one code per kind, with the
+/// Kubernetes reason in `data.reason`: what does not exist is a bad parameter (as the Tasks extension
+/// answers an unknown task), what is refused or changed meanwhile is a request that cannot be granted, and
+/// an API server that cannot answer is an internal error worth retrying.
+fn rpc_error(e: &ControlError) -> McpError {
+    let data = Some(serde_json::json!({"reason": e.reason()}));
+    match e {
+        ControlError::NotFound { .. } | ControlError::Invalid { .. } => {
+            McpError::invalid_params(e.to_string(), data)
+        }
+        ControlError::Forbidden { .. } | ControlError::Refused(_) | ControlError::Changed(_) => {
+            McpError::invalid_request(e.to_string(), data)
+        }
+        ControlError::Unavailable { .. } => McpError::internal_error(e.to_string(), data),
+    }
 }
 
 /// Runs a tool with its parsed arguments; bad arguments and failures are tool errors the caller reads.
@@ -73,10 +86,10 @@ async fn with_args<T, F, Fut>(args: &JsonObject, run: F) -> CallToolResult
 where
     T: DeserializeOwned,
     F: FnOnce(T) -> Fut,
-    Fut: Future<Output = Result<CallToolResult, String>>,
+    Fut: Future<Output = Result<CallToolResult, ControlError>>,
 {
     match tools::parse::<T>(args) {
-        Ok(args) => run(args).await.unwrap_or_else(tools::error),
+        Ok(args) => run(args).await.unwrap_or_else(|e| tools::failed(&e)),
         Err(e) => tools::error(e),
     }
 }
@@ -156,7 +169,7 @@ impl FleetMcp {
         };
         let started = match self.ops.start(&args, who).await {
             Ok(started) => started,
-            Err(e) => return tools::error(e).into(),
+            Err(e) => return tools::failed(&e).into(),
         };
         let fr = &started.rollout;
         info!(rollout = %format!("{}/{}", args.namespace, fr.metadata.name.clone().unwrap_or_default()), user = %who.username, replayed = started.replayed, "rollout_fleet");
@@ -225,7 +238,7 @@ impl FleetMcp {
         };
         self.ops.approve(&args, who).await.map(drop).map_err(|e| {
             warn!(error = %e, user = %who.username, "approval through tasks/update failed");
-            refused(e)
+            rpc_error(&e)
         })
     }
 }
@@ -306,7 +319,7 @@ impl ServerHandler for FleetMcp {
             self.ops
                 .set(&r, Control::Abort.patch(k8s_openapi::jiff::Timestamp::now()), &who)
                 .await
-                .map_err(refused)?;
+                .map_err(|e| rpc_error(&e))?;
             let rollout = p.task_id.rsplit_once('/').map_or("", |(rollout, _)| rollout);
             info!(%rollout, user = %who.username, "cancel requested: abort");
         }

@@ -52,7 +52,7 @@ use kube::Client;
 use super::auth::Identity;
 use crate::{
     core::identity::{Impersonation, User},
-    edge::impersonation,
+    edge::{control::ControlError, impersonation},
 };
 
 /// Who the MCP server's writes are made as.
@@ -66,12 +66,14 @@ pub enum Writer {
 
 impl Writer {
     /// The client to write with for `who`. Err: why `who` cannot be impersonated (for the caller).
-    pub fn client_for(&self, who: &Identity) -> Result<Client, String> {
+    pub fn client_for(&self, who: &Identity) -> Result<Client, ControlError> {
         match self {
             Writer::Server(client) => Ok(client.clone()),
             Writer::Caller(base) => {
-                let imp = impersonation_of(who).map_err(|e| format!("{e}; nothing was written"))?;
+                let imp = impersonation_of(who)
+                    .map_err(|e| ControlError::Refused(format!("{e}; nothing was written")))?;
                 impersonation::client(base, imp)
+                    .map_err(|e| ControlError::from_kube(e, format!("acting as {:?}", who.username)))
             }
         }
     }
@@ -155,7 +157,7 @@ mod tests {
     #[test]
     fn a_refusal_says_nothing_was_written() {
         let caller = Writer::Caller(Arc::new(kube::Config::new("http://127.0.0.1:9".parse().unwrap())));
-        let e = caller.client_for(&identity("root", &["system:masters"], &[])).err().unwrap();
+        let e = caller.client_for(&identity("root", &["system:masters"], &[])).err().unwrap().to_string();
         assert!(e.contains("system:masters") && e.ends_with("nothing was written"), "{e}");
     }
 

@@ -27,7 +27,7 @@ use crate::{
     api::{FleetRollout, PlannedTarget},
     core::task::{Summary, describe, summary},
     edge::{
-        control::{self, explain},
+        control::{self, ControlError},
         members::Members,
         plans::PlanStore,
     },
@@ -122,7 +122,7 @@ impl StartKeys {
 
 impl Ops {
     /// Creates the FleetRollout of a rollout_fleet call, as the caller. Err is a message for the caller.
-    pub async fn start(&self, args: &RolloutFleetArgs, who: &Identity) -> Result<Started, String> {
+    pub async fn start(&self, args: &RolloutFleetArgs, who: &Identity) -> Result<Started, ControlError> {
         let client = self.writer.client_for(who)?;
         let keys = StartKeys::of(args, who);
         let fr = FleetRollout {
@@ -147,7 +147,7 @@ impl Ops {
                 Ok(Started { rollout: created, token: keys.token, replayed: false })
             }
             Err(e) if crate::error::is_conflict(&e) => Self::replay(&client, args, keys, who).await,
-            Err(e) => Err(explain(&e, "creating the FleetRollout")),
+            Err(e) => Err(ControlError::from_kube(e, "creating the FleetRollout")),
         }
     }
 
@@ -158,38 +158,35 @@ impl Ops {
         args: &RolloutFleetArgs,
         keys: StartKeys,
         who: &Identity,
-    ) -> Result<Started, String> {
+    ) -> Result<Started, ControlError> {
         let (ns, name) = (&args.namespace, keys.name.clone().unwrap_or_default());
-        let existing = api(client, ns)
-            .get(&name)
-            .await
-            .map_err(|e| explain(&e, &format!("FleetRollout {ns}/{name}")))?;
+        let existing = control::get(client, ns, &name).await?;
         match keys.replays(&existing, who) {
             (true, true) => Ok(Started { rollout: existing, token: keys.token, replayed: true }),
-            (true, false) => Err(format!(
+            (true, false) => Err(ControlError::Changed(format!(
                 "idempotencyKey {:?} was already used with different arguments (FleetRollout {ns}/{name}); \
                  use a new key for a new rollout",
                 args.idempotency_key.as_deref().unwrap_or_default(),
-            )),
-            _ => Err(format!("a FleetRollout named {ns}/{name} already exists")),
+            ))),
+            _ => Err(ControlError::Changed(format!("a FleetRollout named {ns}/{name} already exists"))),
         }
     }
 
-    pub async fn get(&self, r: &RolloutRef) -> Result<Arc<FleetRollout>, String> {
+    pub async fn get(&self, r: &RolloutRef) -> Result<Arc<FleetRollout>, ControlError> {
         let what = format!("FleetRollout {}/{}", r.namespace, r.name);
         match self.rollouts.get(&r.namespace, &r.name).await {
             Ok(Some(fr)) => Ok(fr),
-            Ok(None) => Err(format!("{what}: not found")),
-            Err(e) => Err(explain(&e, &what)),
+            Ok(None) => Err(ControlError::NotFound { what }),
+            Err(e) => Err(ControlError::from_kube(e, what)),
         }
     }
 
-    pub async fn list(&self, args: &ListArgs, who: &Identity) -> Result<CallToolResult, String> {
+    pub async fn list(&self, args: &ListArgs, who: &Identity) -> Result<CallToolResult, ControlError> {
         let mut list = self
             .rollouts
             .list(args.namespace.as_deref())
             .await
-            .map_err(|e| explain(&e, "listing FleetRollouts"))?;
+            .map_err(|e| ControlError::from_kube(e, "listing FleetRollouts"))?;
         if args.awaiting_my_approval {
             let client = self.writer.client_for(who)?;
             let mut mine = Vec::new();
@@ -216,7 +213,12 @@ impl Ops {
     }
 
     /// Sets spec controls (paused, abort, rollback), as `who`.
-    pub async fn set(&self, r: &RolloutRef, spec: Value, who: &Identity) -> Result<FleetRollout, String> {
+    pub async fn set(
+        &self,
+        r: &RolloutRef,
+        spec: Value,
+        who: &Identity,
+    ) -> Result<FleetRollout, ControlError> {
         let client = self.writer.client_for(who)?;
         let fr = control::set(&client, &r.namespace, &r.name, spec, FIELD_MANAGER).await?;
         self.rollouts.wrote(&fr);
@@ -224,7 +226,7 @@ impl Ops {
     }
 
     /// Approves (batch, plan) as `who`, recording them: see [`crate::edge::control::approve`].
-    pub async fn approve(&self, args: &ApproveArgs, who: &Identity) -> Result<FleetRollout, String> {
+    pub async fn approve(&self, args: &ApproveArgs, who: &Identity) -> Result<FleetRollout, ControlError> {
         let client = self.writer.client_for(who)?;
         let fr = control::approve(
             &client,

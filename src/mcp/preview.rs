@@ -22,12 +22,12 @@ use super::{
 use crate::{
     api::FleetRollout,
     core::Blocked,
-    edge::{control::explain, discovery, member_fleet},
+    edge::{control::ControlError, discovery, member_fleet},
 };
 
 impl Ops {
     /// The plan of the rollout `args` describe, as `who` may see it (see the module's documentation).
-    pub async fn preview(&self, args: &PreviewArgs, who: &Identity) -> Result<CallToolResult, String> {
+    pub async fn preview(&self, args: &PreviewArgs, who: &Identity) -> Result<CallToolResult, ControlError> {
         let mut fr = FleetRollout::new("preview", args.as_rollout().spec(None));
         fr.metadata.namespace = Some(args.namespace.clone());
         let client = self.writer.client_for(who)?;
@@ -46,7 +46,7 @@ impl Ops {
         match previewed {
             Ok(Ok(preview)) => Ok(preview_result(&preview, &args.image)),
             Ok(Err(blocked)) => Ok(blocked_result(&blocked)),
-            Err(e) => Err(format!("discovering the fleet: {e}")),
+            Err(e) => Err(ControlError::from_operator(e, "discovering the fleet")),
         }
     }
 }
@@ -58,7 +58,7 @@ fn blocked_result(blocked: &Blocked) -> CallToolResult {
 /// Whether `client` (the caller) may create `fr`: a server-side dry run, so every judge of a real create
 /// (RBAC, the CRD's validation rules, admission policies) answers, and nothing is stored. Err says what
 /// was refused, for the caller.
-async fn may_create(client: &Client, fr: &FleetRollout) -> Result<(), String> {
+async fn may_create(client: &Client, fr: &FleetRollout) -> Result<(), ControlError> {
     let ns = fr.metadata.namespace.clone().unwrap_or_default();
     let mut probe = fr.clone();
     // A generated name: an existing rollout of the same name must not make the answer a conflict.
@@ -67,10 +67,12 @@ async fn may_create(client: &Client, fr: &FleetRollout) -> Result<(), String> {
     let pp = PostParams { dry_run: true, field_manager: Some(FIELD_MANAGER.into()) };
     match Api::<FleetRollout>::namespaced(client.clone(), &ns).create(&pp, &probe).await {
         Ok(_) => Ok(()),
-        Err(e) => Err(format!(
-            "a preview across member clusters is shown only to callers who may create this FleetRollout in \
-             namespace {ns:?}, and a dry-run create as you was refused ({}); no member cluster was contacted",
-            explain(&e, "creating it")
+        Err(e) => Err(ControlError::from_kube(
+            e,
+            format!(
+                "a preview across member clusters is shown only to callers who may create this FleetRollout \
+                 in namespace {ns:?}, and no member cluster was contacted; a dry-run create as you"
+            ),
         )),
     }
 }

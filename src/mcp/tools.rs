@@ -19,6 +19,7 @@ use super::{
 use crate::{
     api::FleetRollout,
     core::task::{describe, summary},
+    edge::control::ControlError,
 };
 
 /// A tool this server serves.
@@ -213,6 +214,14 @@ pub fn ok(text: impl Into<String>, structured: impl Serialize) -> CallToolResult
 /// A tool-level error: `isError: true` with a message the caller can act on.
 pub fn error(text: impl Into<String>) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(text.into())])
+}
+
+/// A tool-level error from the API or a refusal: the message, and the Kubernetes reason an agent can
+/// branch on (`{"error": {"reason": "Forbidden", "message": …}}`).
+pub fn failed(e: &ControlError) -> CallToolResult {
+    let mut r = error(e.to_string());
+    r.structured_content = Some(json!({"error": {"reason": e.reason(), "message": e.to_string()}}));
+    r
 }
 
 /// A summary result of one rollout.

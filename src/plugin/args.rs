@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 /// Watch and control FleetRollouts.
 #[derive(Debug, Parser)]
-#[command(name = "kubectl fleetroll", bin_name = "kubectl fleetroll", version, about = "Watch and control FleetRollouts.", long_about = None)]
+#[command(name = "kubectl fleetroll", bin_name = "kubectl fleetroll", version, about = "Watch and control FleetRollouts.", long_about = None, after_help = super::error::EXIT_CODES)]
 pub(super) struct PluginCli {
     #[command(subcommand)]
     pub command: PluginCommand,

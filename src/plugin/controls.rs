@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use kube::{Api, Client, api::PostParams};
 
-use super::{args::Output, print};
+use super::{Exit, PluginError, args::Output, print};
 use crate::{api::FleetRollout, edge::control};
 
 const FIELD_MANAGER: &str = "kubectl-fleetroll";
@@ -18,13 +18,13 @@ pub(super) async fn set(
     spec: serde_json::Value,
     done: &str,
     output: Option<Output>,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, PluginError> {
     let fr = control::set(client, ns, name, spec, FIELD_MANAGER).await?;
     match output {
         Some(o) => print(&fr, o)?,
         None => println!("fleetrollout.fleetroll.dev/{name} {done}"),
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Done.into())
 }
 
 /// Makes the caller the creator of a rollout that has none: admission records whoever writes the field
@@ -34,17 +34,14 @@ pub(super) async fn adopt(
     ns: &str,
     name: &str,
     output: Option<Output>,
-) -> Result<ExitCode, String> {
-    let found = Api::<FleetRollout>::namespaced(client.clone(), ns)
-        .get(name)
-        .await
-        .map_err(|e| control::explain(&e, &format!("FleetRollout {ns}/{name}")))?;
+) -> Result<ExitCode, PluginError> {
+    let found = control::get(client, ns, name).await?;
     if let Some(c) = &found.spec.creator {
-        return Err(format!(
+        return Err(PluginError::Refused(format!(
             "FleetRollout {ns}/{name} was created by {}, recorded when it was created; only a rollout \
              without a recorded creator can be adopted",
             c.username
-        ));
+        )));
     }
     let claim = serde_json::json!({"creator": {"username": "recorded by admission"}});
     let fr = control::set(client, ns, name, claim, FIELD_MANAGER).await?;
@@ -55,7 +52,7 @@ pub(super) async fn adopt(
             println!("fleetrollout.fleetroll.dev/{name} adopted: its changes are made as {who} from now on");
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Done.into())
 }
 
 /// Approves `batch` (1-based, as `status` shows them; the waiting one when absent) of `plan_hash` under
@@ -66,10 +63,10 @@ pub(super) async fn approve(
     name: &str,
     what: control::Approving<'_>,
     output: Option<Output>,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, PluginError> {
     let who = whoami(client).await;
     let batch = match what.batch {
-        Some(0) => return Err("batches are numbered from 1".into()),
+        Some(0) => return Err(PluginError::Usage("batches are numbered from 1".into())),
         b => b.map(|b| b - 1),
     };
     let what = control::Approving { batch, ..what };
@@ -78,7 +75,7 @@ pub(super) async fn approve(
         Some(o) => print(&fr, o)?,
         None => println!("{}", approved(name, &fr, who.as_deref())),
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Done.into())
 }
 
 /// What an approval says: the latest batch approved, of which plan, and by whom when known.

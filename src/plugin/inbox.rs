@@ -8,8 +8,12 @@ use k8s_openapi::{api::core::v1::Namespace, jiff::Timestamp};
 use kube::{Api, Client, ResourceExt, api::ListParams};
 use serde::Serialize;
 
-use super::{Output, print};
-use crate::{api::FleetRollout, core::task::awaited_approval, edge::control};
+use super::{Exit, Output, PluginError, print};
+use crate::{
+    api::FleetRollout,
+    core::task::awaited_approval,
+    edge::control::{self, ControlError},
+};
 
 /// One rollout waiting for the user.
 #[derive(Serialize, Debug, PartialEq)]
@@ -32,7 +36,7 @@ pub(super) async fn inbox(
     ns: &str,
     all: bool,
     output: Option<Output>,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, PluginError> {
     let rollouts = readable(client, ns, all).await?;
     let mut waiting = Vec::new();
     for fr in rollouts.iter().filter(|fr| awaited_approval(fr).is_some()) {
@@ -50,7 +54,7 @@ pub(super) async fn inbox(
         Some(o) => print(&waiting, o)?,
         None => print!("{}", table(&waiting, Timestamp::now())),
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Done.into())
 }
 
 fn entry(fr: &FleetRollout) -> Option<Waiting> {
@@ -70,24 +74,24 @@ fn entry(fr: &FleetRollout) -> Option<Waiting> {
 
 /// The FleetRollouts the user can read: of every namespace with `all` (listed across the cluster, else
 /// namespace by namespace as far as they may list namespaces), else of `ns`.
-async fn readable(client: &Client, ns: &str, all: bool) -> Result<Vec<FleetRollout>, String> {
+async fn readable(client: &Client, ns: &str, all: bool) -> Result<Vec<FleetRollout>, ControlError> {
     let in_ns = |ns: &str| Api::<FleetRollout>::namespaced(client.clone(), ns);
     let list =
         |api: Api<FleetRollout>| async move { api.list(&ListParams::default()).await.map(|l| l.items) };
     if !all {
         return list(in_ns(ns))
             .await
-            .map_err(|e| control::explain(&e, &format!("listing FleetRollouts in {ns}")));
+            .map_err(|e| ControlError::from_kube(e, format!("listing FleetRollouts in {ns}")));
     }
     match list(Api::all(client.clone())).await {
         Ok(items) => return Ok(items),
         Err(kube::Error::Api(s)) if s.code == 403 => {}
-        Err(e) => return Err(control::explain(&e, "listing FleetRollouts")),
+        Err(e) => return Err(ControlError::from_kube(e, "listing FleetRollouts")),
     }
     let namespaces =
         Api::<Namespace>::all(client.clone()).list(&ListParams::default()).await.map_err(|e| {
-            control::explain(
-                &e,
+            ControlError::from_kube(
+                e,
                 "listing FleetRollouts across namespaces (nor may you list namespaces; use -n)",
             )
         })?;
@@ -97,7 +101,8 @@ async fn readable(client: &Client, ns: &str, all: bool) -> Result<Vec<FleetRollo
             Ok(found) => items.extend(found),
             Err(kube::Error::Api(s)) if s.code == 403 => {}
             Err(e) => {
-                return Err(control::explain(&e, &format!("listing FleetRollouts in {}", n.name_any())));
+                let what = format!("listing FleetRollouts in {}", n.name_any());
+                return Err(ControlError::from_kube(e, what));
             }
         }
     }

@@ -1,9 +1,11 @@
 //! `kubectl fleetroll`: the same binary, installed as `kubectl-fleetroll`. A live status view with a
 //! progress bar per batch, the plan, and the controls — following kubectl's conventions (`-n`, `--context`,
-//! `--kubeconfig`, `-o json|yaml`; exit 0 on success, 1 on failure, 2 on a usage error).
+//! `--kubeconfig`, `-o json|yaml`; exit 0 on success, 2 on a usage error, and a distinct code for each
+//! kind of failure: see [`error::EXIT_CODES`]).
 
 mod args;
 mod controls;
+mod error;
 mod inbox;
 mod plan;
 mod render;
@@ -20,32 +22,38 @@ use serde::Serialize;
 use serde_json::json;
 
 use args::{Output, PluginCli, PluginCommand};
+use error::{Exit, PluginError};
 
 /// Runs the plugin with the process's arguments.
 pub fn run() -> ExitCode {
     let cli = PluginCli::parse();
-    crate::runtime::block_on(execute(cli))
+    crate::runtime::block_on(async {
+        Ok::<_, std::convert::Infallible>(execute(cli).await.unwrap_or_else(|e| {
+            eprintln!("error: {e}");
+            e.exit().into()
+        }))
+    })
 }
 
 /// A client for the kubeconfig and context named on the command line (else kubectl's defaults), and the
 /// namespace to work in.
-async fn connect(cli: &PluginCli) -> Result<(Client, String), String> {
+async fn connect(cli: &PluginCli) -> Result<(Client, String), PluginError> {
     let options = KubeConfigOptions { context: cli.context.clone(), ..Default::default() };
     let config = match &cli.kubeconfig {
         Some(path) => {
-            let kubeconfig =
-                Kubeconfig::read_from(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+            let kubeconfig = Kubeconfig::read_from(path)
+                .map_err(|e| PluginError::NoCluster(format!("reading {}: {e}", path.display())))?;
             Config::from_custom_kubeconfig(kubeconfig, &options).await
         }
         None => Config::from_kubeconfig(&options).await,
     }
-    .map_err(|e| format!("no usable kubeconfig: {e}"))?;
+    .map_err(|e| PluginError::NoCluster(format!("no usable kubeconfig: {e}")))?;
     let namespace = cli.namespace.clone().unwrap_or_else(|| config.default_namespace.clone());
-    let client = Client::try_from(config).map_err(|e| e.to_string())?;
+    let client = Client::try_from(config).map_err(|e| PluginError::NoCluster(e.to_string()))?;
     Ok((client, namespace))
 }
 
-async fn execute(cli: PluginCli) -> Result<ExitCode, String> {
+async fn execute(cli: PluginCli) -> Result<ExitCode, PluginError> {
     let (client, ns) = connect(&cli).await?;
     let (client, ns, output) = (&client, ns.as_str(), cli.output);
     match &cli.command {
@@ -84,10 +92,11 @@ async fn execute(cli: PluginCli) -> Result<ExitCode, String> {
 }
 
 /// Prints `value` as `-o json` or `-o yaml` asked.
-fn print(value: &impl Serialize, output: Output) -> Result<(), String> {
+fn print(value: &impl Serialize, output: Output) -> Result<(), PluginError> {
+    let failed = |e: &dyn std::fmt::Display| PluginError::Failed(format!("cannot print it: {e}"));
     let text = match output {
-        Output::Json => serde_json::to_string_pretty(value).map_err(|e| e.to_string())? + "\n",
-        Output::Yaml => serde_saphyr::to_string(value).map_err(|e| e.to_string())?,
+        Output::Json => serde_json::to_string_pretty(value).map_err(|e| failed(&e))? + "\n",
+        Output::Yaml => serde_saphyr::to_string(value).map_err(|e| failed(&e))?,
     };
     print!("{text}");
     Ok(())

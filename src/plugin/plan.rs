@@ -5,11 +5,16 @@ use std::{path::Path, process::ExitCode};
 use kube::{Client, ResourceExt};
 use serde::Serialize;
 
-use super::{args::Output, print};
+use super::{Exit, PluginError, args::Output, print};
 use crate::{
     api::{ClusterCount, ClustersStatus, FleetRollout, WaveStatus},
     core::{clusters, plan::Plan},
-    edge::{control, discovery, members::ExecPolicy, plans::PlanStore},
+    edge::{
+        control::{self, ControlError},
+        discovery,
+        members::ExecPolicy,
+        plans::PlanStore,
+    },
 };
 
 /// A plan as the plugin prints it.
@@ -123,7 +128,7 @@ pub(super) async fn plan(
     fleet_namespace: &str,
     exec: ExecPolicy,
     output: Option<Output>,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, PluginError> {
     let (fr, frozen) = match (name, file) {
         (Some(name), _) => {
             let fr = control::get(client, ns, name).await?;
@@ -131,21 +136,24 @@ pub(super) async fn plan(
             (fr, frozen)
         }
         (None, Some(path)) => (read_manifest(path, ns)?, None),
-        (None, None) => return Err("name a FleetRollout, or give a manifest with -f".into()),
+        (None, None) => {
+            return Err(PluginError::Usage("name a FleetRollout, or give a manifest with -f".into()));
+        }
     };
     let view = match frozen {
         Some(plan) => plan_view(&fr, &plan, false, Across::of_status(&fr)),
         None => {
-            match discovery::preview(client, fleet_namespace, &fr, exec).await.map_err(|e| e.to_string())? {
+            let previewed = discovery::preview(client, fleet_namespace, &fr, exec).await;
+            match previewed.map_err(|e| ControlError::from_operator(e, "discovering the fleet"))? {
                 Ok(preview) => {
                     let across = Across { clusters: preview.clusters, left_out: preview.notes };
                     plan_view(&fr, &preview.plan, true, across)
                 }
                 Err(blocked) => {
-                    return Err(format!(
+                    return Err(PluginError::Refused(format!(
                         "this rollout could not be planned ({}): {}",
                         blocked.reason, blocked.message
-                    ));
+                    )));
                 }
             }
         }
@@ -154,26 +162,27 @@ pub(super) async fn plan(
         Some(o) => print(&view, o)?,
         None => print!("{}", plan_text(&fr, &view)),
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Done.into())
 }
 
 /// The plan the rollout froze, if it has one yet.
-async fn frozen_plan(client: &Client, fr: &FleetRollout) -> Result<Option<Plan>, String> {
+async fn frozen_plan(client: &Client, fr: &FleetRollout) -> Result<Option<Plan>, PluginError> {
     let Some(plan_ref) = fr.status.as_ref().and_then(|s| s.plan.as_ref()) else {
         return Ok(None);
     };
     let loaded = PlanStore::default()
         .load(client, fr, plan_ref)
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|refused| format!("{}: {}", refused.reason, refused.message))?;
+        .map_err(|e| ControlError::from_operator(e, "reading the frozen plan"))?
+        .map_err(|refused| PluginError::Refused(format!("{}: {}", refused.reason, refused.message)))?;
     Ok(Some(loaded.plan.clone()))
 }
 
-fn read_manifest(path: &Path, ns: &str) -> Result<FleetRollout, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+fn read_manifest(path: &Path, ns: &str) -> Result<FleetRollout, PluginError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| PluginError::Usage(format!("reading {}: {e}", path.display())))?;
     let mut fr: FleetRollout = serde_saphyr::from_str(&text)
-        .map_err(|e| format!("{} is not a FleetRollout: {e}", path.display()))?;
+        .map_err(|e| PluginError::Usage(format!("{} is not a FleetRollout: {e}", path.display())))?;
     if fr.metadata.namespace.is_none() {
         fr.metadata.namespace = Some(ns.to_string());
     }

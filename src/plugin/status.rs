@@ -14,13 +14,18 @@ use kube::{
 };
 
 use super::{
+    Exit, PluginError,
     args::Output,
     print,
     render::{BatchHealth, render},
 };
 use crate::{
     api::{BatchState, FleetRollout, Phase},
-    edge::{control, live, plans::PlanStore},
+    edge::{
+        control::{self, ControlError},
+        live,
+        plans::PlanStore,
+    },
 };
 
 /// Targets become healthy without the rollout's status changing: the followed view looks again this often.
@@ -35,11 +40,11 @@ pub(super) async fn status(
     follow: bool,
     timeout: Option<Duration>,
     output: Option<Output>,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, PluginError> {
     let fr = control::get(client, ns, name).await?;
     if let Some(o) = output {
         print(&fr, o)?;
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Exit::Done.into());
     }
     if !follow {
         print!("{}", render(&fr, batch_health(client, &PlanStore::default(), &fr).await));
@@ -56,7 +61,7 @@ async fn follow_until_it_ends(
     name: &str,
     mut current: FleetRollout,
     timeout: Duration,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, PluginError> {
     let tty = std::io::stdout().is_terminal();
     let api: Api<FleetRollout> = Api::namespaced(client.clone(), ns);
     let mut updates = watcher(api, watcher::Config::default().fields(&format!("metadata.name={name}")))
@@ -77,13 +82,16 @@ async fn follow_until_it_ends(
         tokio::select! {
             next = updates.next() => match next {
                 Some(Ok(fr)) => current = fr,
-                Some(Err(e)) => return Err(format!("watching {ns}/{name}: {e}")),
-                None => return Err("the watch ended".into()),
+                Some(Err(e)) => {
+                    let what = format!("watching FleetRollout {ns}/{name}");
+                    return Err(ControlError::Unavailable { what, source: Box::new(e) }.into());
+                }
+                None => return Err(PluginError::Failed("the watch ended".into())),
             },
             _ = tokio::time::sleep(LOOK_AGAIN) => {}
             _ = tokio::time::sleep_until(deadline) => {
                 eprintln!("timed out; the rollout is still {}", phase_of(&current));
-                return Ok(ExitCode::FAILURE);
+                return Ok(Exit::TimedOut.into());
             }
         }
     }
@@ -117,12 +125,12 @@ fn phase_of(fr: &FleetRollout) -> Phase {
     fr.status.as_ref().map(|s| s.phase).unwrap_or_default()
 }
 
-/// 1 for a rollout that ended without succeeding, else 0.
+/// Failed (1) for a rollout that ended without succeeding, else done (0).
 fn exit_for(fr: &FleetRollout) -> ExitCode {
     match phase_of(fr) {
-        Phase::Succeeded => ExitCode::SUCCESS,
-        p if p.is_terminal() => ExitCode::FAILURE,
-        _ => ExitCode::SUCCESS,
+        Phase::Succeeded => Exit::Done.into(),
+        p if p.is_terminal() => Exit::Failed.into(),
+        _ => Exit::Done.into(),
     }
 }
 

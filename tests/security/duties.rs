@@ -285,7 +285,7 @@ pub(super) async fn adopter_without_rights_or_in_someone_elses_name(env: &'stati
     );
     let by = recorded.as_ref().map(|c| (c.username.as_str(), c.groups.iter().any(|g| g == "system:masters")));
     let adopted_ok = adopted.code == 0 && adopted.stdout.contains(&format!("made as {}", env.dev1.username));
-    let again_refused = again.code != 0 && again.stderr.contains("only a rollout without a recorded creator");
+    let again_refused = again.code == 3 && again.stderr.contains("only a rollout without a recorded creator");
     row.outcome = format!(
         "{}; dev adopts with the plugin: exit {}; dev adopts naming the-cto: recorded {by:?}; approver adopts \
          one adopted already: exit {}",
