@@ -27,10 +27,13 @@ help: ## list the targets
 build: ## build the fleetroll binary
 	$(CARGO) build --locked
 
-generate: ## regenerate the CRDs (crds/, the chart) from the Rust types, manifests/install.yaml and the chart's README from the chart
+generate: ## regenerate the CRDs (crds/, the chart) and the manual's reference pages from the Rust types, manifests/install.yaml and the chart's README from the chart
 	$(CARGO) run --locked --quiet -- crd > crds/fleetroll.dev_fleetrollouts.yaml
 	$(CARGO) run --locked --quiet -- crd --policy > crds/fleetroll.dev_fleetrolloutpolicies.yaml
 	$(CARGO) run --locked --quiet -- crd --helm > charts/fleetroll/templates/crds.yaml
+	$(CARGO) run --locked --quiet -- reference crd > docs/src/reference/fleetrollout.md
+	$(CARGO) run --locked --quiet -- reference policy > docs/src/reference/fleetrolloutpolicy.md
+	$(CARGO) run --locked --quiet -- reference cli > docs/src/reference/cli.md
 	$(TESTENV)/build.sh
 	hack/render-manifests.sh > manifests/install.yaml
 	hack/chart-readme.sh > charts/fleetroll/README.md
