@@ -262,11 +262,17 @@ fn command_section(out: &mut String, command: &clap::Command, path: &str, level:
     if command.get_subcommands().any(|c| !c.is_hide_set()) {
         usage.push_str(" <COMMAND>");
     }
-    let _ = write!(out, "\n{} `{path}`\n\n{}\n\n```text\n{usage}\n```\n", "#".repeat(level), about.trim());
+    let _ =
+        write!(out, "\n{} `{path}`\n\n{}\n\n```text\n{usage}\n```\n", "#".repeat(level), sentence(&about));
+    // The plugin's flags have no environment variables: no empty column for them.
+    let with_env = arguments.iter().any(|a| a.get_env().is_some());
     if !arguments.is_empty() {
-        out.push_str("\n| argument | environment | default | description |\n|---|---|---|---|\n");
+        out.push_str(match with_env {
+            true => "\n| argument | environment | default | description |\n|---|---|---|---|\n",
+            false => "\n| argument | default | description |\n|---|---|---|\n",
+        });
         for argument in arguments {
-            out.push_str(&argument_row(argument));
+            out.push_str(&argument_row(argument, with_env));
         }
     }
     for sub in command.get_subcommands().filter(|c| !c.is_hide_set()) {
@@ -287,7 +293,16 @@ fn value_name(argument: &clap::Arg) -> String {
     }
 }
 
-fn argument_row(argument: &clap::Arg) -> String {
+/// A doc comment as clap keeps it (a one-sentence comment loses its full stop), as a sentence again.
+fn sentence(text: &str) -> String {
+    let text = text.trim();
+    match text.is_empty() || text.ends_with(['.', ':', '?', '!']) {
+        true => text.to_string(),
+        false => format!("{text}."),
+    }
+}
+
+fn argument_row(argument: &clap::Arg, with_env: bool) -> String {
     let mut flag = match (argument.get_short(), argument.get_long()) {
         (Some(short), Some(long)) => format!("-{short}, --{long}"),
         (None, Some(long)) => format!("--{long}"),
@@ -303,23 +318,28 @@ fn argument_row(argument: &clap::Arg) -> String {
         argument.get_default_values().iter().map(|v| code(&v.to_string_lossy())).collect();
     let default = defaults.join("<br>");
     let help = argument.get_long_help().or(argument.get_help()).map(|h| h.to_string()).unwrap_or_default();
-    let mut description = cell(&help);
+    let mut description = vec![cell(&sentence(&help))];
     let values: Vec<String> = argument
         .get_possible_values()
         .iter()
         .filter(|v| !v.is_hide_set() && argument.get_action().takes_values())
         .map(|v| match v.get_help() {
-            Some(help) => format!("{}: {}", code(v.get_name()), cell(&help.to_string())),
+            Some(help) => format!("{}: {}", code(v.get_name()), cell(help.to_string().trim_end_matches('.'))),
             None => code(v.get_name()),
         })
         .collect();
     if !values.is_empty() {
-        let _ = write!(description, "<br>One of: {}", values.join("; "));
+        description.push(format!("One of: {}.", values.join("; ")));
     }
     if argument.is_required_set() {
-        description.push_str("<br>Required.");
+        description.push("Required.".into());
     }
-    format!("| {} | {env} | {default} | {description} |\n", code(&flag))
+    description.retain(|part| !part.is_empty());
+    let description = description.join("<br>");
+    match with_env {
+        true => format!("| {} | {env} | {default} | {description} |\n", code(&flag)),
+        false => format!("| {} | {default} | {description} |\n", code(&flag)),
+    }
 }
 
 #[cfg(test)]
