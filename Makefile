@@ -6,7 +6,7 @@ MEMBERS ?= $(or $(FLEETROLL_MEMBERS),2)
 CARGO ?= cargo
 TESTENV := tests/testenv
 
-.PHONY: demo demo-operator demo-down all build generate fmt fmt-check lint unit integration test bench chaos testenv mcp-tools cluster cluster-down clean help
+.PHONY: demo demo-operator demo-down all build generate docs fmt fmt-check lint unit integration test bench chaos testenv mcp-tools cluster cluster-down clean help
 
 all: build
 
@@ -27,13 +27,22 @@ help: ## list the targets
 build: ## build the fleetroll binary
 	$(CARGO) build --locked
 
-generate: ## regenerate the CRDs (crds/, the chart) from the Rust types, manifests/install.yaml and the chart's README from the chart
+generate: ## regenerate the CRDs (crds/, the chart) and the manual's reference pages from the Rust types, manifests/install.yaml and the chart's README from the chart
 	$(CARGO) run --locked --quiet -- crd > crds/fleetroll.dev_fleetrollouts.yaml
 	$(CARGO) run --locked --quiet -- crd --policy > crds/fleetroll.dev_fleetrolloutpolicies.yaml
 	$(CARGO) run --locked --quiet -- crd --helm > charts/fleetroll/templates/crds.yaml
+	$(CARGO) run --locked --quiet -- reference crd > docs/src/reference/fleetrollout.md
+	$(CARGO) run --locked --quiet -- reference policy > docs/src/reference/fleetrolloutpolicy.md
+	$(CARGO) run --locked --quiet -- reference cli > docs/src/reference/cli.md
 	$(TESTENV)/build.sh
 	hack/render-manifests.sh > manifests/install.yaml
 	hack/chart-readme.sh > charts/fleetroll/README.md
+
+# The link check needs no cluster (built with the features `integration` uses, so the library builds once);
+# the pinned mdbook is installed once into the cache (hack/docs.sh).
+docs: ## check the manual's links, then build it (docs/) into target/book
+	$(CARGO) test --locked --quiet --features conformance --test docs
+	hack/docs.sh
 
 fmt: ## format the code
 	$(CARGO) fmt
@@ -54,7 +63,7 @@ integration: mcp-tools ## integration tests on a real control plane (starts one 
 	rm -rf target/test-logs
 	NODES=$(NODES) MEMBERS=$(MEMBERS) $(TESTENV)/with-cluster.sh $(CARGO) test --locked --features conformance --test '*'
 
-test: fmt-check lint unit integration ## everything CI runs
+test: fmt-check lint unit docs integration ## everything CI runs
 
 bench: mcp-tools ## benchmarks against the floor, side by side; writes bench/results/ (about 25 min)
 	$(CARGO) build --locked --release --bins --test $@

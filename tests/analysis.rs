@@ -317,7 +317,7 @@ async fn a_rollout_queries_only_the_backends_bound_to_its_namespace() {
         for name in &names {
             exporter.set_rate(&fleet.ns, name, REQUESTS_PER_SEC, 0.0);
         }
-        // One backend per tenant, as the README advises: this namespace's, and another tenant's.
+        // One backend per tenant, as the analysis chapter advises: this namespace's, and another tenant's.
         let own = Prometheus::start(&exporter, Options::default()).await;
         let other = Prometheus::start(&exporter, Options::default()).await;
         own.wait_for_series(&format!("min(count_over_time({REQUESTS}[1h])) >= 7")).await;

@@ -1,8 +1,8 @@
-//! fleetroll next to GitOps tools that manage its targets too (README: "GitOps-managed targets"). Argo CD
+//! fleetroll next to GitOps tools that manage its targets too (docs/src/gitops-managed-targets.md). Argo CD
 //! and Flux re-apply each target's Git manifest the way they do (`coexistence/tools.rs`) before a rollout
 //! (creating the fleet), while a batch is in flight, and after the rollout succeeded. With the configuration
-//! the README gives, the image fleetroll set stays and everything else Git changes applies; without it, the
-//! image is reverted and the batch in flight fails with `ImageChangedByOthers`, in status, in a Warning
+//! that chapter gives, the image fleetroll set stays and everything else Git changes applies; without it,
+//! the image is reverted and the batch in flight fails with `ImageChangedByOthers`, in status, in a Warning
 //! event and in the MCP message.
 #![allow(clippy::unwrap_used)]
 
@@ -29,7 +29,8 @@ use tools::{ArgoApply, FLUX_IMAGE_PATH, argocd_sync, flux_apply, manifest};
 const DEADLINE: Duration = Duration::from_secs(120);
 const TARGETS: usize = 4;
 
-/// The GitOps tool managing one target, configured as README recommends or left as it comes.
+/// The GitOps tool managing one target, configured as docs/src/gitops-managed-targets.md recommends or left
+/// as it comes.
 #[derive(Clone, Copy, Debug)]
 enum Tool {
     /// Argo CD; `respect`: `ignoreDifferences` with `managedFieldsManagers: [fleetroll]`, and

@@ -35,7 +35,8 @@ const DEADLINE: Duration = Duration::from_secs(180);
 const ARGO: &str = "manifests/argocd/resource_customizations/fleetroll.dev/FleetRollout";
 const FLUX_CEL: &str = "manifests/flux/kustomization-healthcheckexprs.yaml";
 
-/// The rows of the README's table: what a rollout is, as far as GitOps tools are concerned.
+/// The rows of the table in the GitOps chapter (docs/src/gitops.md): what a rollout is, as far as GitOps
+/// tools are concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Row {
     /// Just created: the operator has not seen it (status is the CRD's default).
@@ -83,7 +84,7 @@ fn kebab(r: Row) -> String {
     })
 }
 
-/// kstatus (and Flux's CEL, which must agree) and Argo CD health, per row: the table in the README.
+/// kstatus (and Flux's CEL, which must agree) and Argo CD health, per row: the table in docs/src/gitops.md.
 fn expected(row: Row) -> (&'static str, &'static str) {
     match row {
         Row::Unseen | Row::Stale | Row::Progressing | Row::RollingBack => ("InProgress", "Progressing"),
@@ -490,7 +491,7 @@ async fn the_argo_cd_customization_passes_its_own_test_files() {
     }
 }
 
-/// The argocd-cm patch the README tells people to apply carries exactly the tested scripts, in the shape
+/// The argocd-cm patch the GitOps chapter says to apply carries exactly the tested scripts, in the shape
 /// Argo CD reads: the health script as is, the actions as a YAML document of discovery.lua and definitions.
 #[test]
 fn the_argocd_cm_patch_carries_the_tested_scripts() {

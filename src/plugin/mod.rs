@@ -101,3 +101,8 @@ fn print(value: &impl Serialize, output: Output) -> Result<(), PluginError> {
     print!("{text}");
     Ok(())
 }
+
+/// The plugin's command line, for the manual's generated reference (docs/src/reference/cli.md).
+pub(crate) fn command() -> clap::Command {
+    <PluginCli as clap::CommandFactory>::command()
+}

@@ -48,6 +48,9 @@ enum Command {
     Operator(Box<OperatorArgs>),
     /// Run only the MCP server (and /healthz, /readyz, /metrics), without the controller.
     Mcp(Box<McpServeArgs>),
+    /// Print a generated page of the manual (docs/src/reference/), for `make generate`.
+    #[command(hide = true)]
+    Reference { page: reference::Page },
 }
 
 #[derive(Debug, clap::Args)]
@@ -399,23 +402,8 @@ fn default_identity() -> String {
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Crd { helm, policy } => {
-            let rendered = match (helm, policy) {
-                (true, _) => crate::api::crd_helm_template(),
-                (false, true) => crate::api::policy_crd_yaml(),
-                (false, false) => crate::api::crd_yaml(),
-            };
-            match rendered {
-                Ok(yaml) => {
-                    print!("{yaml}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("error: cannot render the CRD: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        Command::Crd { helm, policy } => reference::print_crd(helm, policy),
+        Command::Reference { page } => reference::print_page(page),
         Command::Operator(args) => {
             init_tracing(&cli.log_level, cli.log_format);
             let options = match args.options() {
@@ -444,5 +432,6 @@ fn refused(why: &str) -> ExitCode {
 }
 
 mod exec;
+mod reference;
 #[cfg(test)]
 mod tests;

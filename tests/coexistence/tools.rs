@@ -25,7 +25,8 @@ use crate::common::cli;
 pub const ARGOCD: &str = "argocd-controller";
 pub const FLUX: &str = "kustomize-controller";
 
-/// The Flux `.spec.ignore` path README recommends for a Deployment whose rolled container is the first.
+/// The Flux `.spec.ignore` path docs/src/gitops-managed-targets.md recommends for a Deployment whose rolled
+/// container is the first.
 pub const FLUX_IMAGE_PATH: &str = "/spec/template/spec/containers/0/image";
 
 /// A Deployment as Git has it at `revision`, which shows in a label and an environment variable, so that

@@ -659,8 +659,8 @@ pub(super) async fn a_reconcile_panics(env: &'static Env) -> Row {
     }
 }
 
-/// Two tenants, each with a metrics backend of its own bound to its namespace (the README's advice: one
-/// scoped backend per tenant). The first names the second's in its analysis; then its own.
+/// Two tenants, each with a metrics backend of its own bound to its namespace (the analysis chapter's
+/// advice: one scoped backend per tenant). The first names the second's in its analysis; then its own.
 pub(super) async fn tenant_queries_another_tenants_metrics_backend(env: &'static Env) -> Row {
     use common::prometheus::{Exporter, Options, Prometheus, REQUESTS, REQUESTS_PER_SEC, error_ratio_query};
     let fleet = fleet_of(env, "sec-an-a", 2).await;
