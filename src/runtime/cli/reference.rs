@@ -275,6 +275,9 @@ fn command_section(out: &mut String, command: &clap::Command, path: &str, level:
             out.push_str(&argument_row(argument, with_env));
         }
     }
+    if let Some(after) = command.get_after_long_help().or(command.get_after_help()) {
+        let _ = write!(out, "\n{}\n", sentence(&after.to_string()));
+    }
     for sub in command.get_subcommands().filter(|c| !c.is_hide_set()) {
         command_section(out, sub, &format!("{path} {}", sub.get_name()), (level + 1).min(4));
     }
