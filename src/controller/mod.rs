@@ -4,8 +4,6 @@
 
 mod analysis;
 mod fleet;
-mod member_nodes;
-mod members;
 mod reconcile;
 mod revision;
 mod wakes;
@@ -37,7 +35,7 @@ use crate::{
     edge::{
         plans::{self, PlanStore},
         rollouts::Rollouts,
-        {probe::Prober, targets::Stores},
+        {probe::Prober, workloads::Stores},
     },
     error::{Error, Result},
     runtime::metrics::{ErrorLabel, Metrics, PhaseLabel, StateLabel},
@@ -89,7 +87,7 @@ pub struct Context {
     querier: crate::edge::prometheus::Querier,
     /// Member clusters from the Secrets of the fleet namespace, a client for each, and watch caches of
     /// their workloads.
-    members: crate::edge::member_watch::MemberWatches,
+    members: crate::edge::members::watch::MemberWatches,
     metrics: Arc<Metrics>,
     /// The clients targets in this cluster are changed with: as each rollout's creator, by default.
     writers: crate::edge::impersonation::Writers,
@@ -384,7 +382,7 @@ pub async fn run(
         rollouts: controller.store(),
         policies,
         writers: crate::edge::impersonation::Writers::new(settings.act_as, client.clone(), config),
-        members: crate::edge::member_watch::MemberWatches::new(
+        members: crate::edge::members::watch::MemberWatches::new(
             crate::edge::members::Members::new(client.clone(), settings.fleet_namespace.clone())
                 .with_exec(settings.member_exec.clone()),
             member_wake,

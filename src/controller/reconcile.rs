@@ -19,9 +19,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use super::{
     Context,
-    fleet::{Batch, Fleet, Nodes, Seen, Workloads},
-    member_nodes::{self, MemberNodes},
-    members::Members,
+    fleet::{Batch, Fleet, MemberNodes, MemberWorkloads, Nodes, Seen, Workloads, finalize_member_nodes},
     revision::Planning,
 };
 use crate::{
@@ -36,7 +34,7 @@ use crate::{
         rollout::{self, Facts, Step, Transition},
         scope,
     },
-    edge::{daemonset_pods, plans::LoadedPlan, rollouts::holds_daemonset, targets::Outcome},
+    edge::{nodes, plans::LoadedPlan, rollouts::holds_daemonset, workloads::Outcome},
     error::{Error, Result},
     runtime::failpoint,
 };
@@ -96,8 +94,8 @@ pub(super) async fn reconcile(obj: Arc<FleetRollout>, ctx: Arc<Context>) -> Resu
 async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -> Result<Action> {
     if fr.meta().deletion_timestamp.is_some() {
         match fr.spec.targets.clusters {
-            Some(_) if fr.spec.targets.kind == TargetKind::Node => member_nodes::finalize(ctx, &fr).await?,
-            _ => daemonset_pods::finalize(&ctx.client, ctx.writer(&fr), &fr).await?,
+            Some(_) if fr.spec.targets.kind == TargetKind::Node => finalize_member_nodes(ctx, &fr).await?,
+            _ => nodes::finalize(&ctx.client, ctx.writer(&fr), &fr).await?,
         }
         return Ok(Action::await_change());
     }
@@ -111,7 +109,7 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
                 step::<MemberNodes>(ctx, fr, &mut round).await?
             }
             TargetKind::Node => step::<Nodes>(ctx, fr, &mut round).await?,
-            _ if fr.spec.targets.clusters.is_some() => step::<Members>(ctx, fr, &mut round).await?,
+            _ if fr.spec.targets.clusters.is_some() => step::<MemberWorkloads>(ctx, fr, &mut round).await?,
             _ => step::<Workloads>(ctx, fr, &mut round).await?,
         };
         match next {

@@ -7,7 +7,7 @@
 //! pod does too: a pod that carries it is never deleted again. The strategy and template from before the
 //! rollout are saved in annotations on the DaemonSet, to hand updates back afterwards and to roll back.
 //!
-//! Pure functions over Nodes, Pods and the DaemonSet; the IO is in `edge::daemonset_pods`.
+//! Pure functions over Nodes, Pods and the DaemonSet; the IO is in `edge::nodes`.
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -22,7 +22,7 @@ use crate::{
     error::Result,
 };
 
-use super::{lists, targets::Stores};
+use super::{lists, workloads::Stores};
 
 fn blocked(reason: &'static str, message: String) -> Blocked {
     Blocked { reason, message }
@@ -135,8 +135,8 @@ pub(crate) async fn discover(
     fr: &FleetRollout,
 ) -> Result<Result<Discovered, Blocked>> {
     if fr.spec.targets.kind == TargetKind::Node {
-        let at = super::daemonset_pods::At::home(client, fr);
-        return Ok(super::daemonset_pods::discover(at, fr).await?.map(Discovered::local));
+        let at = super::nodes::At::home(client, fr);
+        return Ok(super::nodes::discover(at, fr).await?.map(Discovered::local));
     }
     Ok(match list_fleet(client, fleet_namespace, fr).await? {
         Ok((found, namespaces)) => {
@@ -277,7 +277,7 @@ pub(crate) async fn preview_members(
     fleet_namespace: &str,
     fr: &FleetRollout,
 ) -> Result<Result<Preview, Blocked>> {
-    let discovered = super::member_fleet::discover(members, fleet_namespace, fr).await?;
+    let discovered = super::members::workloads::discover(members, fleet_namespace, fr).await?;
     Ok(discovered.and_then(|d| planned(fr, d)))
 }
 

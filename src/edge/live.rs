@@ -8,8 +8,8 @@ use crate::{
     api::{FleetRollout, TargetKind},
     core::{count, plan::Plan, rollout::TargetState, workload::Readiness},
     edge::{
-        daemonset_pods::{At, View},
-        targets,
+        nodes::{At, View},
+        workloads,
     },
     error::Result,
 };
@@ -38,7 +38,7 @@ pub async fn healthy(client: &Client, fr: &FleetRollout, plan: &Plan, batch: u32
         kind => {
             let mut healthy = 0;
             for t in targets.iter().take(WORKLOAD_READS) {
-                if let Ok(Some(facts)) = targets::live_facts(client, kind, t).await
+                if let Ok(Some(facts)) = workloads::live_facts(client, kind, t).await
                     && facts.container_image(container).is_ok_and(|(_, i)| i == image)
                     && facts.readiness() == Readiness::Ready
                 {

@@ -15,7 +15,10 @@ mod argo;
 mod errors;
 mod exec;
 mod kubeconfig;
+pub(crate) mod nodes;
 mod secrets;
+pub(crate) mod watch;
+pub(crate) mod workloads;
 
 use std::{
     collections::{BTreeMap, HashMap},

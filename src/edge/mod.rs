@@ -4,20 +4,17 @@
 
 pub(crate) mod answers;
 pub(crate) mod control;
-pub(crate) mod daemonset_pods;
 pub mod discovery;
 pub(crate) mod egress;
 pub(crate) mod events;
 pub(crate) mod impersonation;
 pub(crate) mod lists;
 pub(crate) mod live;
-pub(crate) mod member_fleet;
-pub(crate) mod member_nodes;
-pub(crate) mod member_watch;
 pub(crate) mod members;
+pub(crate) mod nodes;
 pub(crate) mod own_writes;
 pub mod plans;
 pub(crate) mod probe;
 pub(crate) mod prometheus;
 pub(crate) mod rollouts;
-pub(crate) mod targets;
+pub(crate) mod workloads;

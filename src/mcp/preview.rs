@@ -22,7 +22,7 @@ use super::{
 use crate::{
     api::FleetRollout,
     core::Blocked,
-    edge::{control::ControlError, discovery, member_fleet},
+    edge::{control::ControlError, discovery, members::workloads as member_workloads},
 };
 
 impl Ops {
@@ -33,7 +33,7 @@ impl Ops {
         let client = self.writer.client_for(who)?;
         let previewed = if fr.spec.targets.clusters.is_some() {
             // The answer a rollout outside the fleet namespace gets, before anything is read.
-            if let Err(blocked) = member_fleet::may_reach_members(&self.fleet_namespace, &fr) {
+            if let Err(blocked) = member_workloads::may_reach_members(&self.fleet_namespace, &fr) {
                 return Ok(blocked_result(&blocked));
             }
             may_create(&client, &fr).await?;

@@ -1,6 +1,6 @@
 //! Workloads in member clusters (`targets.clusters`), as the controller drives them: found in every member
 //! the selector picks, read per step for the batch in flight (from the member's watch cache once filled,
-//! the namespaces live), and changed through each member's own client (see `edge::member_fleet`). A member that does not answer is reported,
+//! the namespaces live), and changed through each member's own client (see `edge::members::workloads`). A member that does not answer is reported,
 //! never mistaken for healthy: the core waits for it until the health timeout.
 
 use std::{
@@ -11,10 +11,7 @@ use std::{
 
 use kube::ResourceExt;
 
-use super::{
-    Context,
-    fleet::{Batch, Fleet, Seen, change_of, container, holder, rollout_key, running_rollouts},
-};
+use super::{Batch, Context, Fleet, Seen, change_of, container, holder, rollout_key, running_rollouts};
 use crate::{
     api::{FleetRollout, FleetRolloutStatus, Phase, PlannedTarget, Unplanned},
     core::{
@@ -24,8 +21,8 @@ use crate::{
         scope,
     },
     edge::{
-        member_fleet::{self, Read},
-        targets::{self, Outcome},
+        members::workloads::{self as member_workloads, Read},
+        workloads::{self, Outcome},
     },
     error::Result,
     runtime::failpoint,
@@ -37,9 +34,9 @@ const MEMBER_RECHECK: Duration = Duration::from_secs(1);
 /// ... and otherwise, when the watches wake it: a safety net only.
 const WATCHED_RECHECK: Duration = Duration::from_secs(15);
 
-pub(super) struct Members;
+pub(in crate::controller) struct MemberWorkloads;
 
-pub(super) struct MembersSeen {
+pub(in crate::controller) struct MemberWorkloadsSeen {
     container: Option<String>,
     read: Read,
     /// The other rollouts still running, by uid.
@@ -47,11 +44,12 @@ pub(super) struct MembersSeen {
     looked: bool,
 }
 
-impl Fleet for Members {
-    type Seen = MembersSeen;
+impl Fleet for MemberWorkloads {
+    type Seen = MemberWorkloadsSeen;
 
     async fn discover(ctx: &Context, fr: &FleetRollout) -> Result<Result<Discovered, Blocked>> {
-        let found = member_fleet::discover(ctx.members.members(), &ctx.settings.fleet_namespace, fr).await?;
+        let found =
+            member_workloads::discover(ctx.members.members(), &ctx.settings.fleet_namespace, fr).await?;
         // The planned members' watches start now, so that their caches are filled by the first batch.
         if let Ok(d) = &found {
             for cluster in d.waves.iter().flat_map(|w| &w.clusters) {
@@ -66,9 +64,9 @@ impl Fleet for Members {
         fr: &Arc<FleetRollout>,
         status: &FleetRolloutStatus,
         plan: &Plan,
-    ) -> Result<MembersSeen> {
+    ) -> Result<MemberWorkloadsSeen> {
         let own_uid = fr.uid().unwrap_or_default();
-        let mut seen = MembersSeen {
+        let mut seen = MemberWorkloadsSeen {
             container: container(fr).map(String::from),
             read: Read::default(),
             running: running_rollouts(&ctx.rollouts, &own_uid),
@@ -81,7 +79,7 @@ impl Fleet for Members {
             p if p.is_terminal() || p == Phase::WaitingForApproval => return Ok(seen),
             _ => plan.batch(current).iter().collect(),
         };
-        seen.read = member_fleet::read(&ctx.members, status, fr.spec.targets.kind, &targets).await;
+        seen.read = member_workloads::read(&ctx.members, status, fr.spec.targets.kind, &targets).await;
         seen.looked = true;
         Ok(seen)
     }
@@ -89,8 +87,10 @@ impl Fleet for Members {
     async fn apply(ctx: &Context, fr: &FleetRollout, batch: Batch<'_>) -> Result<Outcome> {
         let (rollout, holder) = (rollout_key(fr), holder(ctx, fr));
         let change = change_of(fr, batch.key, &rollout, failpoint::BETWEEN_PATCHES, &holder);
-        member_fleet::change(&ctx.members, &ctx.metrics, &change, batch.targets, |_| batch.image.to_string())
-            .await
+        member_workloads::change(&ctx.members, &ctx.metrics, &change, batch.targets, |_| {
+            batch.image.to_string()
+        })
+        .await
     }
 
     async fn restore(
@@ -101,14 +101,15 @@ impl Fleet for Members {
     ) -> Result<Outcome> {
         let (rollout, holder) = (rollout_key(fr), holder(ctx, fr));
         let change = change_of(fr, key, &rollout, failpoint::BETWEEN_RESTORES, &holder);
-        member_fleet::change(&ctx.members, &ctx.metrics, &change, targets, |t| t.previous_image.clone()).await
+        member_workloads::change(&ctx.members, &ctx.metrics, &change, targets, |t| t.previous_image.clone())
+            .await
     }
 }
 
-impl Seen for MembersSeen {
+impl Seen for MemberWorkloadsSeen {
     fn target(&self, t: &PlannedTarget) -> Option<TargetState> {
         let facts = self.read.facts.get(&t.key())?;
-        Some(targets::state_of(facts, self.container.as_deref()))
+        Some(workloads::state_of(facts, self.container.as_deref()))
     }
 
     fn probe_url(&self, template: &str, t: &PlannedTarget) -> Option<String> {

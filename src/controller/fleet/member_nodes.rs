@@ -1,6 +1,6 @@
 //! Node rollouts across member clusters, as the controller drives them: the nodes found in every member
 //! the selector picks (the DaemonSet in the namespaces the rollout may touch there), read live per step for
-//! the batch in flight, their pods replaced through each member's own client (see `edge::member_nodes`).
+//! the batch in flight, their pods replaced through each member's own client (see `edge::members::nodes`).
 //! A member that does not answer is reported, never mistaken for healthy, as for workloads.
 
 use std::{
@@ -12,22 +12,21 @@ use std::{
 use kube::ResourceExt;
 use tracing::{info, warn};
 
-use super::{
-    Context,
-    fleet::{Batch, Fleet, Seen, rollout_key, rollout_known},
-};
+use super::{Batch, Context, Fleet, Seen, rollout_key, rollout_known};
 use crate::{
     api::{FleetRollout, FleetRolloutStatus, Phase, PlannedTarget, Unplanned},
     core::{
-        Blocked, nodes,
+        Blocked,
         plan::{Discovered, Plan},
         rollout::{self, Carrier, TargetState},
     },
     edge::{
-        member_fleet,
-        member_nodes::{self, Act, Read},
+        members::{
+            nodes::{self as member_nodes, Act, Read},
+            workloads as member_workloads,
+        },
         rollouts,
-        targets::Outcome,
+        workloads::Outcome,
     },
     error::Result,
 };
@@ -37,9 +36,9 @@ const NODE_RECHECK: Duration = Duration::from_secs(2);
 /// ... and while a member does not answer.
 const UNREACHABLE_RECHECK: Duration = Duration::from_secs(1);
 
-pub(super) struct MemberNodes;
+pub(in crate::controller) struct MemberNodes;
 
-pub(super) struct MemberNodesSeen {
+pub(in crate::controller) struct MemberNodesSeen {
     read: Read,
     looked: bool,
 }
@@ -48,7 +47,7 @@ impl Fleet for MemberNodes {
     type Seen = MemberNodesSeen;
 
     async fn discover(ctx: &Context, fr: &FleetRollout) -> Result<Result<Discovered, Blocked>> {
-        member_fleet::discover(ctx.members.members(), &ctx.settings.fleet_namespace, fr).await
+        member_workloads::discover(ctx.members.members(), &ctx.settings.fleet_namespace, fr).await
     }
 
     async fn observe(
@@ -76,7 +75,7 @@ impl Fleet for MemberNodes {
     }
 
     async fn apply(ctx: &Context, fr: &FleetRollout, batch: Batch<'_>) -> Result<Outcome> {
-        let revision = nodes::revision_key(&fr.uid().unwrap_or_default(), batch.revision);
+        let revision = crate::core::nodes::revision_key(&fr.uid().unwrap_or_default(), batch.revision);
         let rollout = rollout_key(fr);
         let act = Act::Apply { revision: &revision, image: batch.image, rollout: &rollout };
         member_nodes::change(ctx.members.members(), &ctx.metrics, fr, act, batch.targets).await
@@ -114,7 +113,7 @@ async fn release(ctx: &Context, fr: &FleetRollout, finished: bool, deleted: bool
 /// A node rollout across members being deleted: hands back every member DaemonSet it holds (template too,
 /// unless it finished), then lets the rollout go. A member that does not answer keeps it until it does; one
 /// no Secret names any more is passed over.
-pub(super) async fn finalize(ctx: &Context, fr: &FleetRollout) -> Result<()> {
+pub(in crate::controller) async fn finalize(ctx: &Context, fr: &FleetRollout) -> Result<()> {
     if !rollouts::holds_daemonset(fr) {
         return Ok(());
     }

@@ -25,14 +25,12 @@ use kube::{
 use serde::de::DeserializeOwned;
 use tracing::{debug, info};
 
-use super::{
-    lists,
-    members::{self, MemberError, Members},
-};
+use super::{self as members, MemberError, Members};
 
 use crate::{
     api::{FleetRollout, ROLLOUT_ANNOTATION, TargetKind, target_key},
     core::workload::{self, WorkloadFacts},
+    edge::lists,
     error::{Error, Result},
 };
 

@@ -1,7 +1,7 @@
 //! Node rollouts across member clusters (`targets.kind: Node` with `targets.clusters`): in each member the
 //! selector picks, the DaemonSet `targets.daemonSet` of every namespace `targets.namespaceSelector` picks
 //! there (opted in there), its pods replaced node by node through the member's own client exactly as in
-//! the rollout's own cluster ([`super::daemonset_pods`]). A target is `cluster/namespace/node`.
+//! the rollout's own cluster ([`super::nodes`]). A target is `cluster/namespace/node`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -12,13 +12,15 @@ use tracing::warn;
 
 use crate::{
     api::{FleetRollout, FleetRolloutStatus, PlannedTarget},
-    core::{Blocked, nodes, plan::Candidate, reason, rollout::TargetState},
+    core::{Blocked, plan::Candidate, reason, rollout::TargetState},
     edge::{
-        daemonset_pods::{self, At, View},
         discovery,
-        member_fleet::{each_member, with_member},
-        members::Members,
-        targets::Outcome,
+        members::{
+            Members,
+            workloads::{each_member, with_member},
+        },
+        nodes::{self, At, View},
+        workloads::Outcome,
     },
     error::{Error, Result},
     runtime::metrics::Metrics,
@@ -39,7 +41,7 @@ pub(crate) async fn list(
     };
     let mut found = Vec::new();
     for namespace in &namespaces {
-        match daemonset_pods::discover(At::member(client, hub, namespace), fr).await? {
+        match nodes::discover(At::member(client, hub, namespace), fr).await? {
             Ok(nodes) => {
                 found.extend(nodes.into_iter().map(|c| Candidate { namespace: namespace.clone(), ..c }))
             }
@@ -100,7 +102,7 @@ pub(crate) async fn read(
                         let holder = view
                             .daemonset
                             .as_ref()
-                            .and_then(|ds| nodes::held_by_other(ds.annotations(), own));
+                            .and_then(|ds| crate::core::nodes::held_by_other(ds.annotations(), own));
                         let states = view.rollout_states(fr, status, status.current_batch);
                         read.push((
                             namespace.to_string(),
@@ -169,9 +171,9 @@ pub(crate) async fn change(
             let at = At::member(&client, members.hub(), &namespace);
             outcome.add(match act {
                 Act::Apply { revision, image, rollout } => {
-                    daemonset_pods::apply(at, metrics, fr, revision, image, rollout, &targets).await?
+                    nodes::apply(at, metrics, fr, revision, image, rollout, &targets).await?
                 }
-                Act::Restore => daemonset_pods::restore(at, metrics, fr, &targets).await?,
+                Act::Restore => nodes::restore(at, metrics, fr, &targets).await?,
             });
         }
         Ok(outcome)
@@ -180,7 +182,7 @@ pub(crate) async fn change(
 }
 
 /// Hands back the DaemonSet of every (cluster, namespace) of `targets` this rollout holds (see
-/// [`daemonset_pods::release`]), every member at once. A member that does not answer is an error naming
+/// [`nodes::release`]), every member at once. A member that does not answer is an error naming
 /// it, once every other member has been handed back: its DaemonSet stays with this rollout until it
 /// answers, and the caller tries again. When the rollout is being `deleted`, a member no Secret names any
 /// more is passed over with a warning: it can never be reached again, and waiting for it would keep the
@@ -201,7 +203,7 @@ pub(crate) async fn release(
             let namespaces = namespaces.clone();
             async move {
                 for namespace in namespaces {
-                    daemonset_pods::release(
+                    nodes::release(
                         At::member(&client, members.hub(), namespace),
                         fr,
                         finished,

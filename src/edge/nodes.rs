@@ -17,7 +17,7 @@ use kube::{
 };
 use tracing::{debug, info};
 
-use super::{lists, targets::Outcome};
+use super::{lists, workloads::Outcome};
 use crate::{
     api::{FIELD_MANAGER, FleetRollout, FleetRolloutStatus, PlannedTarget, Unplanned},
     core::{

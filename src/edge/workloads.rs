@@ -81,7 +81,7 @@ impl Stores {
             TargetKind::Deployment => get(&self.deployments, namespace, name),
             TargetKind::StatefulSet => get(&self.statefulsets, namespace, name),
             TargetKind::DaemonSet => get(&self.daemonsets, namespace, name),
-            // Node targets are not workloads; edge::daemonset_pods reads them.
+            // Node targets are not workloads; edge::nodes reads them.
             TargetKind::Node => None,
         }
     }

@@ -22,9 +22,8 @@ use crate::{
     },
     edge::{
         discovery,
-        member_watch::MemberWatches,
-        members::{self, MemberError, Members},
-        targets::{self, Change, Outcome},
+        members::{self, MemberError, Members, watch::MemberWatches},
+        workloads::{self, Change, Outcome},
     },
     error::{Error, Result},
     runtime::metrics::Metrics,
@@ -246,7 +245,7 @@ async fn list_member(
     fr: &FleetRollout,
 ) -> Result<Result<Listed, Blocked>> {
     if fr.spec.targets.kind == TargetKind::Node {
-        let nodes = super::member_nodes::list(&client, hub, fleet_namespace, fr).await?;
+        let nodes = super::nodes::list(&client, hub, fleet_namespace, fr).await?;
         return Ok(nodes.map(|nodes| Listed { nodes, ..Default::default() }));
     }
     let listed = discovery::list_fleet(&client, fleet_namespace, fr).await?;
@@ -396,7 +395,7 @@ pub(crate) async fn change(
         // The member's watch cache, as the rollout's own cluster's, spares a read before each patch.
         let cache = watches.cache(cluster, change.kind);
         let cached = |t: &PlannedTarget| cache.as_ref().filter(|c| c.ready())?.get(&t.namespace, &t.name);
-        targets::patch_all(&client, &client, &cached, metrics, change, &targets, image_of).await
+        workloads::patch_all(&client, &client, &cached, metrics, change, &targets, image_of).await
     })
     .await
 }
