@@ -1,7 +1,15 @@
-//! Events about rollouts, as events.k8s.io/v1 objects. The same event again (type, reason, action and
-//! note alike) within [`SERIES_TTL`] becomes a series of the first, as client-go makes it. kube's Recorder
-//! also folds an event whose note differs into the first one's series, so a second measurement of a batch
-//! or a second cluster's trouble was counted and never read: here that is an event of its own.
+//! Events about rollouts, as events.k8s.io/v1 objects: what one reconcile step says of one thing (a type,
+//! a reason and a batch) reads as one event, its notes joined; the same event again within [`SERIES_TTL`]
+//! becomes a series of the first.
+//!
+//! Why not kube's `Recorder`: it keys a series as client-go does, by regarding, related, type, reason and
+//! action, leaving the note out, and expects a distinct `action` or `related` object per fact. A rollout's
+//! facts are in its notes (which measurement of a batch, which member cluster, which target failed), and
+//! the objects they are about (a member's Secret, a metric) are not ones an event can usefully point at, so
+//! under that key a second fact would be counted in the first's series and never read. Here the note is in
+//! the key. Two more: the series remembered are capped ([`SERIES_KEPT`]; kube's cache grows with every
+//! distinct event for six minutes), and a series whose event has expired is published anew rather than
+//! failing with a 404 until its entry ages out.
 
 use std::{
     collections::HashMap,
@@ -19,7 +27,12 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
 };
 
-use crate::error::is_not_found;
+use tracing::warn;
+
+use crate::{
+    core::rollout::{Event as StepEvent, EventType},
+    error::is_not_found,
+};
 
 /// How long a repeat of an event is counted in its series rather than published anew (kube's and
 /// client-go's figure).
@@ -97,6 +110,22 @@ impl Events {
         }
     }
 
+    /// Publishes what one reconcile step says about `regarding`, one event per type, reason and batch;
+    /// best effort (a failure is logged, the rollout does not wait on it).
+    pub async fn publish_step(&self, events: Vec<StepEvent>, regarding: &ObjectReference) {
+        for e in merged(events) {
+            let event = Event {
+                warning: e.type_ == EventType::Warning,
+                reason: e.reason.to_string(),
+                note: e.message,
+                action: e.batch.map_or_else(|| "Rollout".to_string(), |b| format!("Batch{}", b + 1)),
+            };
+            if let Err(err) = self.publish(event, regarding).await {
+                warn!(error = %err, "could not publish an event");
+            }
+        }
+    }
+
     /// Publishes `e` about `regarding`: a new event, or a repeat counted in its series.
     pub async fn publish(&self, e: Event, regarding: &ObjectReference) -> kube::Result<()> {
         let key = Key {
@@ -149,6 +178,29 @@ impl Events {
     }
 }
 
+/// The most an Event's note may hold: events.k8s.io/v1 refuses a longer one (and the event with it).
+const NOTE_MAX_BYTES: usize = 1024;
+
+/// One event per type, reason and batch, their messages joined in order, each cut to what the API takes:
+/// what one step says of one thing reads as one event (a plan's notes on clusters left out, say).
+fn merged(events: Vec<StepEvent>) -> Vec<StepEvent> {
+    let mut out: Vec<StepEvent> = Vec::new();
+    for e in events {
+        let same = |o: &&mut StepEvent| o.type_ == e.type_ && o.reason == e.reason && o.batch == e.batch;
+        match out.iter_mut().find(same) {
+            Some(first) => {
+                first.message.push_str("; ");
+                first.message.push_str(&e.message);
+            }
+            None => out.push(e),
+        }
+    }
+    for e in &mut out {
+        e.message = crate::core::text::cut(&e.message, NOTE_MAX_BYTES);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,5 +247,33 @@ mod tests {
         assert_eq!(decide(&mut known, &key("new"), at(SERIES_KEPT as i64)), Publish::Create);
         assert_eq!(known.len(), SERIES_KEPT - 1);
         assert!(!known.contains_key(&key("n0")) && known.contains_key(&key("n1")));
+    }
+
+    #[test]
+    fn the_events_of_one_kind_a_step_sends_read_as_one_and_every_note_fits_the_api() {
+        let events = vec![
+            StepEvent::warning("ClusterRefused", None, "member cluster a has no target".into()),
+            StepEvent::normal("Planned", None, "waves: canary".into()),
+            StepEvent::warning("ClusterRefused", None, "wave canary reaches no member cluster".into()),
+            StepEvent::warning("ClusterRefused", Some(1), "in a batch: a series of its own".into()),
+            StepEvent::warning("TargetFailed", Some(1), "é".repeat(2000)),
+        ];
+        let merged = merged(events);
+        let shown: Vec<(&str, Option<u32>, &str)> =
+            merged.iter().map(|e| (e.reason, e.batch, e.message.as_str())).collect();
+        assert_eq!(
+            shown[..3],
+            [
+                (
+                    "ClusterRefused",
+                    None,
+                    "member cluster a has no target; wave canary reaches no member cluster"
+                ),
+                ("Planned", None, "waves: canary"),
+                ("ClusterRefused", Some(1), "in a batch: a series of its own"),
+            ]
+        );
+        let long = &merged[3].message;
+        assert!(long.len() <= NOTE_MAX_BYTES && long.ends_with("é…"), "{}", long.len());
     }
 }

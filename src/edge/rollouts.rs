@@ -8,12 +8,12 @@ use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams, PostParams},
 };
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::{events::Events, own_writes::OwnWrites};
 use crate::{
     api::{FIELD_MANAGER, FleetRollout},
-    core::rollout::{Event, EventType, Transition},
+    core::rollout::{Event, Transition},
     error::{Error, Result, is_not_found},
     runtime::metrics::Metrics,
 };
@@ -107,43 +107,8 @@ impl Rollouts {
         }
         let publisher = self.events.clone();
         let reference = fr.object_ref(&());
-        tokio::spawn(async move {
-            for e in merged(events) {
-                let event = super::events::Event {
-                    warning: e.type_ == EventType::Warning,
-                    reason: e.reason.to_string(),
-                    note: e.message,
-                    action: e.batch.map_or_else(|| "Rollout".to_string(), |b| format!("Batch{}", b + 1)),
-                };
-                if let Err(err) = publisher.publish(event, &reference).await {
-                    warn!(error = %err, "could not publish an event");
-                }
-            }
-        });
+        tokio::spawn(async move { publisher.publish_step(events, &reference).await });
     }
-}
-
-/// The most an Event's note may hold: events.k8s.io/v1 refuses a longer one (and the event with it).
-const NOTE_MAX_BYTES: usize = 1024;
-
-/// One event per type, reason and batch, their messages joined in order, each cut to what the API takes:
-/// what one step says of one thing reads as one event (a plan's notes on clusters left out, say).
-fn merged(events: Vec<Event>) -> Vec<Event> {
-    let mut out: Vec<Event> = Vec::new();
-    for e in events {
-        let same = |o: &&mut Event| o.type_ == e.type_ && o.reason == e.reason && o.batch == e.batch;
-        match out.iter_mut().find(same) {
-            Some(first) => {
-                first.message.push_str("; ");
-                first.message.push_str(&e.message);
-            }
-            None => out.push(e),
-        }
-    }
-    for e in &mut out {
-        e.message = crate::core::text::cut(&e.message, NOTE_MAX_BYTES);
-    }
-    out
 }
 
 /// Whether the rollout carries [`FINALIZER`].
@@ -179,38 +144,5 @@ pub(super) async fn set_finalizer(
         // Deleted and finalized meanwhile: nothing left to hold.
         Err(e) if is_not_found(&e) && !on => Ok(None),
         Err(e) => Err(e.into()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_events_of_one_kind_a_step_sends_read_as_one_and_every_note_fits_the_api() {
-        let events = vec![
-            Event::warning("ClusterRefused", None, "member cluster a has no target".into()),
-            Event::normal("Planned", None, "waves: canary".into()),
-            Event::warning("ClusterRefused", None, "wave canary reaches no member cluster".into()),
-            Event::warning("ClusterRefused", Some(1), "in a batch: a series of its own".into()),
-            Event::warning("TargetFailed", Some(1), "é".repeat(2000)),
-        ];
-        let merged = merged(events);
-        let shown: Vec<(&str, Option<u32>, &str)> =
-            merged.iter().map(|e| (e.reason, e.batch, e.message.as_str())).collect();
-        assert_eq!(
-            shown[..3],
-            [
-                (
-                    "ClusterRefused",
-                    None,
-                    "member cluster a has no target; wave canary reaches no member cluster"
-                ),
-                ("Planned", None, "waves: canary"),
-                ("ClusterRefused", Some(1), "in a batch: a series of its own"),
-            ]
-        );
-        let long = &merged[3].message;
-        assert!(long.len() <= NOTE_MAX_BYTES && long.ends_with("é…"), "{}", long.len());
     }
 }
