@@ -85,12 +85,8 @@ impl Fleet for MemberWorkloads {
     }
 
     async fn apply(ctx: &Context, fr: &FleetRollout, batch: Batch<'_>) -> Result<Outcome> {
-        let (rollout, holder) = (rollout_key(fr), holder(ctx, fr));
-        let change = change_of(fr, batch.key, &rollout, failpoint::BETWEEN_PATCHES, &holder);
-        member_workloads::change(&ctx.members, &ctx.metrics, &change, batch.targets, |_| {
-            batch.image.to_string()
-        })
-        .await
+        let new_image = |_: &PlannedTarget| batch.image.to_string();
+        patch(ctx, fr, batch.key, failpoint::BETWEEN_PATCHES, batch.targets, new_image).await
     }
 
     async fn restore(
@@ -99,11 +95,24 @@ impl Fleet for MemberWorkloads {
         key: &str,
         targets: &[PlannedTarget],
     ) -> Result<Outcome> {
-        let (rollout, holder) = (rollout_key(fr), holder(ctx, fr));
-        let change = change_of(fr, key, &rollout, failpoint::BETWEEN_RESTORES, &holder);
-        member_workloads::change(&ctx.members, &ctx.metrics, &change, targets, |t| t.previous_image.clone())
-            .await
+        let previous = |t: &PlannedTarget| t.previous_image.clone();
+        patch(ctx, fr, key, failpoint::BETWEEN_RESTORES, targets, previous).await
     }
+}
+
+/// Sets each target's image to `image_of` it (a batch's or a restore's change, keyed `key`), member by
+/// member with each member's own client.
+async fn patch(
+    ctx: &Context,
+    fr: &FleetRollout,
+    key: &str,
+    between: &'static str,
+    targets: &[PlannedTarget],
+    image_of: impl Fn(&PlannedTarget) -> String + Sync,
+) -> Result<Outcome> {
+    let (rollout, holder) = (rollout_key(fr), holder(ctx, fr));
+    let change = change_of(fr, key, &rollout, between, &holder);
+    member_workloads::change(&ctx.members, &ctx.metrics, &change, targets, image_of).await
 }
 
 impl Seen for MemberWorkloadsSeen {

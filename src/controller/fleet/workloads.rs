@@ -65,17 +65,8 @@ impl Fleet for Workloads {
     }
 
     async fn apply(ctx: &Context, fr: &FleetRollout, batch: Batch<'_>) -> Result<Outcome> {
-        let (rollout, holder) = (rollout_key(fr), holder(ctx, fr));
-        let change = change_of(fr, batch.key, &rollout, failpoint::BETWEEN_PATCHES, &holder);
-        let cached = |t: &PlannedTarget| ctx.stores.facts(change.kind, &t.namespace, &t.name);
-        let writer = match ctx.writer(fr) {
-            Ok(w) => w,
-            Err(why) => return Ok(Outcome::denied(batch.targets, &why)),
-        };
-        workloads::patch_all(&ctx.client, &writer, &cached, &ctx.metrics, &change, batch.targets, |_| {
-            batch.image.to_string()
-        })
-        .await
+        let new_image = |_: &PlannedTarget| batch.image.to_string();
+        patch(ctx, fr, batch.key, failpoint::BETWEEN_PATCHES, batch.targets, new_image).await
     }
 
     async fn restore(
@@ -84,16 +75,29 @@ impl Fleet for Workloads {
         key: &str,
         targets: &[PlannedTarget],
     ) -> Result<Outcome> {
-        let (rollout, holder) = (rollout_key(fr), holder(ctx, fr));
-        let change = change_of(fr, key, &rollout, failpoint::BETWEEN_RESTORES, &holder);
-        let cached = |t: &PlannedTarget| ctx.stores.facts(change.kind, &t.namespace, &t.name);
-        let writer = match ctx.writer(fr) {
-            Ok(w) => w,
-            Err(why) => return Ok(Outcome::denied(targets, &why)),
-        };
-        let restore = |t: &PlannedTarget| t.previous_image.clone();
-        workloads::patch_all(&ctx.client, &writer, &cached, &ctx.metrics, &change, targets, restore).await
+        let previous = |t: &PlannedTarget| t.previous_image.clone();
+        patch(ctx, fr, key, failpoint::BETWEEN_RESTORES, targets, previous).await
     }
+}
+
+/// Sets each target's image to `image_of` it (a batch's or a restore's change, keyed `key`), as the
+/// rollout's creator, judged on the cached target first.
+async fn patch(
+    ctx: &Context,
+    fr: &FleetRollout,
+    key: &str,
+    between: &'static str,
+    targets: &[PlannedTarget],
+    image_of: impl Fn(&PlannedTarget) -> String + Sync,
+) -> Result<Outcome> {
+    let (rollout, holder) = (rollout_key(fr), holder(ctx, fr));
+    let change = change_of(fr, key, &rollout, between, &holder);
+    let cached = |t: &PlannedTarget| ctx.stores.facts(change.kind, &t.namespace, &t.name);
+    let writer = match ctx.writer(fr) {
+        Ok(w) => w,
+        Err(why) => return Ok(Outcome::denied(targets, &why)),
+    };
+    workloads::patch_all(&ctx.client, &writer, &cached, &ctx.metrics, &change, targets, image_of).await
 }
 
 impl Seen for WorkloadsSeen {
