@@ -8,6 +8,8 @@ mod controller;
 pub mod core;
 pub mod edge;
 pub mod error;
+pub mod failpoint;
 pub mod mcp;
+pub(crate) mod metrics;
 pub mod plugin;
 pub mod runtime;

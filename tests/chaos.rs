@@ -293,9 +293,9 @@ async fn kills(
                 break;
             }
             let point = match rng.below(4) {
-                0 => Some(fleetroll::runtime::failpoint::AFTER_INTENT),
-                1 => Some(fleetroll::runtime::failpoint::BETWEEN_PATCHES),
-                2 => Some(fleetroll::runtime::failpoint::AFTER_APPLY),
+                0 => Some(fleetroll::failpoint::AFTER_INTENT),
+                1 => Some(fleetroll::failpoint::BETWEEN_PATCHES),
+                2 => Some(fleetroll::failpoint::AFTER_APPLY),
                 _ => None,
             };
             let mut op = match point {

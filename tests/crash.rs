@@ -66,9 +66,9 @@ async fn sigkill_at_random_points_never_changes_a_target_twice() {
         let identity = ["--identity", "crash-test-operator"];
         while done < kills {
             let kill = match rng.below(4) {
-                0 => Kill::At(fleetroll::runtime::failpoint::AFTER_INTENT, 1),
-                1 => Kill::At(fleetroll::runtime::failpoint::BETWEEN_PATCHES, 1),
-                2 => Kill::At(fleetroll::runtime::failpoint::AFTER_APPLY, 1),
+                0 => Kill::At(fleetroll::failpoint::AFTER_INTENT, 1),
+                1 => Kill::At(fleetroll::failpoint::BETWEEN_PATCHES, 1),
+                2 => Kill::At(fleetroll::failpoint::AFTER_APPLY, 1),
                 _ => Kill::After(Duration::from_millis(100 + rng.below(700))),
             };
             let mut op = match &kill {

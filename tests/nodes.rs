@@ -124,9 +124,9 @@ async fn sigkills_of_the_operator_never_replace_a_pod_twice() {
             fleet.rollout("crashy", node_rollout(&pool, 2, json!({}))).await;
             let identity = ["--identity", "node-crash-operator"];
             let points = [
-                fleetroll::runtime::failpoint::AFTER_INTENT,
-                fleetroll::runtime::failpoint::BETWEEN_PATCHES,
-                fleetroll::runtime::failpoint::AFTER_APPLY,
+                fleetroll::failpoint::AFTER_INTENT,
+                fleetroll::failpoint::BETWEEN_PATCHES,
+                fleetroll::failpoint::AFTER_APPLY,
             ];
             let mut done = 0;
             while done < kills {

@@ -13,7 +13,8 @@ use crate::{
         rollout,
     },
     edge::prometheus,
-    runtime::{failpoint, metrics::MeasurementLabel},
+    failpoint,
+    metrics::MeasurementLabel,
 };
 
 /// The measurements due now for the batch in flight, taken. A backend or Secret that cannot be used makes

@@ -38,7 +38,7 @@ use crate::{
         {probe::Prober, workloads::Stores},
     },
     error::{Error, Result},
-    runtime::metrics::{ErrorLabel, Metrics, PhaseLabel, StateLabel},
+    metrics::{ErrorLabel, Metrics, PhaseLabel, StateLabel},
 };
 
 /// How long a shutdown waits for reconciles in flight.

@@ -36,7 +36,7 @@ use crate::{
     },
     edge::{nodes, plans::LoadedPlan, rollouts::holds_daemonset, workloads::Outcome},
     error::{Error, Result},
-    runtime::failpoint,
+    failpoint,
 };
 
 /// How many steps one reconcile may take before yielding (a safety net, never reached in practice).

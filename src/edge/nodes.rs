@@ -29,7 +29,8 @@ use crate::{
         workload,
     },
     error::{Error, Result, denial, is_conflict, is_not_found},
-    runtime::{failpoint, metrics::Metrics},
+    failpoint,
+    metrics::Metrics,
 };
 
 /// How many pod deletions of one batch are in flight at once.

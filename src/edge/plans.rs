@@ -24,7 +24,7 @@ use crate::{
     core::Blocked,
     core::plan::Plan,
     error::{Error, Result, is_not_found},
-    runtime::failpoint,
+    failpoint,
 };
 
 /// Plans whose JSON is larger than this (about 20 targets) go to ConfigMaps. The API server validates and

@@ -15,7 +15,7 @@ use crate::{
     api::{FIELD_MANAGER, FleetRollout},
     core::rollout::{Event, Transition},
     error::{Error, Result, is_not_found},
-    runtime::metrics::Metrics,
+    metrics::Metrics,
 };
 
 /// The finalizer a node rollout carries while it holds its DaemonSet, so that deleting the rollout (by hand,

@@ -21,7 +21,8 @@ use crate::{
         workload::{self, Cached, WorkloadFacts},
     },
     error::{Error, Result, denial, is_conflict, is_not_found},
-    runtime::{failpoint, metrics::Metrics},
+    failpoint,
+    metrics::Metrics,
 };
 
 /// How many target patches of one batch are in flight at once.

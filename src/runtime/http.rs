@@ -23,7 +23,7 @@ use tracing::{debug, error};
 
 use crate::{
     mcp::limits::{Accepted, Connections, HEADER_READ_TIMEOUT, MAX_HEADER_BYTES},
-    runtime::metrics::Metrics,
+    metrics::Metrics,
 };
 
 /// What the HTTP endpoints report on.

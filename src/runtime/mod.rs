@@ -4,10 +4,8 @@
 use std::{fmt::Display, process::ExitCode};
 
 pub mod cli;
-pub mod failpoint;
 pub(crate) mod http;
 pub(crate) mod leader;
-pub(crate) mod metrics;
 pub(crate) mod operator;
 
 /// Runs a command of the binary (the operator's or the plugin's) to its end on a multi-threaded tokio

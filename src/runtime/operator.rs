@@ -18,9 +18,9 @@ use crate::{
     controller::{self, Settings},
     error::{Error, Result},
     mcp,
+    metrics::Metrics,
     runtime::http,
     runtime::leader::{Elector, LeaseConfig},
-    runtime::metrics::Metrics,
 };
 
 /// Where the HTTP endpoints listen.

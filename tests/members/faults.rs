@@ -5,7 +5,7 @@ use std::{collections::HashMap, time::Duration};
 
 use fleetroll::{
     api::{APPLIED_ANNOTATION, BatchState, FleetRollout, Phase},
-    runtime::failpoint,
+    failpoint,
 };
 use kube::ResourceExt;
 use serde_json::json;

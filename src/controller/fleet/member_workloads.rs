@@ -25,7 +25,7 @@ use crate::{
         workloads::{self, Outcome},
     },
     error::Result,
-    runtime::failpoint,
+    failpoint,
 };
 
 /// How soon a rollout with a batch in flight looks at its member clusters again while a member does not

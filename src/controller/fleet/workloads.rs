@@ -23,7 +23,7 @@ use crate::{
         workloads::{self, Outcome, Stores},
     },
     error::Result,
-    runtime::failpoint,
+    failpoint,
 };
 
 /// Deployments, StatefulSets and DaemonSets, read from the watch caches.

@@ -23,7 +23,7 @@ use crate::{
         workloads::Outcome,
     },
     error::{Error, Result},
-    runtime::metrics::Metrics,
+    metrics::Metrics,
 };
 
 /// The nodes of a new revision in one member (`client`), in every namespace the rollout may touch there

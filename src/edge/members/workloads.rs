@@ -26,7 +26,7 @@ use crate::{
         workloads::{self, Change, Outcome},
     },
     error::{Error, Result},
-    runtime::metrics::Metrics,
+    metrics::Metrics,
 };
 
 /// Why a call to a member failed, as one line for people; `unreachable` when the member did not answer

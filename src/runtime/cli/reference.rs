@@ -379,7 +379,7 @@ mod tests {
         let chapter =
             std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src/operator.md"))
                 .expect("docs/src/operator.md");
-        let exposition = crate::runtime::metrics::Metrics::default().render();
+        let exposition = crate::metrics::Metrics::default().render();
         let mut names = Vec::new();
         for line in exposition.lines() {
             // `# TYPE fleetroll_reconciles counter`: counters are exposed with `_total`.
