@@ -263,7 +263,7 @@ impl PlanStore {
             PlanStorage::Status => Plan { hash: plan_ref.hash.clone(), batches: plan_ref.batches.clone() },
             PlanStorage::ConfigMaps => match read_shards(client, fr, plan_ref).await? {
                 Ok(batches) => Plan { hash: plan_ref.hash.clone(), batches },
-                Err(why) => return Ok(Err(tampered(fr, why))),
+                Err(blocked) => return Ok(Err(blocked)),
             },
         };
         let spec_hash = fr.status.as_ref().and_then(|s| s.revision.as_ref()).map(|r| r.spec_hash.as_str());
@@ -288,12 +288,12 @@ impl PlanStore {
     }
 }
 
-/// The batches stored in a plan's ConfigMaps, or what is wrong with them.
+/// The batches stored in a plan's ConfigMaps, or why they are not the plan frozen (`PlanTampered`).
 async fn read_shards(
     client: &Client,
     fr: &FleetRollout,
     plan_ref: &PlanRef,
-) -> Result<Result<Vec<Vec<PlannedTarget>>, String>> {
+) -> Result<Result<Vec<Vec<PlannedTarget>>, Blocked>> {
     let ns = fr.namespace().unwrap_or_default();
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     // Bounded by what status recorded, so a forged total cannot make us allocate without limit.
@@ -302,19 +302,24 @@ async fn read_shards(
     for name in &plan_ref.shards {
         let cm = match api.get(name).await {
             Ok(cm) => cm,
-            Err(e) if is_not_found(&e) => return Ok(Err(format!("ConfigMap {ns}/{name} is gone"))),
+            Err(e) if is_not_found(&e) => {
+                return Ok(Err(tampered(fr, format!("ConfigMap {ns}/{name} is gone"))));
+            }
             Err(e) => return Err(Error::Kube(e)),
         };
         let Some(data) = cm.data.as_ref().and_then(|d| d.get(DATA_KEY)) else {
-            return Ok(Err(format!("ConfigMap {ns}/{name} has no {DATA_KEY}")));
+            return Ok(Err(tampered(fr, format!("ConfigMap {ns}/{name} has no {DATA_KEY}"))));
         };
         let entries: Vec<ShardEntry> = match serde_json::from_str(data) {
             Ok(e) => e,
-            Err(e) => return Ok(Err(format!("ConfigMap {ns}/{name} does not hold a plan: {e}"))),
+            Err(e) => {
+                return Ok(Err(tampered(fr, format!("ConfigMap {ns}/{name} does not hold a plan: {e}"))));
+            }
         };
         for e in entries {
             let Some(slot) = batches.get_mut(e.batch as usize) else {
-                return Ok(Err(format!("ConfigMap {ns}/{name} names batch {} of {total_batches}", e.batch)));
+                let why = format!("ConfigMap {ns}/{name} names batch {} of {total_batches}", e.batch);
+                return Ok(Err(tampered(fr, why)));
             };
             slot.push(e.target);
         }
