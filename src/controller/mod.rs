@@ -30,9 +30,10 @@ use crate::{
     api::{FleetRollout, FleetRolloutPolicy, FleetRolloutStatus, Phase},
     core::{
         http_check, scope,
-        workload::{self, Cached, WorkloadFacts},
+        workload::{self, WorkloadFacts},
     },
     edge::{
+        cached::Cached,
         plans::{self, PlanStore},
         rollouts::Rollouts,
         {probe::Prober, workloads::Stores},
