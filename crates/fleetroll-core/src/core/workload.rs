@@ -9,7 +9,7 @@ use k8s_openapi::api::{
     apps::v1::{DaemonSet, Deployment, StatefulSet},
     core::v1::PodTemplateSpec,
 };
-use kube::ResourceExt;
+use kube_core::ResourceExt;
 use serde_json::{Value, json};
 
 use crate::api::{APPLIED_ANNOTATION, ROLLOUT_ANNOTATION, TargetKind};
