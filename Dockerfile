@@ -16,6 +16,8 @@ RUN apk add --no-cache musl-dev gcc
 WORKDIR /src
 COPY Cargo.toml Cargo.lock rust-toolchain.toml ./
 COPY src ./src
+# The pure core (API types and decisions), a workspace member of its own.
+COPY crates ./crates
 # On Alpine the target is musl: the binary is static.
 RUN cargo build --release --locked && strip target/release/fleetroll
 

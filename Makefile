@@ -50,12 +50,13 @@ fmt: ## format the code
 fmt-check:
 	$(CARGO) fmt --check
 
+# --workspace: the core crate too, whose clippy.toml forbids reading a clock (crates/fleetroll-core).
 lint: ## clippy, warnings are errors (the release build, and the test build with the conformance fixtures)
-	$(CARGO) clippy --locked --all-targets -- -D warnings
-	$(CARGO) clippy --locked --all-targets --features conformance -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets --features conformance -- -D warnings
 
-unit: ## unit tests (no cluster needed)
-	$(CARGO) test --locked --lib --bins
+unit: ## unit tests of both crates, the operator and its core (no cluster needed)
+	$(CARGO) test --locked --workspace --lib --bins
 
 # The conformance feature builds in the MCP conformance suite's fixture tools, which tests/mcp_conformance.rs needs.
 integration: mcp-tools ## integration tests on a real control plane (starts one if none is up, stops it afterwards)

@@ -30,9 +30,10 @@ use crate::{
     api::{FleetRollout, FleetRolloutPolicy, FleetRolloutStatus, Phase},
     core::{
         http_check, scope,
-        workload::{self, Cached, WorkloadFacts},
+        workload::{self, WorkloadFacts},
     },
     edge::{
+        cached::Cached,
         plans::{self, PlanStore},
         rollouts::Rollouts,
         {probe::Prober, workloads::Stores},
@@ -313,13 +314,12 @@ async fn watch_policies(
     Ok((store, futures::stream::poll_fn(move |cx| woken.poll_recv(cx))))
 }
 
-impl scope::Rules {
-    fn of(settings: &Settings) -> Self {
-        scope::Rules {
-            fleet_namespace: settings.fleet_namespace.clone(),
-            protected_namespaces: settings.protected_namespaces.clone(),
-            self_workloads: settings.self_workloads.clone(),
-        }
+/// The scope rules of these settings (a function, not `Rules::of`: the type is the core crate's).
+fn scope_rules(settings: &Settings) -> scope::Rules {
+    scope::Rules {
+        fleet_namespace: settings.fleet_namespace.clone(),
+        protected_namespaces: settings.protected_namespaces.clone(),
+        self_workloads: settings.self_workloads.clone(),
     }
 }
 
@@ -369,7 +369,7 @@ pub async fn run(
 
     // Changes in member clusters wake their rollouts as changes here do.
     let (member_wake, member_changes) = futures::channel::mpsc::unbounded();
-    let rules = Arc::new(scope::Rules::of(&settings));
+    let rules = Arc::new(scope_rules(&settings));
     let (controller, stores) = watches(&client, rollouts, rules.clone(), member_changes).await;
     let (policies, policy_changes) = watch_policies(&client).await?;
     let controller = controller.reconcile_all_on(policy_changes);

@@ -3,6 +3,7 @@
 //! deletions, status writes, spec controls), and sends analysis queries to metrics backends.
 
 pub(crate) mod answers;
+pub(crate) mod cached;
 pub(crate) mod control;
 pub mod discovery;
 pub(crate) mod egress;

@@ -18,8 +18,9 @@ use crate::{
     core::{
         count,
         rollout::{Carrier, HeldBy, TargetState},
-        workload::{self, Cached, WorkloadFacts},
+        workload::{self, WorkloadFacts},
     },
+    edge::cached::Cached,
     error::{Error, Result, denial, is_conflict, is_not_found},
     failpoint,
     metrics::Metrics,

@@ -10,7 +10,7 @@ use k8s_openapi::{
 /// What node rollouts read of a Pod: its identity, our annotations, its
 /// controller, the times it was made and deleted, its node, its containers' names and images, its phase,
 /// message, Ready condition and addresses. A list of them holds only this, whatever the API server sends.
-pub(crate) fn kept_pod(pod: Pod) -> Pod {
+pub fn kept_pod(pod: Pod) -> Pod {
     let m = pod.metadata;
     Pod {
         metadata: ObjectMeta {
@@ -48,7 +48,7 @@ pub(crate) fn kept_pod(pod: Pod) -> Pod {
 }
 
 /// What node rollouts read of a Node: its name and its Ready condition.
-pub(crate) fn kept_node(node: Node) -> Node {
+pub fn kept_node(node: Node) -> Node {
     Node {
         metadata: ObjectMeta { name: node.metadata.name, ..ObjectMeta::default() },
         status: node.status.map(|s| NodeStatus {
@@ -60,13 +60,13 @@ pub(crate) fn kept_node(node: Node) -> Node {
 }
 
 /// About how many bytes of memory a kept Pod holds: what bounds a list of them.
-pub(crate) fn pod_weight(pod: &Pod) -> usize {
+pub fn pod_weight(pod: &Pod) -> usize {
     let containers = pod.spec.as_ref().map_or(0, |s| s.containers.len());
     std::mem::size_of::<Pod>() + containers * std::mem::size_of::<Container>() + text_len(pod)
 }
 
 /// About how many bytes of memory a kept Node holds.
-pub(crate) fn node_weight(node: &Node) -> usize {
+pub fn node_weight(node: &Node) -> usize {
     std::mem::size_of::<Node>() + text_len(node)
 }
 

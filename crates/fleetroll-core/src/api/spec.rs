@@ -7,7 +7,7 @@
 #![allow(clippy::duplicated_attributes)]
 
 use k8s_openapi::apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString};
-use kube::{CustomResource, KubeSchema};
+use kube_derive::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -19,7 +19,9 @@ use super::{
 
 /// Rolls one container image across a fleet of workloads in health-checked batches.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "fleetroll.dev",
     version = "v1alpha1",
     kind = "FleetRollout",
@@ -135,6 +137,7 @@ pub struct FleetRolloutSpec {
 /// The fleet: every workload of `kind` matching `selector`, in the allowed namespaces; or, for kind `Node`,
 /// every node (matching `nodeSelector`) that runs a pod of the DaemonSet `daemonSet`.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new(SELECTOR_RULE).message("targets.selector must not be empty: an empty selector would select every workload"))]
 #[x_kube(validation = Rule::new(DAEMONSET_RULE).message("targets.daemonSet is required when targets.kind is Node: name the DaemonSet (in the rollout's namespace) whose pods are replaced node by node"))]
@@ -194,6 +197,7 @@ pub enum TargetKind {
 
 /// How the fleet is cut into batches and what happens when targets fail.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct Strategy {
     /// How many targets per batch once the `steps` are used up: a count (10) or a percentage of all
@@ -313,6 +317,7 @@ pub enum FailurePolicy {
 
 /// What "healthy" means for a target.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct Health {
     /// How long a changed target may take to become healthy (ready, and passing `http` if set) before it
@@ -345,6 +350,7 @@ impl Default for Health {
 /// by the operator (`--http-check-allow`); loopback, link-local and the API server are never probed unless
 /// allowed, and redirects are not followed.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct HttpCheck {
     /// The URL to GET, with {name} and {namespace} replaced by the target's, e.g.
@@ -364,6 +370,7 @@ pub struct HttpCheck {
 
 /// A user as the API server authenticated them when they created a rollout.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct Creator {
     /// The user name, e.g. alice, or system:serviceaccount:<namespace>:<name> for a ServiceAccount.
@@ -387,6 +394,7 @@ const CREATOR_RULE: &str = "!has(oldSelf.creator) || (has(self.creator) && self.
 
 /// An approval of one batch of one plan.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct Approval {
     /// The index of the batch this approves, 0-based (0 is the first batch); status.pendingApproval.batch

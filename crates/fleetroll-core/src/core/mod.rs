@@ -1,25 +1,25 @@
 //! The pure core: every decision fleetroll makes, as functions from facts to answers. Nothing here holds a
 //! kube `Client` or performs IO; the edge gathers the facts and carries out the answers.
 
-pub(crate) mod analysis;
-pub(crate) mod clusters;
-pub(crate) mod conditions;
-pub(crate) mod duration;
+pub mod analysis;
+pub mod clusters;
+pub mod conditions;
+pub mod duration;
 pub mod exec;
-pub(crate) mod http_check;
-pub(crate) mod identity;
+pub mod http_check;
+pub mod identity;
 pub mod nodes;
 pub mod plan;
-pub(crate) mod policy;
-pub(crate) mod reason;
-pub(crate) mod rollout;
-pub(crate) mod scope;
-pub(crate) mod task;
-pub(crate) mod text;
-pub(crate) mod workload;
+pub mod policy;
+pub mod reason;
+pub mod rollout;
+pub mod scope;
+pub mod task;
+pub mod text;
+pub mod workload;
 
 /// A length as a count in status, saturating: no fleet is 4 billion targets, and no input may panic.
-pub(crate) fn count(n: usize) -> u32 {
+pub fn count(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 

@@ -285,7 +285,7 @@ fn usage(command: &str, path: &[String]) -> String {
 }
 
 /// A name from a Secret, cut short for messages.
-pub(crate) fn shown(name: &str) -> String {
+pub fn shown(name: &str) -> String {
     match name.char_indices().nth(64) {
         Some((at, _)) => format!("{:?}...", &name[..at]),
         None => format!("{name:?}"),

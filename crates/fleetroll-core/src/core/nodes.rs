@@ -15,7 +15,7 @@ use k8s_openapi::api::{
     apps::v1::{DaemonSet, DaemonSetUpdateStrategy},
     core::v1::{Node, Pod, PodTemplateSpec},
 };
-use kube::ResourceExt;
+use kube_core::ResourceExt;
 
 use crate::{
     api::{APPLIED_ANNOTATION, ROLLOUT_ANNOTATION},
@@ -28,7 +28,7 @@ use crate::{
 };
 
 mod kept;
-pub(crate) use kept::{kept_node, kept_pod, node_weight, pod_weight};
+pub use kept::{kept_node, kept_pod, node_weight, pod_weight};
 
 /// The DaemonSet's update strategy before fleetroll took over its updates (JSON).
 pub const SAVED_STRATEGY_ANNOTATION: &str = "fleetroll.dev/saved-update-strategy";
@@ -36,7 +36,7 @@ pub const SAVED_STRATEGY_ANNOTATION: &str = "fleetroll.dev/saved-update-strategy
 pub const SAVED_TEMPLATE_ANNOTATION: &str = "fleetroll.dev/saved-template";
 
 /// The key every pod of a revision carries (the batch keys of that revision start with it).
-pub(crate) fn revision_key(uid: &str, revision: u32) -> String {
+pub fn revision_key(uid: &str, revision: u32) -> String {
     format!("{uid}/{revision}")
 }
 
@@ -62,7 +62,7 @@ pub fn node_ready(node: &Node) -> Result<(), String> {
 /// The DaemonSet's pod on each node: pods controlled by the DaemonSet (by uid), by `spec.nodeName`. When a
 /// node has several (an old one terminating, its replacement starting), one not being deleted wins, then
 /// the newest.
-pub(crate) fn pods_by_node<'a>(ds_uid: &str, pods: &'a [Pod]) -> HashMap<String, &'a Pod> {
+pub fn pods_by_node<'a>(ds_uid: &str, pods: &'a [Pod]) -> HashMap<String, &'a Pod> {
     let mut by_node: HashMap<String, &Pod> = HashMap::new();
     let rank = |p: &Pod| (p.metadata.deletion_timestamp.is_none(), p.metadata.creation_timestamp.clone());
     for pod in pods.iter().filter(|p| controlled_by(p, ds_uid)) {
@@ -82,7 +82,7 @@ fn controlled_by(pod: &Pod, uid: &str) -> bool {
 }
 
 /// Whether a pod was created from the template of the revision with key `key`.
-pub(crate) fn is_of_revision(pod: &Pod, key: &str) -> bool {
+pub fn is_of_revision(pod: &Pod, key: &str) -> bool {
     pod.annotations().get(APPLIED_ANNOTATION).map(String::as_str) == Some(key)
 }
 
@@ -100,11 +100,7 @@ fn pod_image<'a>(pod: &'a Pod, container: Option<&str>) -> Option<&'a str> {
 
 /// The nodes a revision plans: those listed (by `targets.nodeSelector`) that run a pod of the DaemonSet now,
 /// with that pod's image. Nodes are cluster-scoped, so a node target has no namespace.
-pub(crate) fn candidates(
-    nodes: &[Node],
-    pods: &HashMap<String, &Pod>,
-    container: Option<&str>,
-) -> Vec<Candidate> {
+pub fn candidates(nodes: &[Node], pods: &HashMap<String, &Pod>, container: Option<&str>) -> Vec<Candidate> {
     nodes
         .iter()
         .filter_map(|n| {
@@ -121,7 +117,7 @@ pub(crate) fn candidates(
 
 /// What the state machine needs of one node target, given the node (None: it is gone) and the
 /// DaemonSet's pod on it. `revision` is the revision key, `batch` the key of the batch it belongs to.
-pub(crate) fn target_state(
+pub fn target_state(
     node: Option<&Node>,
     pod: Option<&Pod>,
     revision: &str,
@@ -173,7 +169,7 @@ fn pod_readiness(pod: &Pod, node: &str) -> Readiness {
 
 /// What to do with one node of a batch being applied.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum NodeAction {
+pub enum NodeAction {
     /// Delete this pod (by uid, so a replacement is never deleted by mistake).
     Delete { pod: String, uid: String },
     /// Already replaced, being replaced, or no pod to replace (the DaemonSet creates one from the new
@@ -184,7 +180,7 @@ pub(crate) enum NodeAction {
 }
 
 /// The action for a node of a batch of revision `revision`.
-pub(crate) fn node_action(node: Option<&Node>, pod: Option<&Pod>, revision: &str) -> NodeAction {
+pub fn node_action(node: Option<&Node>, pod: Option<&Pod>, revision: &str) -> NodeAction {
     let Some(node) = node else { return NodeAction::Skip };
     if node_ready(node).is_err() {
         return NodeAction::Skip;
@@ -199,7 +195,7 @@ pub(crate) fn node_action(node: Option<&Node>, pod: Option<&Pod>, revision: &str
 
 /// The action for a node of a rollback by the rollout with uid `uid`: the pod this rollout created there
 /// is replaced (from the restored template); a node it never changed is left alone.
-pub(crate) fn restore_action(node: Option<&Node>, pod: Option<&Pod>, uid: &str) -> NodeAction {
+pub fn restore_action(node: Option<&Node>, pod: Option<&Pod>, uid: &str) -> NodeAction {
     let ours = format!("{uid}/");
     let made_by_us = pod.is_some_and(|p| {
         p.annotations().get(APPLIED_ANNOTATION).is_some_and(|k| k.starts_with(&ours))
@@ -217,7 +213,7 @@ pub(crate) fn restore_action(node: Option<&Node>, pod: Option<&Pod>, uid: &str) 
 /// The DaemonSet with fleetroll in control of its updates and its template at revision `revision`, or
 /// None when it already is. Saves the strategy and template from before the rollout, once. An error says
 /// the container to change is not in the template (any more).
-pub(crate) fn take_control(
+pub fn take_control(
     ds: &DaemonSet,
     container: Option<&str>,
     image: &str,
@@ -275,7 +271,7 @@ pub(crate) fn take_control(
 /// saved as the template to hand back. None when the DaemonSet is held (its saved template is restored
 /// instead) or when its template is no longer the one this rollout (uid `uid`) set: a later change by
 /// someone else is not undone.
-pub(crate) fn take_back(
+pub fn take_back(
     ds: &DaemonSet,
     container: Option<&str>,
     previous: &str,
@@ -324,7 +320,7 @@ fn json(value: &impl serde::Serialize) -> Result<String, String> {
 
 /// The DaemonSet with the template from before the rollout restored (a rollback), or None when there is
 /// none saved or it is already in place.
-pub(crate) fn restore_template(ds: &DaemonSet) -> Option<DaemonSet> {
+pub fn restore_template(ds: &DaemonSet) -> Option<DaemonSet> {
     let saved: PodTemplateSpec =
         serde_json::from_str(ds.annotations().get(SAVED_TEMPLATE_ANNOTATION)?).ok()?;
     if ds.spec.template == saved {
@@ -338,7 +334,7 @@ pub(crate) fn restore_template(ds: &DaemonSet) -> Option<DaemonSet> {
 
 /// The DaemonSet with its updates handed back: the saved strategy restored and the saved annotations
 /// removed; None when fleetroll does not hold it.
-pub(crate) fn release(ds: &DaemonSet) -> Option<DaemonSet> {
+pub fn release(ds: &DaemonSet) -> Option<DaemonSet> {
     let saved = ds.annotations().get(SAVED_STRATEGY_ANNOTATION)?;
     let strategy: DaemonSetUpdateStrategy = serde_json::from_str(saved).unwrap_or_default();
     let mut next = ds.clone();
@@ -355,7 +351,7 @@ pub(crate) fn release(ds: &DaemonSet) -> Option<DaemonSet> {
 /// the saved annotations removed; None when fleetroll does not hold it. For a rollout that ends without
 /// succeeding (deleted while failed, aborted or half-way): handing back only the strategy would let the
 /// DaemonSet controller roll the rollout's image to every node, ungated.
-pub(crate) fn hand_back(ds: &DaemonSet) -> Option<DaemonSet> {
+pub fn hand_back(ds: &DaemonSet) -> Option<DaemonSet> {
     let mut next = release(ds)?;
     if let Some(saved) = ds.annotations().get(SAVED_TEMPLATE_ANNOTATION)
         && let Ok(template) = serde_json::from_str::<PodTemplateSpec>(saved)
@@ -366,19 +362,19 @@ pub(crate) fn hand_back(ds: &DaemonSet) -> Option<DaemonSet> {
 }
 
 /// Whether fleetroll holds the DaemonSet's updates (and so must hand them back).
-pub(crate) fn is_held(annotations: &BTreeMap<String, String>) -> bool {
+pub fn is_held(annotations: &BTreeMap<String, String>) -> bool {
     annotations.contains_key(SAVED_STRATEGY_ANNOTATION)
 }
 
 /// The rollout (`namespace/name`) holding the DaemonSet's updates, when that is not `own`. Two node
 /// rollouts on one DaemonSet would each restore "the" saved strategy behind the other's back.
-pub(crate) fn held_by_other<'a>(annotations: &'a BTreeMap<String, String>, own: &str) -> Option<&'a str> {
+pub fn held_by_other<'a>(annotations: &'a BTreeMap<String, String>, own: &str) -> Option<&'a str> {
     let holder = annotations.get(ROLLOUT_ANNOTATION)?;
     (is_held(annotations) && holder != own).then_some(holder.as_str())
 }
 
 /// Whether this rollout holds the DaemonSet (so its deletion must hand it back).
-pub(crate) fn held_by(annotations: &BTreeMap<String, String>, own: &str) -> bool {
+pub fn held_by(annotations: &BTreeMap<String, String>, own: &str) -> bool {
     is_held(annotations) && annotations.get(ROLLOUT_ANNOTATION).map(String::as_str) == Some(own)
 }
 

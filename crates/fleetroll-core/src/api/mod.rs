@@ -21,7 +21,7 @@ use k8s_openapi::{
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     apimachinery::pkg::util::intstr::IntOrString,
 };
-use kube::CustomResourceExt;
+use kube_core::CustomResourceExt;
 use schemars::JsonSchema;
 use serde_json::Value;
 
@@ -313,7 +313,7 @@ mod tests {
 
     #[test]
     fn the_chart_installs_the_same_crd() {
-        let committed = include_str!("../../charts/fleetroll/templates/crds.yaml");
+        let committed = include_str!("../../../../charts/fleetroll/templates/crds.yaml");
         let generated = super::crd_helm_template().expect("the CRD renders");
         assert!(
             committed == generated,
@@ -335,13 +335,13 @@ mod tests {
 
     #[test]
     fn the_committed_crds_are_the_generated_ones() {
-        let committed = include_str!("../../crds/fleetroll.dev_fleetrollouts.yaml");
+        let committed = include_str!("../../../../crds/fleetroll.dev_fleetrollouts.yaml");
         let generated = super::crd_yaml().expect("the CRD renders");
         assert!(
             committed == generated,
             "crds/fleetroll.dev_fleetrollouts.yaml is out of date: run `make generate` and commit the result"
         );
-        let committed = include_str!("../../crds/fleetroll.dev_fleetrolloutpolicies.yaml");
+        let committed = include_str!("../../../../crds/fleetroll.dev_fleetrolloutpolicies.yaml");
         let generated = super::policy_crd_yaml().expect("the CRD renders");
         assert!(
             committed == generated,
@@ -415,7 +415,7 @@ mod admission_tests {
     /// pass without the rights over the targets.
     #[test]
     fn the_admission_policy_compares_every_spec_field_but_approvals_and_creator() {
-        let policy = include_str!("../../charts/fleetroll/templates/admission-policy.yaml");
+        let policy = include_str!("../../../../charts/fleetroll/templates/admission-policy.yaml");
         let crd = serde_json::to_value(super::crd()).expect("the CRD as JSON");
         let spec =
             &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];

@@ -3,7 +3,7 @@
 //! Secrets in the operator's fleet namespace (see `edge::members`).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
-use kube::KubeSchema;
+use kube_derive::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +17,7 @@ pub const TROUBLE_LISTED: usize = 10;
 
 /// Which member clusters a rollout reaches.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterTargets {
     /// Label selector on the member clusters: the labels of an Argo CD cluster Secret, or of the Cluster
@@ -27,6 +28,7 @@ pub struct ClusterTargets {
 
 /// A wave of member clusters: every batch of a wave finishes before the next wave starts.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct Wave {
     /// The wave's name, e.g. canary or eu; a DNS label.

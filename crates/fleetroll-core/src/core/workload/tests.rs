@@ -113,8 +113,7 @@ fn what_a_tenant_writes_into_a_workload_cannot_make_its_facts_heavy() {
         "spec": {"selector": {}, "template": {"spec": {"containers": containers}}},
     }))
     .unwrap();
-    let cached = Cached::new(&d, deployment_facts);
-    let f = &cached.facts;
+    let f = &deployment_facts(&d);
     assert!(f.weight() <= MAX_WEIGHT, "{} > {}", f.weight(), MAX_WEIGHT);
     const { assert!(MAX_WEIGHT < 20 * 1024) };
     assert_eq!((f.labels.as_ref(), f.applied.as_ref()), (None, None));
@@ -125,49 +124,4 @@ fn what_a_tenant_writes_into_a_workload_cannot_make_its_facts_heavy() {
     // Past the containers kept, the container is not there to be rolled; and none is "the only one".
     assert!(matches!(f.container_image(Some("c30")), Err(ContainerError::NotFound { .. })));
     assert!(f.container_image(Some("c30")).unwrap_err().to_string().contains("and 24 more"));
-    assert_eq!(
-        cached.annotations,
-        BTreeMap::from([(crate::core::nodes::SAVED_STRATEGY_ANNOTATION.to_string(), String::new())]),
-        "the hold is seen, the value too long to be ours is not kept"
-    );
-    assert_eq!(cached.rollout(), None);
-}
-
-#[test]
-fn the_cache_keeps_the_facts_and_our_annotations_only() {
-    let d: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": "web", "namespace": "ns", "resourceVersion": "7", "generation": 2,
-            "labels": {"app": "web"},
-            "annotations": {ROLLOUT_ANNOTATION: "fleet/r1", "kubectl.kubernetes.io/last-applied-configuration": "{}"}},
-        "spec": {"selector": {}, "template": {"spec": {"containers": [{"name": "web", "image": "web:v1"}]}}},
-    }))
-    .unwrap();
-    let cached = Cached::new(&d, deployment_facts);
-    assert_eq!(cached.facts, deployment_facts(&d));
-    assert_eq!(cached.annotations.keys().collect::<Vec<_>>(), [ROLLOUT_ANNOTATION]);
-    assert_eq!(cached.rollout(), Some(("fleet", "r1")));
-    let key = cached.to_object_ref(());
-    assert_eq!((key.name.as_str(), key.namespace.as_deref()), ("web", Some("ns")));
-    assert_eq!(key.extra.resource_version.as_deref(), Some("7"));
-    assert_eq!(<Cached<Deployment> as Lookup>::plural(&()), "deployments");
-}
-
-#[test]
-fn only_a_change_a_decision_reads_makes_a_workload_decide_differently() {
-    let deployment = |rv: &str, note: &str, image: &str| -> Deployment {
-        serde_json::from_value(json!({
-            "metadata": {"name": "web", "namespace": "ns", "resourceVersion": rv, "generation": 2,
-                "annotations": {ROLLOUT_ANNOTATION: "fleet/r1", "tenant.example/note": note}},
-            "spec": {"selector": {}, "template": {"spec": {"containers": [{"name": "web", "image": image}]}}},
-        }))
-        .unwrap()
-    };
-    let known = Cached::new(&deployment("7", "a", "web:v1"), deployment_facts);
-    let noted = Cached::new(&deployment("8", "b", "web:v1"), deployment_facts);
-    assert!(known.decides_as(&noted), "another annotation and a new resourceVersion change no decision");
-    let changed = Cached::new(&deployment("9", "b", "web:v2"), deployment_facts);
-    assert!(!known.decides_as(&changed), "a new image does");
-    let mut ready = Cached::new(&deployment("10", "a", "web:v1"), deployment_facts);
-    ready.facts.status.ready = 1;
-    assert!(!known.decides_as(&ready), "so does the workload's status");
 }

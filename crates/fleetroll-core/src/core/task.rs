@@ -4,7 +4,7 @@
 //! replica, after any restart, answers the same.
 
 use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
+use kube_core::ResourceExt;
 use serde::Serialize;
 
 use crate::{

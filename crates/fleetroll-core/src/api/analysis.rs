@@ -3,7 +3,7 @@
 //! the last few measurements, so status stays small however long the analysis runs).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::KubeSchema;
+use kube_derive::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -13,6 +13,7 @@ pub const MEASUREMENTS_KEPT: usize = 3;
 /// Metric analysis: after a batch is healthy, each metric is measured `count` times, `interval` apart,
 /// alongside the soak; the batch counts only when every metric that decides has passed.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.metrics.exists(m, !has(m.dryRun) || !m.dryRun)").message("analysis needs at least one metric without dryRun: dry-run metrics are only reported, so an analysis of them alone would never decide anything"))]
 pub struct Analysis {
@@ -29,6 +30,7 @@ pub struct Analysis {
 
 /// The metrics backend.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct AnalysisProvider {
     /// Any backend that speaks the Prometheus HTTP query API: Prometheus, Thanos, Mimir, VictoriaMetrics.
@@ -38,6 +40,7 @@ pub struct AnalysisProvider {
 
 /// A Prometheus-compatible backend; queries are sent to `<address>/api/v1/query` as POST form bodies.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct PrometheusProvider {
     /// The backend's base URL, e.g. http://prometheus.monitoring:9090 (a path prefix such as Mimir's
@@ -64,6 +67,7 @@ pub struct PrometheusProvider {
 
 /// A Secret in the rollout's namespace.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct SecretRef {
     /// The Secret's name.
@@ -77,6 +81,7 @@ pub const ANALYSIS_SECRET_LABEL: &str = "fleetroll.dev/analysis-credentials";
 
 /// One metric: a query, the range its every sample must be in, and how many measurements decide.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new(BATCH_PLACEHOLDERS_RULE).message("a Batch metric's query may use only the placeholders {{targets}}, {{namespaces}}, {{clusters}} and {{interval}}"))]
 #[x_kube(validation = Rule::new(TARGET_PLACEHOLDERS_RULE).message("a Target metric's query may use only the placeholders {{name}}, {{namespace}}, {{cluster}} and {{interval}}"))]
@@ -169,6 +174,7 @@ pub enum NoData {
 
 /// Inclusive bounds; at least one is set.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.min) || has(self.max)").message("thresholdRange needs min, max or both, such as {max: 0.01}"))]
 #[x_kube(validation = Rule::new("!has(self.min) || !has(self.max) || self.min <= self.max").message("thresholdRange.min must not be greater than thresholdRange.max"))]

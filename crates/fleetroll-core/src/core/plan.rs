@@ -20,7 +20,7 @@ use crate::{
 
 /// A workload found by discovery, as planning needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Candidate {
+pub struct Candidate {
     /// The member cluster it is in; empty for the rollout's own cluster.
     pub cluster: String,
     pub namespace: String,
@@ -32,7 +32,7 @@ pub(crate) struct Candidate {
 /// What discovery found for a new revision: the candidates, and for a rollout across member clusters the
 /// waves they are in and the member Secrets it could not use (reported when the plan is frozen).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Discovered {
+pub struct Discovered {
     pub candidates: Vec<Candidate>,
     pub waves: Vec<PlannedWave>,
     pub refused: Vec<String>,
@@ -84,7 +84,7 @@ impl Plan {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub(crate) enum PlanError {
+pub enum PlanError {
     #[error("{0:?} is neither a positive integer nor a percentage from 1% to 100%")]
     InvalidSize(String),
 }
@@ -108,7 +108,7 @@ fn percent(s: &str) -> Option<u32> {
 }
 
 /// The failure budget: how many failed targets are tolerated. Percentages round down.
-pub(crate) fn failure_budget(max_failures: &IntOrString, total: u32) -> u32 {
+pub fn failure_budget(max_failures: &IntOrString, total: u32) -> u32 {
     match max_failures {
         IntOrString::Int(n) => u32::try_from(*n).unwrap_or(0),
         IntOrString::String(s) => {
@@ -119,7 +119,7 @@ pub(crate) fn failure_budget(max_failures: &IntOrString, total: u32) -> u32 {
 
 /// Sizes of successive batches for a fleet of `total`: each of `steps`, then `batch_size` repeatedly, the
 /// last batch taking what remains.
-pub(crate) fn batch_sizes(
+pub fn batch_sizes(
     total: u32,
     steps: &[IntOrString],
     batch_size: &IntOrString,
@@ -152,7 +152,7 @@ fn size_sequence(
 /// target had before this rollout touched it. `order` puts member clusters in waves: a batch never spans
 /// two waves or more clusters than its wave's `maxConcurrency` (it ends early; the next takes the next
 /// size).
-pub(crate) fn build(
+pub fn build(
     mut candidates: Vec<Candidate>,
     inputs: &RevisionInputs,
     spec_hash: &str,
@@ -196,7 +196,7 @@ pub(crate) fn build(
 }
 
 /// sha256 over the canonical JSON of `value`, hex-encoded.
-pub(crate) fn sha256_hex(value: &impl Serialize) -> String {
+pub fn sha256_hex(value: &impl Serialize) -> String {
     // serde_json::Value keeps object keys sorted, which makes the encoding canonical.
     let canonical = serde_json::to_value(value).map(|v| v.to_string()).unwrap_or_default();
     hex(&Sha256::digest(canonical.as_bytes()))
@@ -230,7 +230,7 @@ pub fn gates_of(fr: &crate::api::FleetRollout) -> String {
 }
 
 /// The first 16 hex digits of the SHA-256 of `value` as JSON: what plans, gates and approvers are told by.
-pub(crate) fn short_hash(value: &impl Serialize) -> String {
+pub fn short_hash(value: &impl Serialize) -> String {
     let mut full = sha256_hex(value);
     full.truncate(16);
     full
@@ -241,7 +241,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// A new revision's frozen plan, with the inputs it was made from and their hash.
-pub(crate) struct Planned {
+pub struct Planned {
     pub inputs: RevisionInputs,
     pub spec_hash: String,
     pub plan: Plan,
@@ -249,7 +249,7 @@ pub(crate) struct Planned {
 
 /// Plans a new revision of `spec` over `candidates`, as the operator freezes it (and as a preview shows it).
 /// `previous`: see [`build`].
-pub(crate) fn plan_revision(
+pub fn plan_revision(
     spec: &FleetRolloutSpec,
     candidates: Vec<Candidate>,
     previous: &HashMap<String, String>,
@@ -263,7 +263,7 @@ pub(crate) fn plan_revision(
 }
 
 /// Matching targets outside the plan (reported, never added): how many, and a sample of their names.
-pub(crate) fn unplanned(mut names: Vec<String>) -> Unplanned {
+pub fn unplanned(mut names: Vec<String>) -> Unplanned {
     names.sort();
     let count = count(names.len());
     names.truncate(UNPLANNED_SAMPLE);

@@ -93,7 +93,7 @@ pub(super) fn in_scope(
 }
 
 /// Whether the API server refused a change because the user it was made as may not make it (RBAC, as
-/// opposed to an admission policy): as [`crate::error::denial`] words it.
+/// opposed to an admission policy): as `fleetroll::error::denial` words it.
 pub fn refused_by_authorization(message: &str) -> bool {
     message.contains("(403 Forbidden)") && message.contains(" cannot ") && message.contains(" resource \"")
 }

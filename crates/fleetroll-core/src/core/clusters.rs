@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::core::{Selector, SelectorExt};
+use kube_core::{Selector, SelectorExt};
 
 use crate::{
     api::{

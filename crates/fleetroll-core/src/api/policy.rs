@@ -6,7 +6,7 @@
 // Each printcolumn repeats `type_`/`priority` keys, which this lint mistakes for duplicates.
 #![allow(clippy::duplicated_attributes)]
 
-use kube::{CustomResource, KubeSchema};
+use kube_derive::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -14,7 +14,9 @@ use super::ApprovalMode;
 
 /// Guardrails on the rollouts of the subjects it names.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "fleetroll.dev",
     version = "v1alpha1",
     kind = "FleetRolloutPolicy",
@@ -75,6 +77,7 @@ pub struct FleetRolloutPolicySpec {
 
 /// Users, groups and ServiceAccounts.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct PolicySubjects {
     /// User names, as the API server authenticates them. At most 256.
@@ -95,6 +98,7 @@ pub struct PolicySubjects {
 
 /// A ServiceAccount.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceAccountRef {
     /// Its namespace.
@@ -107,6 +111,7 @@ pub struct ServiceAccountRef {
 
 /// Who may approve.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct Approvers {
     /// User names. At most 256.

@@ -330,7 +330,7 @@ fn until(now: Timestamp, then: Timestamp) -> Duration {
 
 /// `t + d`, saturating at the end of time: a timestamp read back from the cluster is input too, and no
 /// input may make the arithmetic panic.
-pub(crate) fn later(t: Timestamp, d: Duration) -> Timestamp {
+pub fn later(t: Timestamp, d: Duration) -> Timestamp {
     let d = SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
     t.checked_add(d).unwrap_or(Timestamp::MAX)
 }
