@@ -183,6 +183,20 @@ fn mcp_and_the_plugin_reach_the_edge_never_the_controller() {
     }
 }
 
+/// `runtime` is the composition root: the layers below it (the edge, the controller, MCP) import nothing
+/// from it; what they share (metrics, failpoints, errors) lives beside `error.rs`. The plugin's process
+/// entry (`plugin/mod.rs`) starts its async runtime there.
+#[test]
+fn nothing_below_the_composition_root_imports_it() {
+    for part in ["edge", "controller", "mcp"] {
+        // fleetroll's runtime, by its items' names (kube has a `runtime` module too).
+        let runtime =
+            ["crate::runtime", "runtime::cli", "runtime::http", "runtime::leader", "runtime::block_on"];
+        let found = offending(part, &runtime);
+        assert!(found.is_empty(), "{part} must not use runtime:\n{}", found.join("\n"));
+    }
+}
+
 #[test]
 fn the_check_finds_what_it_looks_for() {
     // A check that can never fail proves nothing: the edge does hold a client.
