@@ -20,18 +20,17 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use super::{
     Context,
     fleet::{Batch, Fleet, MemberNodes, MemberWorkloads, Nodes, Seen, Workloads, finalize_member_nodes},
-    revision::Planning,
 };
 use crate::{
     api::{
-        BatchState, FleetRollout, FleetRolloutSpec, FleetRolloutStatus, Phase, PlannedTarget, TargetFailure,
+        BatchState, FleetRollout, FleetRolloutSpec, FleetRolloutStatus, PlannedTarget, TargetFailure,
         TargetKind,
     },
     core::{
         Blocked,
         plan::Plan,
         reason,
-        rollout::{self, Facts, Step, Transition},
+        rollout::{self, Facts, Prep, Step, Transition},
         scope,
     },
     edge::{nodes, plans::LoadedPlan, rollouts::holds_daemonset, workloads::Outcome},
@@ -45,8 +44,6 @@ const MAX_STEPS: usize = 64;
 const RESYNC: Duration = Duration::from_secs(300);
 /// Longest a single reconcile may take.
 const RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Re-try a spec that cannot be acted on (targets or namespaces may appear).
-pub(super) const BLOCKED_RETRY: Duration = Duration::from_secs(30);
 
 /// One reconcile's timing: when it started, and when it saw a batch settle (for the transition metric).
 struct Round {
@@ -120,40 +117,33 @@ async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -
     Ok(Action::requeue(Duration::from_millis(100)))
 }
 
-/// One step: the gates that keep a rollout from running at all, planning, then the core's next step.
+/// One step: gather the facts, let the core decide, act. Before the targets are looked at, the core says
+/// whether the rollout may run at all, needs a new revision, and needs its frozen plan.
 async fn step<F: Fleet>(ctx: &Context, fr: Arc<FleetRollout>, round: &mut Round) -> Result<Next> {
     let status = fr.status.clone().unwrap_or_default();
     let now = Timestamp::now();
-    // A rollout this installation may not run halts before anything changes.
-    if let Some(why) = (!status.phase.is_terminal()).then(|| not_served(ctx, &fr)).flatten() {
-        return halt(ctx, &fr, &status, &why, now).await;
-    }
-    if rollout::needs_new_revision(&fr.spec, &status) {
-        return match super::revision::plan_revision::<F>(ctx, &fr, &status, now).await? {
-            Planning::Go(t) => settle(ctx, &fr, ctx.rollouts_io.write_status(&fr, t).await).await,
-            Planning::Hold(None, retry) => Ok(Next::Done(Action::requeue(retry))),
-            Planning::Hold(Some(t), retry) => match ctx.rollouts_io.write_status(&fr, t).await {
-                Ok(_) => Ok(Next::Done(Action::requeue(retry))),
-                written => settle(ctx, &fr, written).await,
-            },
-        };
-    }
-    let Some(plan_ref) = status.plan.clone() else {
-        return Ok(Next::Done(Action::requeue(BLOCKED_RETRY)));
-    };
-    // A finished rollout needs its plan only to roll back.
-    let loaded = if status.phase.is_terminal() && !fr.spec.rollback {
-        LoadedPlan::none()
-    } else {
-        match ctx.plans.load(&ctx.client, &fr, &plan_ref).await? {
-            Ok(loaded) => loaded,
-            // An abort needs no plan: honour it, so a halted rollout can still be stopped for good.
-            Err(_) if fr.spec.abort && status.phase != Phase::RollingBack => LoadedPlan::none(),
-            Err(why) => {
-                warn!(reason = why.reason, message = %why.message, "the stored plan is refused; nothing changes");
-                return halt(ctx, &fr, &status, &why, now).await;
-            }
+    let generation = fr.metadata.generation.unwrap_or(0);
+    let not_served = not_served(ctx, &fr);
+    let load = match rollout::prepare(now, generation, &fr.spec, &status, not_served.as_ref()) {
+        Prep::Proceed { load } => load,
+        Prep::PlanRevision => {
+            let planned = super::revision::plan_revision::<F>(ctx, &fr, &status, now).await?;
+            return act::<F>(ctx, fr, &status, planned, None, now, round).await;
         }
+        Prep::Take(step) => return act::<F>(ctx, fr, &status, *step, None, now, round).await,
+    };
+    let loaded = match load {
+        Some(plan_ref) => match ctx.plans.load(&ctx.client, &fr, plan_ref).await? {
+            Ok(loaded) => loaded,
+            Err(why) => match rollout::plan_refused(now, generation, &fr.spec, &status, &why) {
+                Some(halt) => {
+                    warn!(reason = why.reason, message = %why.message, "the stored plan is refused; nothing changes");
+                    return act::<F>(ctx, fr, &status, halt, None, now, round).await;
+                }
+                None => LoadedPlan::none(),
+            },
+        },
+        None => LoadedPlan::none(),
     };
     // What is due before the targets are even looked at (a node rollout holds its DaemonSet first).
     if let Some(first) = rollout::before_observing(&fr.spec, &status, holds_daemonset(&fr)) {
@@ -266,6 +256,13 @@ async fn act<F: Fleet>(
             let wait = after.map_or(RESYNC, |d| d.min(RESYNC) + Duration::from_millis(10));
             return Ok(Next::Done(Action::requeue(recheck.map_or(wait, |r| wait.min(r)))));
         }
+        // A period, not a deadline: no slack, no cap.
+        Step::Retry { write: None, after } => return Ok(Next::Done(Action::requeue(after))),
+        Step::Retry { write: Some(t), after } => match write(ctx, &fr, status, t, round).await {
+            Ok(_) => return Ok(Next::Done(Action::requeue(after))),
+            // Settled as any write: a conflict is read again, at once.
+            failed => failed,
+        },
         Step::Delete => {
             info!("deleting: ttlSecondsAfterFinished has passed");
             ctx.rollouts_io.delete(&fr).await?;
@@ -407,21 +404,6 @@ fn not_served(ctx: &Context, fr: &FleetRollout) -> Option<Blocked> {
     let check = spec.health.http.as_ref()?;
     let message = ctx.prober.policy().check_template(&check.url, spec.targets.kind).err()?;
     Some(Blocked { reason: reason::HTTP_CHECK_REFUSED, message })
-}
-
-/// Records that the rollout cannot go on (Pending, Degraded with `why`), unless the status says so already.
-async fn halt(
-    ctx: &Context,
-    fr: &Arc<FleetRollout>,
-    status: &FleetRolloutStatus,
-    why: &Blocked,
-    now: Timestamp,
-) -> Result<Next> {
-    let generation = fr.metadata.generation.unwrap_or(0);
-    match rollout::blocked(now, generation, status, why) {
-        Some(t) => settle(ctx, fr, ctx.rollouts_io.write_status(fr, t).await).await,
-        None => Ok(Next::Done(Action::requeue(BLOCKED_RETRY))),
-    }
 }
 
 /// A write that moves a batch to Applying: the intent before any target of it changes.

@@ -7,14 +7,14 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use tracing::warn;
 
-use super::{Context, fleet::Fleet, reconcile::BLOCKED_RETRY};
+use super::{Context, fleet::Fleet};
 use crate::{
     api::{FleetRollout, FleetRolloutStatus},
     core::{
         Blocked,
         plan::{self, Discovered},
         reason,
-        rollout::{self, ClusterWait, NewRevision, Transition},
+        rollout::{self, ClusterWait, NewRevision, Step},
         scope,
     },
     error::Result,
@@ -23,28 +23,16 @@ use crate::{
 /// How often planning looks again for picked member clusters that do not answer.
 const CLUSTERS_RETRY: Duration = Duration::from_secs(5);
 
-/// What planning a new revision leads to.
-pub(super) enum Planning {
-    /// Write this status (the revision started, or why it cannot), then take the next step.
-    Go(Transition),
-    /// Write this status if there is one, then look again after the delay.
-    Hold(Option<Transition>, Duration),
-}
-
-/// Discovers the fleet and freezes the plan of a new revision.
+/// Discovers the fleet and freezes the plan of a new revision: the step that starts it, or the step to
+/// take instead. The outer error is an API failure.
 pub(super) async fn plan_revision<F: Fleet>(
     ctx: &Context,
     fr: &FleetRollout,
     status: &FleetRolloutStatus,
     now: Timestamp,
-) -> Result<Planning> {
+) -> Result<Step> {
     let generation = fr.metadata.generation.unwrap_or(0);
-    let blocked = |why: Blocked| {
-        Ok(match rollout::blocked(now, generation, status, &why) {
-            Some(t) => Planning::Go(t),
-            None => Planning::Hold(None, BLOCKED_RETRY),
-        })
-    };
+    let blocked = |why: Blocked| Ok(rollout::halt(now, generation, status, &why));
     let discovered = match F::discover(ctx, fr).await? {
         Ok(d) => d,
         Err(why) => return blocked(why),
@@ -61,7 +49,7 @@ pub(super) async fn plan_revision<F: Fleet>(
     }
     let unanswered = &discovered.unanswered;
     if let ClusterWait::Wait(t) = rollout::await_clusters(now, generation, &fr.spec, status, unanswered) {
-        return Ok(Planning::Hold(t.map(|t| *t), CLUSTERS_RETRY));
+        return Ok(Step::Retry { write: t.map(|t| *t), after: CLUSTERS_RETRY });
     }
     if discovered.candidates.is_empty() {
         let names: Vec<&str> = unanswered.iter().map(|(name, _)| name.as_str()).collect();
@@ -87,7 +75,7 @@ pub(super) async fn plan_revision<F: Fleet>(
         refused: &refused,
         left_out: &left_out,
     };
-    Ok(Planning::Go(rollout::start_revision(now, generation, &fr.spec, status, new)))
+    Ok(Step::Write(rollout::start_revision(now, generation, &fr.spec, status, new)))
 }
 
 /// A superseded revision's targets keep the image they had before this rollout first changed them. A

@@ -10,10 +10,11 @@
 //! in a status write that must succeed (resourceVersion precondition) before any of its targets changes,
 //! and a target that already carries the key is not changed again.
 //!
-//! By concern: [`gates`] (planning a revision, the gates before a batch, starting it), [`verify`] (health
-//! and soak of the batch in flight), [`failure`] (the failure budget and policies), [`rollback`], [`summary`]
-//! (the summary fields and conditions people read), [`housekeeping`] (what a rollout holds and when it
-//! goes).
+//! By concern: [`mod@prepare`] (before the targets are looked at: whether the rollout may run at all,
+//! needs a new revision, needs its plan), [`gates`] (planning a revision, the gates before a batch,
+//! starting it), [`verify`] (health and soak of the batch in flight), [`failure`] (the failure budget and
+//! policies), [`rollback`], [`summary`] (the summary fields and conditions people read), [`housekeeping`]
+//! (what a rollout holds and when it goes).
 
 mod analysis;
 mod approval;
@@ -21,6 +22,7 @@ mod drift;
 mod failure;
 mod gates;
 mod housekeeping;
+mod prepare;
 mod rollback;
 mod summary;
 mod verify;
@@ -34,6 +36,7 @@ pub use self::{
     failure::{HeldBy, denied, held, unreached},
     gates::{ClusterWait, NewRevision, await_clusters, blocked, start_revision},
     housekeeping::{before_observing, probes},
+    prepare::{BLOCKED_RETRY, Prep, halt, plan_refused, prepare},
     rollback::{owed, restored},
 };
 use self::{failure::in_scope, gates::next_batch, rollback::start_rollback, summary::finish, verify::verify};
@@ -163,6 +166,10 @@ pub enum Step {
     Delete,
     /// Nothing to do until something changes, or until `after` has passed.
     Wait { after: Option<Duration> },
+    /// Persist `write`, if there is one, then look again after `after` (a period, not a deadline): the
+    /// rollout cannot go on, and what it waits for wakes nothing. Only before the targets are looked at
+    /// ([`fn@prepare`], and planning a revision).
+    Retry { write: Option<Transition>, after: Duration },
 }
 
 /// The next step of a rollout whose revision is planned.

@@ -12,6 +12,7 @@ mod failures;
 mod gates;
 mod gitops;
 mod housekeeping;
+mod prepare;
 mod revisions;
 mod rollbacks;
 
@@ -299,7 +300,7 @@ impl Sim {
             }
             Step::HoldDaemonSet => self.holds_daemonset = true,
             Step::ReleaseDaemonSet => self.holds_daemonset = false,
-            Step::Delete | Step::Wait { .. } => {}
+            Step::Delete | Step::Wait { .. } | Step::Retry { .. } => {}
         }
         self.max_in_flight = self.max_in_flight.max(self.not_ready.len());
         if self.auto_ready {

@@ -1,0 +1,80 @@
+//! Before the state machine proper: whether the rollout may run at all, whether it needs a new revision,
+//! and whether it needs its frozen plan. The controller gathers the facts (what this installation serves,
+//! the plan as loaded), these decide, and the controller performs the step they return.
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+
+use super::{Step, blocked, needs_new_revision};
+use crate::{
+    api::{FleetRolloutSpec, FleetRolloutStatus, Phase, PlanRef},
+    core::Blocked,
+};
+
+/// How often a rollout that cannot go on is looked at again: what it waits for (targets or namespaces
+/// that may appear, a plan put back) wakes nothing.
+pub const BLOCKED_RETRY: Duration = Duration::from_secs(30);
+
+/// What comes before the targets are looked at.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prep<'a> {
+    /// Take this step instead: a halt ([`halt`]), or a retry while there is no plan to go on. (Boxed: a
+    /// step is large, the other answers are small.)
+    Take(Box<Step>),
+    /// Discover the fleet and plan a new revision ([`super::start_revision`]).
+    PlanRevision,
+    /// Look at the targets and [`super::decide`], with this frozen plan loaded first; None: the rollout
+    /// is finished and needs no plan.
+    Proceed { load: Option<&'a PlanRef> },
+}
+
+/// What comes before the targets are looked at, from the spec, the stored status and `not_served` (why
+/// this installation will not run the spec at all, if it will not): a halt, a new revision, a retry while
+/// there is no plan, or on to the targets.
+pub fn prepare<'a>(
+    now: Timestamp,
+    generation: i64,
+    spec: &FleetRolloutSpec,
+    status: &'a FleetRolloutStatus,
+    not_served: Option<&Blocked>,
+) -> Prep<'a> {
+    // A rollout this installation may not run halts before anything changes; a finished one keeps its
+    // phase (what it changed is done).
+    if let Some(why) = not_served.filter(|_| !status.phase.is_terminal()) {
+        return Prep::Take(Box::new(halt(now, generation, status, why)));
+    }
+    if needs_new_revision(spec, status) {
+        return Prep::PlanRevision;
+    }
+    // A revision without a plan is not one the operator wrote: there is nothing to go on.
+    let Some(plan) = status.plan.as_ref() else {
+        return Prep::Take(Box::new(Step::Retry { write: None, after: BLOCKED_RETRY }));
+    };
+    // A finished rollout needs its plan only to roll back.
+    let needed = !status.phase.is_terminal() || spec.rollback;
+    Prep::Proceed { load: needed.then_some(plan) }
+}
+
+/// The step of a rollout that cannot go on: record why (Pending, Degraded), unless the status says so
+/// already; then look again later.
+pub fn halt(now: Timestamp, generation: i64, status: &FleetRolloutStatus, why: &Blocked) -> Step {
+    match blocked(now, generation, status, why) {
+        Some(t) => Step::Write(t),
+        None => Step::Retry { write: None, after: BLOCKED_RETRY },
+    }
+}
+
+/// The step to take when the stored plan is refused (gone, or not the plan frozen): None to go on
+/// without it, else a halt. An abort needs no plan, so a halted rollout can still be stopped for good; a
+/// rollback restores what the plan names, so it cannot do without one.
+pub fn plan_refused(
+    now: Timestamp,
+    generation: i64,
+    spec: &FleetRolloutSpec,
+    status: &FleetRolloutStatus,
+    why: &Blocked,
+) -> Option<Step> {
+    let abort_without_plan = spec.abort && status.phase != Phase::RollingBack;
+    (!abort_without_plan).then(|| halt(now, generation, status, why))
+}

@@ -1,0 +1,138 @@
+//! Before the targets are looked at: a rollout this installation does not serve halts (unless finished), a
+//! spec asking for another revision plans one, a revision without a plan retries, only a running rollout or
+//! a rollback loads its plan, and a refused plan halts all but an abort.
+
+use super::*;
+use crate::core::Blocked;
+
+fn not_served() -> Blocked {
+    Blocked { reason: reason::NODE_ROLLOUTS_DISABLED, message: "node rollouts are disabled".into() }
+}
+
+fn tampered() -> Blocked {
+    Blocked { reason: reason::PLAN_TAMPERED, message: "the plan does not match its hash".into() }
+}
+
+const RETRY: Step = Step::Retry { write: None, after: BLOCKED_RETRY };
+
+fn take(step: Step) -> Prep<'static> {
+    Prep::Take(Box::new(step))
+}
+
+/// The status a halt writes; panics on any other step.
+fn halted(step: Step, why: &Blocked) -> FleetRolloutStatus {
+    let Step::Write(t) = step else { panic!("a halt writes why: {step:?}") };
+    assert_eq!(t.status.phase, Phase::Pending);
+    assert_eq!(t.status.reason.as_deref(), Some(why.reason));
+    assert_eq!(t.status.message.as_deref(), Some(why.message.as_str()));
+    assert!(conditions::is_true(&t.status.conditions, conditions::DEGRADED));
+    assert_eq!(t.events.iter().map(|e| e.reason).collect::<Vec<_>>(), [why.reason]);
+    t.status
+}
+
+#[test]
+fn a_running_rollout_this_installation_does_not_serve_halts_once_and_then_retries() {
+    let mut sim = Sim::new(spec(5), 10);
+    sim.step(); // intent of batch 0
+    let why = not_served();
+    let Prep::Take(step) = prepare(sim.now, 1, &sim.spec, &sim.status, Some(&why)) else {
+        panic!("halts before anything else");
+    };
+    let written = halted(*step, &why);
+    assert_eq!(written.batches, sim.status.batches, "where it stood is kept");
+    assert_eq!(prepare(sim.now, 1, &sim.spec, &written, Some(&why)), take(RETRY), "no second write");
+}
+
+#[test]
+fn a_spec_this_installation_does_not_serve_halts_before_it_is_planned() {
+    let (spec, fresh, why) = (spec(5), FleetRolloutStatus::default(), not_served());
+    let now = Timestamp::from_second(1_800_000_000).unwrap();
+    let Prep::Take(step) = prepare(now, 1, &spec, &fresh, Some(&why)) else { panic!("no planning") };
+    halted(*step, &why);
+}
+
+#[test]
+fn a_finished_rollout_keeps_its_phase_whatever_this_installation_does_not_serve() {
+    let mut sim = Sim::new(spec(5), 10);
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    let why = not_served();
+    assert_eq!(prepare(sim.now, 1, &sim.spec, &sim.status, Some(&why)), Prep::Proceed { load: None });
+}
+
+#[test]
+fn a_spec_asking_for_another_revision_plans_one_running_or_finished() {
+    let mut sim = Sim::new(spec(5), 10);
+    let fresh = FleetRolloutStatus::default();
+    assert_eq!(prepare(sim.now, 1, &sim.spec, &fresh, None), Prep::PlanRevision, "never planned");
+    sim.spec.image = "web:v3".into();
+    assert_eq!(prepare(sim.now, 2, &sim.spec, &sim.status, None), Prep::PlanRevision, "running");
+    sim.spec.image = "web:v2".into();
+    sim.settle();
+    sim.spec.image = "web:v3".into();
+    assert_eq!(prepare(sim.now, 3, &sim.spec, &sim.status, None), Prep::PlanRevision, "finished");
+}
+
+#[test]
+fn a_revision_without_a_plan_retries_later() {
+    let mut sim = Sim::new(spec(5), 10);
+    sim.status.plan = None;
+    assert_eq!(prepare(sim.now, 1, &sim.spec, &sim.status, None), take(RETRY));
+}
+
+#[test]
+fn only_a_running_rollout_or_a_rollback_needs_its_plan() {
+    let mut sim = Sim::new(spec(5), 10);
+    let load = |sim: &Sim| match prepare(sim.now, 1, &sim.spec, &sim.status, None) {
+        Prep::Proceed { load } => load.cloned(),
+        other => panic!("goes on to the targets: {other:?}"),
+    };
+    let frozen = sim.status.plan.clone();
+    assert_eq!(load(&sim), frozen, "running");
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    assert_eq!(load(&sim), None, "finished: no plan needed to stay finished");
+    sim.spec.rollback = true;
+    assert_eq!(load(&sim), frozen, "finished, and asked to roll back");
+    sim.step();
+    assert_eq!(sim.status.phase, Phase::RollingBack);
+    assert_eq!(load(&sim), frozen, "rolling back");
+}
+
+#[test]
+fn a_refused_plan_halts_a_running_rollout_once_and_then_retries() {
+    let mut sim = Sim::new(spec(5), 10);
+    sim.step(); // intent of batch 0
+    let why = tampered();
+    let step = plan_refused(sim.now, 1, &sim.spec, &sim.status, &why).expect("a halt");
+    let written = halted(step, &why);
+    assert_eq!(plan_refused(sim.now, 1, &sim.spec, &written, &why), Some(RETRY), "no second write");
+}
+
+#[test]
+fn an_abort_goes_on_without_a_refused_plan() {
+    let mut sim = Sim::new(spec(5), 10);
+    sim.step(); // intent of batch 0
+    let why = tampered();
+    let halted = plan_refused(sim.now, 1, &sim.spec, &sim.status, &why);
+    let Some(Step::Write(halted)) = halted else { panic!("halted first: {halted:?}") };
+    sim.spec.abort = true;
+    assert_eq!(plan_refused(sim.now, 2, &sim.spec, &sim.status, &why), None, "running");
+    assert_eq!(plan_refused(sim.now, 2, &sim.spec, &halted.status, &why), None, "halted");
+}
+
+#[test]
+fn a_rollback_halts_on_a_refused_plan_aborted_or_not() {
+    let mut sim = Sim::new(spec(5), 10);
+    sim.step(); // intent of batch 0
+    sim.step(); // applied
+    sim.spec.rollback = true;
+    sim.step();
+    assert_eq!(sim.status.phase, Phase::RollingBack);
+    let why = tampered();
+    let step = plan_refused(sim.now, 2, &sim.spec, &sim.status, &why).expect("a halt");
+    halted(step, &why);
+    sim.spec.abort = true;
+    let step = plan_refused(sim.now, 3, &sim.spec, &sim.status, &why).expect("a halt, aborted too");
+    halted(step, &why);
+}
