@@ -1,7 +1,8 @@
 //! A new revision: its fleet discovered (in this cluster or across member clusters), its plan frozen
-//! with each target's image from before this rollout, and the status that starts it.
+//! with each target's image from before this rollout, and the status that starts it. What discovery leads
+//! to (planning, a halt, a wait for member clusters) is the core's to say (`rollout::discovered`).
 
-use std::{collections::HashMap, time::Duration};
+use std::collections::HashMap;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -13,18 +14,13 @@ use crate::{
     core::{
         Blocked,
         plan::{self, Discovered},
-        reason,
-        rollout::{self, ClusterWait, NewRevision, Step},
-        scope,
+        rollout::{self, Discovery, NewRevision, Step},
     },
     error::Result,
 };
 
-/// How often planning looks again for picked member clusters that do not answer.
-const CLUSTERS_RETRY: Duration = Duration::from_secs(5);
-
-/// Discovers the fleet and freezes the plan of a new revision: the step that starts it, or the step to
-/// take instead. The outer error is an API failure.
+/// Discovers the fleet and freezes the plan of a new revision: the step that starts it, or (the core
+/// says) the step to take instead. The outer error is an API failure.
 pub(super) async fn plan_revision<F: Fleet>(
     ctx: &Context,
     fr: &FleetRollout,
@@ -32,39 +28,23 @@ pub(super) async fn plan_revision<F: Fleet>(
     now: Timestamp,
 ) -> Result<Step> {
     let generation = fr.metadata.generation.unwrap_or(0);
-    let blocked = |why: Blocked| Ok(rollout::halt(now, generation, status, &why));
-    let discovered = match F::discover(ctx, fr).await? {
-        Ok(d) => d,
-        Err(why) => return blocked(why),
-    };
+    let halt = |why: Blocked| Ok(rollout::halt(now, generation, status, &why));
+    let discovery = F::discover(ctx, fr).await?;
     let namespace = fr.namespace().unwrap_or_default();
-    let rollout = scope::Rollout {
-        namespace: &namespace,
-        kind: fr.spec.targets.kind,
-        cross_namespace: fr.spec.targets.namespace_selector.is_some(),
+    let decided = rollout::discovered(now, generation, &fr.spec, status, discovery, &ctx.rules, &namespace);
+    let fleet = match decided {
+        Discovery::Plan(fleet) => fleet,
+        Discovery::Take(instead) => return Ok(*instead),
     };
-    let daemon_set = fr.spec.targets.daemon_set.as_deref();
-    if let Some(r) = ctx.rules.refuse_plan(rollout, daemon_set, &discovered.candidates) {
-        return blocked(Blocked { reason: r.reason, message: r.message });
-    }
-    let unanswered = &discovered.unanswered;
-    if let ClusterWait::Wait(t) = rollout::await_clusters(now, generation, &fr.spec, status, unanswered) {
-        return Ok(Step::Retry { write: t.map(|t| *t), after: CLUSTERS_RETRY });
-    }
-    if discovered.candidates.is_empty() {
-        let names: Vec<&str> = unanswered.iter().map(|(name, _)| name.as_str()).collect();
-        let message = format!("no member cluster with targets answered; not answering: {}", names.join(", "));
-        return blocked(Blocked { reason: reason::CLUSTER_UNREACHABLE, message });
-    }
     let previous = previous_images(ctx, fr, status).await?;
-    let Discovered { candidates, waves, refused, left_out, .. } = discovered;
+    let Discovered { candidates, waves, refused, left_out, .. } = fleet;
     let planned = match plan::plan_revision(&fr.spec, candidates, &previous, &waves) {
         Ok(p) => p,
-        Err(why) => return blocked(why),
+        Err(why) => return halt(why),
     };
     let plan_ref = match ctx.plans.store(&ctx.client, fr, &planned.plan).await? {
         Ok(r) => r,
-        Err(why) => return blocked(why),
+        Err(why) => return halt(why),
     };
     let new = NewRevision {
         inputs: planned.inputs,

@@ -36,7 +36,7 @@ pub use self::{
     failure::{HeldBy, denied, held, unreached},
     gates::{ClusterWait, NewRevision, await_clusters, blocked, start_revision},
     housekeeping::{before_observing, probes},
-    prepare::{BLOCKED_RETRY, Prep, halt, plan_refused, prepare},
+    prepare::{BLOCKED_RETRY, CLUSTERS_RETRY, Discovery, Prep, discovered, halt, plan_refused, prepare},
     rollback::{owed, restored},
 };
 use self::{failure::in_scope, gates::next_batch, rollback::start_rollback, summary::finish, verify::verify};
@@ -168,7 +168,7 @@ pub enum Step {
     Wait { after: Option<Duration> },
     /// Persist `write`, if there is one, then look again after `after` (a period, not a deadline): the
     /// rollout cannot go on, and what it waits for wakes nothing. Only before the targets are looked at
-    /// ([`fn@prepare`], and planning a revision).
+    /// ([`fn@prepare`], [`discovered`]).
     Retry { write: Option<Transition>, after: Duration },
 }
 

@@ -1,20 +1,28 @@
-//! Before the state machine proper: whether the rollout may run at all, whether it needs a new revision,
-//! and whether it needs its frozen plan. The controller gathers the facts (what this installation serves,
-//! the plan as loaded), these decide, and the controller performs the step they return.
+//! Before the state machine proper: whether the rollout may run at all, whether it needs a new revision
+//! (and what the fleet discovered for it leads to), and whether it needs its frozen plan. The controller
+//! gathers the facts (what this installation serves, the discovery, the plan as loaded), these decide, and
+//! the controller performs the step they return.
 
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::{Step, blocked, needs_new_revision};
+use super::{ClusterWait, Step, await_clusters, blocked, needs_new_revision};
 use crate::{
     api::{FleetRolloutSpec, FleetRolloutStatus, Phase, PlanRef},
-    core::Blocked,
+    core::{
+        Blocked,
+        plan::Discovered,
+        reason,
+        scope::{self, Rules},
+    },
 };
 
 /// How often a rollout that cannot go on is looked at again: what it waits for (targets or namespaces
 /// that may appear, a plan put back) wakes nothing.
 pub const BLOCKED_RETRY: Duration = Duration::from_secs(30);
+/// How often planning looks again for picked member clusters that do not answer.
+pub const CLUSTERS_RETRY: Duration = Duration::from_secs(5);
 
 /// What comes before the targets are looked at.
 #[derive(Clone, Debug, PartialEq)]
@@ -22,7 +30,7 @@ pub enum Prep<'a> {
     /// Take this step instead: a halt ([`halt`]), or a retry while there is no plan to go on. (Boxed: a
     /// step is large, the other answers are small.)
     Take(Box<Step>),
-    /// Discover the fleet and plan a new revision ([`super::start_revision`]).
+    /// Discover the fleet and plan a new revision ([`discovered`], then [`super::start_revision`]).
     PlanRevision,
     /// Look at the targets and [`super::decide`], with this frozen plan loaded first; None: the rollout
     /// is finished and needs no plan.
@@ -77,4 +85,52 @@ pub fn plan_refused(
 ) -> Option<Step> {
     let abort_without_plan = spec.abort && status.phase != Phase::RollingBack;
     (!abort_without_plan).then(|| halt(now, generation, status, why))
+}
+
+/// What a new revision's discovery leads to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Discovery {
+    /// Plan the revision over what was found.
+    Plan(Discovered),
+    /// Take this step instead: a halt, or a wait for member clusters that do not answer.
+    Take(Box<Step>),
+}
+
+/// What a new revision's `discovery` leads to: a halt when there is nothing it may plan (discovery
+/// found no fleet, the scope `rules` refuse every target, no member cluster with targets answered), a
+/// wait for picked member clusters that do not answer yet ([`await_clusters`]), or planning.
+pub fn discovered(
+    now: Timestamp,
+    generation: i64,
+    spec: &FleetRolloutSpec,
+    status: &FleetRolloutStatus,
+    discovery: Result<Discovered, Blocked>,
+    rules: &Rules,
+    namespace: &str,
+) -> Discovery {
+    let halted = |why: Blocked| Discovery::Take(Box::new(halt(now, generation, status, &why)));
+    let fleet = match discovery {
+        Ok(fleet) => fleet,
+        Err(why) => return halted(why),
+    };
+    let rollout = scope::Rollout {
+        namespace,
+        kind: spec.targets.kind,
+        cross_namespace: spec.targets.namespace_selector.is_some(),
+    };
+    let daemon_set = spec.targets.daemon_set.as_deref();
+    if let Some(r) = rules.refuse_plan(rollout, daemon_set, &fleet.candidates) {
+        return halted(Blocked { reason: r.reason, message: r.message });
+    }
+    let unanswered = &fleet.unanswered;
+    if let ClusterWait::Wait(t) = await_clusters(now, generation, spec, status, unanswered) {
+        let retry = Step::Retry { write: t.map(|t| *t), after: CLUSTERS_RETRY };
+        return Discovery::Take(Box::new(retry));
+    }
+    if fleet.candidates.is_empty() {
+        let names: Vec<&str> = unanswered.iter().map(|(name, _)| name.as_str()).collect();
+        let message = format!("no member cluster with targets answered; not answering: {}", names.join(", "));
+        return halted(Blocked { reason: reason::CLUSTER_UNREACHABLE, message });
+    }
+    Discovery::Plan(fleet)
 }

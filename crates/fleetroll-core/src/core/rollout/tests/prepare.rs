@@ -1,9 +1,14 @@
 //! Before the targets are looked at: a rollout this installation does not serve halts (unless finished), a
 //! spec asking for another revision plans one, a revision without a plan retries, only a running rollout or
-//! a rollback loads its plan, and a refused plan halts all but an abort.
+//! a rollback loads its plan, a refused plan halts all but an abort, and what a new revision's discovery
+//! leads to.
 
 use super::*;
-use crate::core::Blocked;
+use crate::core::{
+    Blocked,
+    plan::{Candidate, Discovered},
+    scope::Rules,
+};
 
 fn not_served() -> Blocked {
     Blocked { reason: reason::NODE_ROLLOUTS_DISABLED, message: "node rollouts are disabled".into() }
@@ -135,4 +140,84 @@ fn a_rollback_halts_on_a_refused_plan_aborted_or_not() {
     sim.spec.abort = true;
     let step = plan_refused(sim.now, 3, &sim.spec, &sim.status, &why).expect("a halt, aborted too");
     halted(step, &why);
+}
+
+fn rules() -> Rules {
+    Rules {
+        fleet_namespace: NAMESPACE.into(),
+        protected_namespaces: vec!["kube-system".into()],
+        self_workloads: Vec::new(),
+    }
+}
+
+fn candidates(cluster: &str, namespace: &str, n: usize) -> Vec<Candidate> {
+    (0..n)
+        .map(|i| Candidate {
+            cluster: cluster.into(),
+            namespace: namespace.into(),
+            name: format!("web-{i}"),
+            current_image: "web:v1".into(),
+        })
+        .collect()
+}
+
+/// [`discovered`] for a rollout never planned yet.
+fn first(spec: &FleetRolloutSpec, status: &FleetRolloutStatus, d: Result<Discovered, Blocked>) -> Discovery {
+    let now = Timestamp::from_second(1_800_000_000).unwrap();
+    discovered(now, 1, spec, status, d, &rules(), NAMESPACE)
+}
+
+#[test]
+fn a_discovered_fleet_is_planned() {
+    let fleet = Discovered::local(candidates("", "tenant-0", 3));
+    let planned = first(&spec(5), &FleetRolloutStatus::default(), Ok(fleet.clone()));
+    assert_eq!(planned, Discovery::Plan(fleet));
+}
+
+#[test]
+fn a_blocked_discovery_halts_once_and_then_retries() {
+    let why = Blocked { reason: reason::NO_TARGETS, message: "no Deployment matches app=web".into() };
+    let Discovery::Take(step) = first(&spec(5), &FleetRolloutStatus::default(), Err(why.clone())) else {
+        panic!("nothing to plan");
+    };
+    let written = halted(*step, &why);
+    assert_eq!(first(&spec(5), &written, Err(why)), Discovery::Take(Box::new(RETRY)));
+}
+
+#[test]
+fn a_fleet_the_scope_rules_refuse_entirely_halts() {
+    let fleet = Discovered::local(candidates("", "kube-system", 2));
+    let Discovery::Take(step) = first(&spec(5), &FleetRolloutStatus::default(), Ok(fleet)) else {
+        panic!("refused");
+    };
+    let Step::Write(t) = *step else { panic!("a halt writes why") };
+    assert_eq!(t.status.reason.as_deref(), Some(reason::TARGET_PROTECTED));
+}
+
+#[test]
+fn planning_waits_for_picked_member_clusters_that_do_not_answer() {
+    let fleet = Discovered {
+        candidates: candidates("east", "tenant-0", 2),
+        unanswered: vec![("west".into(), "connection refused".into())],
+        ..Default::default()
+    };
+    let fresh = FleetRolloutStatus::default();
+    let Discovery::Take(step) = first(&spec(5), &fresh, Ok(fleet.clone())) else { panic!("waits") };
+    let Step::Retry { write: Some(t), after: CLUSTERS_RETRY } = *step else { panic!("saying why: {step:?}") };
+    assert_eq!(t.status.reason.as_deref(), Some(reason::WAITING_FOR_CLUSTERS));
+    let again = first(&spec(5), &t.status, Ok(fleet));
+    let retry = Step::Retry { write: None, after: CLUSTERS_RETRY };
+    assert_eq!(again, Discovery::Take(Box::new(retry)), "written once");
+}
+
+#[test]
+fn no_member_cluster_with_targets_answering_halts() {
+    // A rollout already running re-plans without waiting for member clusters.
+    let sim = Sim::new(spec(5), 10);
+    let fleet = Discovered { unanswered: vec![("west".into(), "timeout".into())], ..Default::default() };
+    let decided = discovered(sim.now, 2, &sim.spec, &sim.status, Ok(fleet), &rules(), NAMESPACE);
+    let Discovery::Take(step) = decided else { panic!("halts: {decided:?}") };
+    let Step::Write(t) = *step else { panic!("a halt writes why") };
+    assert_eq!(t.status.reason.as_deref(), Some(reason::CLUSTER_UNREACHABLE));
+    assert!(t.status.message.as_deref().is_some_and(|m| m.ends_with("not answering: west")));
 }
