@@ -372,6 +372,22 @@ async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, namespace
         .max()
         .unwrap_or(0);
     assert!(max_in_flight <= b, "{max_in_flight} targets in flight with batches of {b}");
+    // The operator's own round trips of its status writes in this run: what a transition adds to the bare
+    // client's gap at the least (it persists the next batch's intent before changing any target).
+    let operator_metrics = op.metrics().await;
+    let write = |q| {
+        bench_support::histogram_quantile(
+            &operator_metrics,
+            "fleetroll_status_write_duration_seconds",
+            r#"write="intent""#,
+            q,
+        )
+    };
+    let (write_p50, writes) = write(0.5).unwrap_or((f64::NAN, 0.0));
+    let write_p99 = write(0.99).map_or(f64::NAN, |(v, _)| v);
+    let (inside_p50, _) =
+        bench_support::histogram_quantile(&operator_metrics, "fleetroll_batch_transition_seconds", "", 0.5)
+            .unwrap_or((f64::NAN, 0.0));
     drop(op);
 
     let median = |v: &mut Vec<f64>| {
@@ -389,21 +405,46 @@ async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, namespace
         "≤ 1.10",
         Some(ratio <= 1.10),
     ));
+    // Judged against the floor measured beside it: the bare client's own gap between the same batches, plus
+    // the one status write a transition must make (absolute times on these machines swing run to run).
     transitions.sort_by(f64::total_cmp);
+    bare_transitions.sort_by(f64::total_cmp);
+    let p = bench_support::percentile;
+    let within = p(&transitions, 50.0) <= p(&bare_transitions, 50.0) + write_p50
+        && p(&transitions, 99.0) <= p(&bare_transitions, 99.0);
     report.rows.push(row(
         format!("batch transition, {} transitions of {b}-target batches: p50 / p99", transitions.len()),
-        bench_support::p50_p99_ms(&transitions),
-        "p99 ≤ 100 ms",
-        Some(bench_support::percentile(&transitions, 99.0) <= 0.1),
+        format!(
+            "{}; p50 {:+.1} ms over the bare client's",
+            bench_support::p50_p99_ms(&transitions),
+            (p(&transitions, 50.0) - p(&bare_transitions, 50.0)) * 1e3
+        ),
+        "p50 ≤ bare p50 + one status write; p99 ≤ bare p99",
+        Some(within),
     ));
-    // The floor for the row above: the bare client's own gap between batches, in the same run.
-    bare_transitions.sort_by(f64::total_cmp);
     report.rows.push(row(
         format!(
             "bare client's gap between the same batches ({} transitions): p50 / p99",
             bare_transitions.len()
         ),
         bench_support::p50_p99_ms(&bare_transitions),
+        "",
+        None,
+    ));
+    report.rows.push(row(
+        format!(
+            "one status write's round trip, the operator's own in the same run ({writes} writes): p50 / p99"
+        ),
+        format!("{:.1} ms / {:.1} ms", write_p50 * 1e3, write_p99 * 1e3),
+        "",
+        None,
+    ));
+    // Where a transition goes: inside the operator (from the reconcile that saw the batch settle to the next
+    // batch's changes sent, the intent write included); the rest is the watch that tells it, the scheduler's
+    // tick, and the first patch, as for the bare client.
+    report.rows.push(row(
+        "where a transition goes (p50): inside the operator, the status write included / the status write",
+        format!("{:.1} ms / {:.1} ms", inside_p50 * 1e3, write_p50 * 1e3),
         "",
         None,
     ));

@@ -22,10 +22,7 @@ use super::{
     fleet::{Batch, Fleet, MemberNodes, MemberWorkloads, Nodes, Seen, Workloads, finalize_member_nodes},
 };
 use crate::{
-    api::{
-        BatchState, FleetRollout, FleetRolloutSpec, FleetRolloutStatus, PlannedTarget, TargetFailure,
-        TargetKind,
-    },
+    api::{FleetRollout, FleetRolloutSpec, FleetRolloutStatus, PlannedTarget, TargetFailure, TargetKind},
     core::{
         Blocked,
         plan::Plan,
@@ -284,10 +281,10 @@ async fn act<F: Fleet>(
         Step::Apply { key, image, targets, after } => {
             let batch =
                 Batch { key: &key, image: &image, targets: &targets, revision: status.revision_number() };
-            let out = if targets.is_empty() { Outcome::default() } else { F::apply(ctx, &fr, batch).await? };
             if let Some(at) = round.batch_settled_at.take() {
                 ctx.metrics.batch_transition.observe(at.elapsed().as_secs_f64());
             }
+            let out = if targets.is_empty() { Outcome::default() } else { F::apply(ctx, &fr, batch).await? };
             info!(key = %key, changed = out.changed, unchanged = out.unchanged, skipped = out.skipped, denied = out.denied.len(), held = out.held.len(), "batch applied");
             failpoint::hit(failpoint::AFTER_APPLY).await;
             let batch = after.status.current_batch.unwrap_or_default();
@@ -319,7 +316,7 @@ async fn write(
     t: Transition,
     round: &mut Round,
 ) -> Result<Arc<FleetRollout>> {
-    let intent = is_intent(status, &t.status);
+    let intent = rollout::is_intent(status, &t.status);
     if t.events.iter().any(|e| e.reason == reason::BATCH_SUCCEEDED) {
         round.batch_settled_at = Some(round.started);
     }
@@ -404,11 +401,4 @@ fn not_served(ctx: &Context, fr: &FleetRollout) -> Option<Blocked> {
     let check = spec.health.http.as_ref()?;
     let message = ctx.prober.policy().check_template(&check.url, spec.targets.kind).err()?;
     Some(Blocked { reason: reason::HTTP_CHECK_REFUSED, message })
-}
-
-/// A write that moves a batch to Applying: the intent before any target of it changes.
-fn is_intent(before: &FleetRolloutStatus, after: &FleetRolloutStatus) -> bool {
-    after.current_batch.is_some()
-        && after.current_batch != before.current_batch
-        && after.batches.last().is_some_and(|b| b.state == BatchState::Applying)
 }

@@ -12,10 +12,10 @@ use tracing::debug;
 
 use super::{events::Events, own_writes::OwnWrites};
 use crate::{
-    api::{FIELD_MANAGER, FleetRollout},
-    core::rollout::{Event, Transition},
+    api::{FIELD_MANAGER, FleetRollout, FleetRolloutStatus},
+    core::rollout::{self, Event, Transition},
     error::{Error, Result, is_not_found},
-    metrics::Metrics,
+    metrics::{Metrics, WriteLabel},
 };
 
 /// The finalizer a node rollout carries while it holds its DaemonSet, so that deleting the rollout (by hand,
@@ -53,11 +53,16 @@ impl Rollouts {
     /// Persists a status with the resourceVersion we read: if anything changed since, the API server refuses
     /// (409, [`crate::error::Error::Conflict`]) and the caller re-reads instead of overwriting.
     pub async fn write_status(&self, fr: &FleetRollout, t: Transition) -> Result<Arc<FleetRollout>> {
+        let unwritten = FleetRolloutStatus::default();
+        let intent = rollout::is_intent(fr.status.as_ref().unwrap_or(&unwritten), &t.status);
+        let label = WriteLabel { write: if intent { "intent" } else { "other" }.into() };
         let mut next = fr.clone();
         next.status = Some(t.status);
         next.metadata.managed_fields = None;
         let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+        let sent = std::time::Instant::now();
         let mut written = self.api(fr).replace_status(&fr.name_any(), &pp, &next).await?;
+        self.metrics.status_write_duration.get_or_create(&label).observe(sent.elapsed().as_secs_f64());
         crate::api::kept_for_cache(&mut written, &[]);
         let written = Arc::new(written);
         self.metrics.status_writes.inc();

@@ -267,6 +267,42 @@ pub fn p50_p99_ms(sorted: &[f64]) -> String {
     format!("{:.1} ms / {:.1} ms", percentile(sorted, 50.0) * 1e3, percentile(sorted, 99.0) * 1e3)
 }
 
+/// The `q` quantile (0–1) of the Prometheus histogram `name` (its series whose labels start with `labels`,
+/// such as `write="intent"`, or "" for a histogram without labels) in a metrics text, interpolated linearly
+/// inside its bucket as PromQL's `histogram_quantile` does; with the number of observations. None when it
+/// has none.
+pub fn histogram_quantile(text: &str, name: &str, labels: &str, q: f64) -> Option<(f64, f64)> {
+    let labels = if labels.is_empty() { String::new() } else { format!("{labels},") };
+    let prefix = format!("{name}_bucket{{{labels}le=\"");
+    let mut buckets: Vec<(f64, f64)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|rest| {
+            let (le, count) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            Some((le, count.split_whitespace().next()?.parse().ok()?))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let (mut lower, mut below) = (0.0, 0.0);
+    for (le, count) in buckets {
+        if count >= rank {
+            if le.is_infinite() {
+                return Some((lower, total));
+            }
+            let share = if count > below { (rank - below) / (count - below) } else { 1.0 };
+            return Some((lower + (le - lower) * share, total));
+        }
+        (lower, below) = (le, count);
+    }
+    None
+}
+
 /// Facts about this machine and this code, for the results file.
 pub fn machine_facts() -> Vec<(String, String)> {
     let sh = |cmd: &str| {

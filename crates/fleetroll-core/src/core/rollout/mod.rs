@@ -193,6 +193,14 @@ pub fn needs_new_revision(spec: &FleetRolloutSpec, status: &FleetRolloutStatus) 
     status.revision.as_ref().is_none_or(|r| r.inputs != RevisionInputs::of(spec))
 }
 
+/// Whether writing `after` over `before` moves a batch to Applying: the intent, persisted before any target
+/// of the batch changes.
+pub fn is_intent(before: &FleetRolloutStatus, after: &FleetRolloutStatus) -> bool {
+    after.current_batch.is_some()
+        && after.current_batch != before.current_batch
+        && after.batches.last().is_some_and(|b| b.state == BatchState::Applying)
+}
+
 /// The idempotency key of batch `batch` of revision `revision`.
 pub fn batch_key(uid: &str, revision: u32, batch: u32) -> String {
     format!("{uid}/{revision}/{batch}")
