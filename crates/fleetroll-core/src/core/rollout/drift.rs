@@ -33,13 +33,13 @@ pub(super) fn recount(f: &Facts<'_>, s: &mut FleetRolloutStatus) -> Vec<Event> {
         let t = PlannedTarget { namespace: namespace.into(), name: name.into(), ..Default::default() };
         (f.scope)(&t).is_ok()
     };
+    // The image first: it is a comparison, the scope check builds a target (this runs at every change of
+    // a carrying target, a thousand of them when a whole fleet is re-applied).
     let mut changed: Vec<String> = (f.carrying)(&prefix)
         .into_iter()
+        .filter(|c| c.image.as_ref().is_ok_and(|now| *now != image))
         .filter(|c| in_scope(&c.namespace, &c.name))
-        .filter_map(|c| match c.image {
-            Ok(now) if now != image => Some(format!("{}: {now}", target_key(&c.namespace, &c.name))),
-            _ => None,
-        })
+        .filter_map(|c| Some(format!("{}: {}", target_key(&c.namespace, &c.name), c.image.ok()?)))
         .collect();
     if changed.is_empty() {
         s.changed_by_others = None;
