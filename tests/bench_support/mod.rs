@@ -267,18 +267,22 @@ pub fn p50_p99_ms(sorted: &[f64]) -> String {
     format!("{:.1} ms / {:.1} ms", percentile(sorted, 50.0) * 1e3, percentile(sorted, 99.0) * 1e3)
 }
 
-/// The `q` quantile (0–1) of the Prometheus histogram `name` (its series whose labels start with `labels`,
-/// such as `write="intent"`, or "" for a histogram without labels) in a metrics text, interpolated linearly
-/// inside its bucket as PromQL's `histogram_quantile` does; with the number of observations. None when it
-/// has none.
-pub fn histogram_quantile(text: &str, name: &str, labels: &str, q: f64) -> Option<(f64, f64)> {
-    let labels = if labels.is_empty() { String::new() } else { format!("{labels},") };
-    let prefix = format!("{name}_bucket{{{labels}le=\"");
+/// The `q` quantile (0–1) of the Prometheus histogram `name` (its series carrying the label `label`, such as
+/// `write="intent"`, or "" for a histogram without labels) in a metrics text, interpolated linearly inside
+/// its bucket as PromQL's `histogram_quantile` does; with the number of observations. None when it has none.
+pub fn histogram_quantile(text: &str, name: &str, label: &str, q: f64) -> Option<(f64, f64)> {
+    let prefix = format!("{name}_bucket{{");
     let mut buckets: Vec<(f64, f64)> = text
         .lines()
         .filter_map(|l| l.strip_prefix(&prefix))
         .filter_map(|rest| {
-            let (le, count) = rest.split_once("\"} ")?;
+            // The labels in any order (prometheus-client writes `le` first); no value here holds a comma.
+            let (labels, count) = rest.split_once("} ")?;
+            let labels: Vec<&str> = labels.split(',').collect();
+            if !label.is_empty() && !labels.contains(&label) {
+                return None;
+            }
+            let le = labels.iter().find_map(|l| l.strip_prefix("le=\""))?.trim_end_matches('"');
             let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
             Some((le, count.split_whitespace().next()?.parse().ok()?))
         })

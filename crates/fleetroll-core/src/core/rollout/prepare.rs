@@ -75,7 +75,9 @@ pub fn halt(now: Timestamp, generation: i64, status: &FleetRolloutStatus, why: &
 
 /// The step to take when the stored plan is refused (gone, or not the plan frozen): None to go on
 /// without it, else a halt. An abort needs no plan, so a halted rollout can still be stopped for good; a
-/// rollback restores what the plan names, so it cannot do without one.
+/// rollback restores what the plan names, so it cannot do without one, and an abort asked for beside a
+/// rollback yields to it (as it does with a plan): going on without the plan would start the rollback,
+/// which halts again, a write loop.
 pub fn plan_refused(
     now: Timestamp,
     generation: i64,
@@ -83,7 +85,7 @@ pub fn plan_refused(
     status: &FleetRolloutStatus,
     why: &Blocked,
 ) -> Option<Step> {
-    let abort_without_plan = spec.abort && status.phase != Phase::RollingBack;
+    let abort_without_plan = spec.abort && !spec.rollback && status.phase != Phase::RollingBack;
     (!abort_without_plan).then(|| halt(now, generation, status, why))
 }
 

@@ -139,7 +139,11 @@ fn a_rollback_halts_on_a_refused_plan_aborted_or_not() {
     halted(step, &why);
     sim.spec.abort = true;
     let step = plan_refused(sim.now, 3, &sim.spec, &sim.status, &why).expect("a halt, aborted too");
-    halted(step, &why);
+    let written = halted(step, &why);
+    // Halted (Pending, no longer RollingBack) with both asked for: still halted, never the abort's way on
+    // without the plan (which would start the rollback again: RollingBack, halt, and round again).
+    let again = plan_refused(sim.now, 3, &sim.spec, &written, &why).expect("still halted");
+    assert!(matches!(again, Step::Retry { write: None, .. }), "no second write: {again:?}");
 }
 
 fn rules() -> Rules {
