@@ -220,7 +220,7 @@ fn advance(f: &Facts<'_>) -> Step {
         };
     }
     if s.phase.is_terminal() {
-        if f.spec.rollback && s.phase != Phase::RolledBack && s.counts.updated > 0 {
+        if prepare::rolls_back(f.spec, &s) {
             return start_rollback(f, s, reason::ROLLBACK_REQUESTED);
         }
         let events = drift::recount(f, &mut s);

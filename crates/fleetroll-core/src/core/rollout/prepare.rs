@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::{ClusterWait, Step, await_clusters, blocked, needs_new_revision};
+use super::{
+    ClusterWait, Event, Step, Transition, await_clusters, blocked, needs_new_revision,
+    summary::set_conditions,
+};
 use crate::{
     api::{FleetRolloutSpec, FleetRolloutStatus, Phase, PlanRef},
     core::{
@@ -47,12 +50,20 @@ pub fn prepare<'a>(
     status: &'a FleetRolloutStatus,
     not_served: Option<&Blocked>,
 ) -> Prep<'a> {
-    // A rollout this installation may not run halts before anything changes; a finished one keeps its
-    // phase (what it changed is done).
-    if let Some(why) = not_served.filter(|_| !status.phase.is_terminal()) {
-        return Prep::Take(Box::new(halt(now, generation, status, why)));
+    let new_revision = needs_new_revision(spec, status);
+    let finished = status.phase.is_terminal() && !new_revision;
+    // A rollout this installation may not run halts before anything changes. A finished one has nothing
+    // left to change, and keeps its phase, unless it is asked to roll back: that rollback is refused, and
+    // the phase stays what it was (what it changed is done); a new revision of it halts as any other.
+    if let Some(why) = not_served {
+        if !finished {
+            return Prep::Take(Box::new(halt(now, generation, status, why)));
+        }
+        if rolls_back(spec, status) {
+            return Prep::Take(Box::new(refuse_rollback(now, generation, status, why)));
+        }
     }
-    if needs_new_revision(spec, status) {
+    if new_revision {
         return Prep::PlanRevision;
     }
     // A revision without a plan is not one the operator wrote: there is nothing to go on.
@@ -73,6 +84,25 @@ pub fn halt(now: Timestamp, generation: i64, status: &FleetRolloutStatus, why: &
     }
 }
 
+/// Whether a finished rollout is asked to roll back and has not yet (what [`super::decide`] then starts).
+pub(super) fn rolls_back(spec: &FleetRolloutSpec, status: &FleetRolloutStatus) -> bool {
+    spec.rollback && status.phase != Phase::RolledBack && status.counts.updated > 0
+}
+
+/// The step of a finished rollout whose rollback cannot run: say why (a Warning, the reason and message,
+/// Degraded), keeping the phase it finished in, unless the status says so already; then look again later.
+pub fn refuse_rollback(now: Timestamp, generation: i64, status: &FleetRolloutStatus, why: &Blocked) -> Step {
+    let mut s = status.clone();
+    s.observed_generation = Some(generation);
+    s.reason = Some(why.reason.to_string());
+    s.message = Some(why.message.clone());
+    set_conditions(&mut s, generation, now, Some(why));
+    if s == *status {
+        return Step::Retry { write: None, after: BLOCKED_RETRY };
+    }
+    Step::Write(Transition { status: s, events: vec![Event::warning(why.reason, None, why.message.clone())] })
+}
+
 /// The step to take when the stored plan is refused (gone, or not the plan frozen): None to go on
 /// without it, else a halt. An abort needs no plan, so a halted rollout can still be stopped for good; a
 /// rollback restores what the plan names, so it cannot do without one, and an abort asked for beside a
@@ -86,7 +116,15 @@ pub fn plan_refused(
     why: &Blocked,
 ) -> Option<Step> {
     let abort_without_plan = spec.abort && !spec.rollback && status.phase != Phase::RollingBack;
-    (!abort_without_plan).then(|| halt(now, generation, status, why))
+    if abort_without_plan {
+        return None;
+    }
+    // A finished rollout loads its plan only to roll back (see [`prepare`]).
+    Some(if status.phase.is_terminal() {
+        refuse_rollback(now, generation, status, why)
+    } else {
+        halt(now, generation, status, why)
+    })
 }
 
 /// What a new revision's discovery leads to.

@@ -228,7 +228,8 @@ pub enum GitOpsState {
 /// the failure budget or a failed analysis forced is Failed: nothing happens until someone decides. A
 /// pause for an inconclusive analysis or a metrics outage is InProgress: nothing says the image is bad.
 /// A succeeded rollout some of whose targets someone else has changed since is Failed too: what it
-/// promised no longer holds, and the operator will not undo someone else's change.
+/// promised no longer holds, and the operator will not undo someone else's change; so is one asked to roll
+/// back when the rollback cannot run (this installation does not serve it, or its plan is refused).
 pub fn gitops_state(
     phase: Phase,
     reason: Option<&str>,
@@ -236,7 +237,8 @@ pub fn gitops_state(
     changed_by_others: bool,
 ) -> GitOpsState {
     match phase {
-        Phase::Succeeded if changed_by_others => GitOpsState::Failed,
+        // Its targets changed by someone else, or a rollback asked of it that cannot run.
+        Phase::Succeeded if changed_by_others || blocked => GitOpsState::Failed,
         Phase::Succeeded => GitOpsState::Current,
         Phase::Failed | Phase::Aborted | Phase::RolledBack => GitOpsState::Failed,
         Phase::Pending if blocked => GitOpsState::Failed,

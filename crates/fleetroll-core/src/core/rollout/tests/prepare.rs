@@ -1,4 +1,5 @@
-//! Before the targets are looked at: a rollout this installation does not serve halts (unless finished), a
+//! Before the targets are looked at: a rollout this installation does not serve halts (a finished one keeps
+//! its phase, and a rollback of it is refused), a
 //! spec asking for another revision plans one, a revision without a plan retries, only a running rollout or
 //! a rollback loads its plan, a refused plan halts all but an abort, and what a new revision's discovery
 //! leads to.
@@ -56,6 +57,18 @@ fn a_spec_this_installation_does_not_serve_halts_before_it_is_planned() {
     halted(*step, &why);
 }
 
+/// The status a refused rollback writes: why, as a halt says it, in the phase the rollout finished in.
+fn refused(step: Step, why: &Blocked, finished: Phase) -> FleetRolloutStatus {
+    let Step::Write(t) = step else { panic!("a refused rollback writes why: {step:?}") };
+    assert_eq!(t.status.phase, finished, "the phase it finished in is kept");
+    assert_eq!(t.status.reason.as_deref(), Some(why.reason));
+    assert_eq!(t.status.message.as_deref(), Some(why.message.as_str()));
+    assert!(conditions::is_true(&t.status.conditions, conditions::DEGRADED));
+    assert!(conditions::is_true(&t.status.conditions, conditions::STALLED), "GitOps tools: it stopped short");
+    assert_eq!(t.events.iter().map(|e| e.reason).collect::<Vec<_>>(), [why.reason]);
+    t.status
+}
+
 #[test]
 fn a_finished_rollout_keeps_its_phase_whatever_this_installation_does_not_serve() {
     let mut sim = Sim::new(spec(5), 10);
@@ -63,6 +76,43 @@ fn a_finished_rollout_keeps_its_phase_whatever_this_installation_does_not_serve(
     assert_eq!(sim.status.phase, Phase::Succeeded);
     let why = not_served();
     assert_eq!(prepare(sim.now, 1, &sim.spec, &sim.status, Some(&why)), Prep::Proceed { load: None });
+}
+
+#[test]
+fn a_finished_rollout_this_installation_does_not_serve_neither_rolls_back_nor_plans_anew() {
+    let mut sim = Sim::new(spec(5), 10);
+    sim.settle();
+    let why = not_served();
+    // Asked to roll back: refused, and still Succeeded (its targets run the new image).
+    sim.spec.rollback = true;
+    let Prep::Take(step) = prepare(sim.now, 2, &sim.spec, &sim.status, Some(&why)) else {
+        panic!("no rollback this installation does not serve");
+    };
+    let written = refused(*step, &why, Phase::Succeeded);
+    assert_eq!(prepare(sim.now, 2, &sim.spec, &written, Some(&why)), take(RETRY), "no second write");
+    // Served again: the rollback goes on, from the phase it kept.
+    assert_eq!(
+        prepare(sim.now, 2, &sim.spec, &written, None),
+        Prep::Proceed { load: sim.status.plan.as_ref() }
+    );
+    // A new image for it: a new revision, which halts before it is planned, as a new rollout would.
+    sim.spec.rollback = false;
+    sim.spec.image = "web:v3".into();
+    let Prep::Take(step) = prepare(sim.now, 3, &sim.spec, &sim.status, Some(&why)) else {
+        panic!("no new revision this installation does not serve");
+    };
+    halted(*step, &why);
+}
+
+#[test]
+fn a_finished_rollout_whose_plan_is_refused_keeps_its_phase_when_asked_to_roll_back() {
+    let mut sim = Sim::new(spec(5), 10);
+    sim.settle();
+    sim.spec.rollback = true;
+    let why = tampered();
+    let step = plan_refused(sim.now, 2, &sim.spec, &sim.status, &why).expect("the rollback refused");
+    let written = refused(step, &why, Phase::Succeeded);
+    assert_eq!(plan_refused(sim.now, 2, &sim.spec, &written, &why), Some(RETRY), "no second write");
 }
 
 #[test]
