@@ -8,7 +8,7 @@
 # local control plane instead).
 #
 # The builder is pinned by digest, so a rebuild uses the same toolchain and musl: the multi-arch index of
-# rust:1.95.0-alpine, the Rust of rust-toolchain.toml (tests/architecture.rs checks that they agree). The
+# rust:1.95.0-alpine, the Rust of rust-toolchain.toml (tests/it/architecture.rs checks that they agree). The
 # tag is for people; the digest is what is pulled. Bump both together.
 
 FROM rust:1.95.0-alpine@sha256:606fd313a0f49743ee2a7bd49a0914bab7deedb12791f3a846a34a4711db7ed2 AS build

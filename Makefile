@@ -41,7 +41,7 @@ generate: ## regenerate the CRDs (crds/, the chart) and the manual's reference p
 # The link check needs no cluster (built with the features `integration` uses, so the library builds once);
 # the pinned mdbook is installed once into the cache (hack/docs.sh).
 docs: ## check the manual's links, then build it (docs/) into target/book
-	$(CARGO) test --locked --quiet --features conformance --test docs
+	$(CARGO) test --locked --quiet --features conformance --test it -- docs::
 	hack/docs.sh
 
 fmt: ## format the code
@@ -58,7 +58,8 @@ lint: ## clippy, warnings are errors (the release build, and the test build with
 unit: ## unit tests of both crates, the operator and its core (no cluster needed)
 	$(CARGO) test --locked --workspace --lib --bins
 
-# The conformance feature builds in the MCP conformance suite's fixture tools, which tests/mcp_conformance.rs needs.
+# The conformance feature builds in the MCP conformance suite's fixture tools, which tests/it/mcp_conformance.rs
+# needs. `--test '*'`: tests/it (every libtest test, one binary) and the smoke runs of bench, chaos, security.
 integration: mcp-tools ## integration tests on a real control plane (starts one if none is up, stops it afterwards)
 	$(CARGO) build --locked --tests --features conformance
 	rm -rf target/test-logs

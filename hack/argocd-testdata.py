@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Regenerates the Argo CD customization's test files from its captured testdata and scripts.
 
-    FLEETROLL_CAPTURE_TESTDATA=1 cargo test --features conformance --test gitops kstatus_flux  # live objects
-    FLEETROLL_CAPTURE_TESTDATA=1 cargo test --test analysis no_data   # analysis holds (for the resume action)
+    FLEETROLL_CAPTURE_TESTDATA=1 cargo test --features conformance --test it gitops::kstatus_flux  # live objects
+    FLEETROLL_CAPTURE_TESTDATA=1 cargo test --test it analysis::no_data   # analysis holds (for the resume action)
     hack/argocd-testdata.py                     # health_test.yaml, actions/action_test.yaml, argocd-cm-patch.yaml
 
 It runs the scripts with tests/testenv's gitops-judge (gopher-lua, as Argo CD runs them); review the diff:
@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JUDGE = os.path.join(ROOT, "target/testenv/bin/gitops-judge")
 ARGO = os.path.join(ROOT, "manifests/argocd")
 BASE = os.path.join(ARGO, "resource_customizations/fleetroll.dev/FleetRollout")
-HEADER = "# Argo CD's test harness for resource customizations reads this; tests/gitops.rs runs it too.\n"
+HEADER = "# Argo CD's test harness for resource customizations reads this; tests/it/gitops.rs runs it too.\n"
 ROWS = ["unseen", "stale", "progressing", "paused", "waiting-for-approval", "rolling-back", "succeeded",
         "changed-by-others",
         "blocked", "paused-by-failures", "failed", "aborted", "rolled-back"]
@@ -84,7 +84,7 @@ def read(path):
 def argocd_cm():
     out = ["""# Argo CD's health check and actions for FleetRollouts, for argocd-cm (until they ship with Argo CD):
 #   kubectl -n argocd patch configmap argocd-cm --patch-file manifests/argocd/argocd-cm-patch.yaml
-# The scripts are the files under resource_customizations/fleetroll.dev/FleetRollout/ (tests/gitops.rs
+# The scripts are the files under resource_customizations/fleetroll.dev/FleetRollout/ (tests/it/gitops.rs
 # checks this copy matches them). They need only the base and table libraries (no useOpenLibs).
 data:
   resource.customizations.health.fleetroll.dev_FleetRollout: |

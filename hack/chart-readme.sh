@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prints charts/fleetroll/README.md: helm-docs renders charts/fleetroll/README.md.gotmpl, whose values table
-# comes from values.yaml's `# --` comments. `make generate` writes it; tests/chart.rs checks that the
+# comes from values.yaml's `# --` comments. `make generate` writes it; tests/it/chart.rs checks that the
 # committed file is this output. helm-docs is built into the test environment's cache (tests/testenv/build.sh).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Renders manifests/install.yaml: the fleetroll-system namespace, then the chart with its default values.
-# `make generate` writes it; tests/install.rs checks that the committed file is this output.
+# `make generate` writes it; tests/it/install.rs checks that the committed file is this output.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)

@@ -10,19 +10,16 @@
 //! thousands of malformed or hostile MCP requests. FLEETROLL_CHAOS_SEED replays a run.
 #![allow(clippy::unwrap_used)]
 
-mod bench_support;
-mod common;
-
 use std::{
     path::PathBuf,
     time::{Duration, Instant},
 };
 
-use bench_support::{Observer, Row, row};
-use common::{Rng, mcp::drive, operator::Operator};
 use fleetroll::api::{FleetRollout, Phase};
 use kube::{Api, Client, api::PostParams};
 use serde_json::json;
+use testkit::bench::{Observer, Row, row};
+use testkit::{Rng, mcp::drive, operator::Operator};
 
 struct Sizes {
     name: &'static str,
@@ -76,10 +73,10 @@ fn main() {
 }
 
 async fn run(sizes: Sizes, seed: u64) {
-    let client = common::client().await;
-    common::fleet::ensure_crd(&client).await;
+    let client = testkit::client().await;
+    testkit::fleet::ensure_crd(&client).await;
     let started = Instant::now();
-    let speed = bench_support::MachineSpeed::measure();
+    let speed = testkit::bench::MachineSpeed::measure();
     clear_old_logs();
     eprintln!("chaos ({}): seed {seed} (FLEETROLL_CHAOS_SEED={seed} replays it)", sizes.name);
     let mut rng = Rng(seed.max(1));
@@ -102,7 +99,7 @@ async fn run(sizes: Sizes, seed: u64) {
     if selected("fuzz") {
         rows.push(fuzz(&client, &sizes, &mut rng, &mut namespaces).await);
     }
-    bench_support::cleanup(&client, &namespaces).await;
+    testkit::bench::cleanup(&client, &namespaces).await;
 
     let panics = panics_in_logs();
     rows.push(row(
@@ -130,10 +127,10 @@ async fn run(sizes: Sizes, seed: u64) {
         Some(inv.task_disagreements == 0),
     ));
     rows.push(row("panics in operator and MCP server logs", format!("{panics}"), "0", Some(panics == 0)));
-    let table = bench_support::table(&rows);
+    let table = testkit::bench::table(&rows);
     println!("\n{table}");
-    let out = bench_support::results_dir(sizes.name == "full");
-    let facts = bench_support::machine_table(&speed);
+    let out = testkit::bench::results_dir(sizes.name == "full");
+    let facts = testkit::bench::machine_table(&speed);
     std::fs::write(
         out.join("chaos.md"),
         format!(
@@ -167,7 +164,7 @@ fn selected(scenario: &str) -> bool {
 /// paramKind", kubernetes/kubernetes#124237); that refusal is tried again, any other is not.
 async fn create(api: &Api<FleetRollout>, fr: &FleetRollout) {
     let what = "the API server to admit FleetRollouts again";
-    common::poll_until(what, Duration::from_secs(90), || async {
+    testkit::poll_until(what, Duration::from_secs(90), || async {
         match api.create(&PostParams::default(), fr).await {
             Ok(_) => true,
             Err(kube::Error::Api(e)) if e.message.contains("failed to configure policy") => false,
@@ -254,9 +251,9 @@ async fn kills(
 ) -> Row {
     let (r, t, batch) = (sizes.kill_rollouts, sizes.kill_targets, 2usize);
     eprintln!("kills: {} SIGKILLs across {r} rollouts of {t} targets", sizes.kills);
-    let ns = common::create_namespace(client, "chaos-kills", &[]).await;
+    let ns = testkit::create_namespace(client, "chaos-kills", &[]).await;
     namespaces.push(ns.clone());
-    bench_support::fleet(client, &ns, r * t, 1, t).await;
+    testkit::bench::fleet(client, &ns, r * t, 1, t).await;
     let obs = Observer::start(client, vec![ns.clone()]);
     obs.wait("the fleet to be available", LONG, |s| s.len() == r * t && s.values().all(|v| v.rolled_out))
         .await;
@@ -354,10 +351,10 @@ async fn leader_kills(
 ) -> Row {
     let rounds = sizes.leader_rounds;
     eprintln!("leader kills: {rounds} rounds, lease 4s");
-    let ns = common::create_namespace(client, "chaos-leader", &[]).await;
+    let ns = testkit::create_namespace(client, "chaos-leader", &[]).await;
     namespaces.push(ns.clone());
     let n = 4 * (rounds + 1);
-    bench_support::fleet(client, &ns, n, 1, n).await;
+    testkit::bench::fleet(client, &ns, n, 1, n).await;
     let obs = Observer::start(client, vec![ns.clone()]);
     obs.wait("the fleet to be available", LONG, |s| s.len() == n && s.values().all(|v| v.rolled_out)).await;
     let api: Api<FleetRollout> = Api::namespaced(client.clone(), &ns);
@@ -368,7 +365,7 @@ async fn leader_kills(
     let mut takeovers = Vec::new();
     for round in 0..rounds {
         // Mid-batch: wait for batch `round + 1` to start, then kill the leader.
-        common::wait_for(&api, "lead", "the next batch", LONG, |f| {
+        testkit::wait_for(&api, "lead", "the next batch", LONG, |f| {
             f.status.as_ref().and_then(|s| s.current_batch).is_some_and(|b| b as usize >= round)
         })
         .await;
@@ -417,15 +414,15 @@ async fn control_plane(
     inv: &mut Invariants,
     namespaces: &mut Vec<String>,
 ) -> Vec<Row> {
-    if !common::cluster().local {
+    if !testkit::cluster().local {
         return vec![row("control-plane faults", "not run: they need the local control plane", "", None)];
     }
     let mut rows = Vec::new();
     for fault in ["restart kube-apiserver", "restart etcd", "freeze kube-apiserver"] {
         eprintln!("control plane: {fault} mid-rollout");
-        let ns = common::create_namespace(client, "chaos-plane", &[]).await;
+        let ns = testkit::create_namespace(client, "chaos-plane", &[]).await;
         namespaces.push(ns.clone());
-        bench_support::fleet(client, &ns, 8, 1, 8).await;
+        testkit::bench::fleet(client, &ns, 8, 1, 8).await;
         let obs = Observer::start(client, vec![ns.clone()]);
         obs.wait("the fleet to be available", LONG, |s| s.len() == 8 && s.values().all(|v| v.rolled_out))
             .await;
@@ -436,7 +433,7 @@ async fn control_plane(
         let mut op = start();
         let mut restarts = 0;
         create(&api, &rollout("plane", "example.invalid/chaos:plane", "g0", 2, "2s")).await;
-        common::wait_for(&api, "plane", "batch 2", LONG, |f| {
+        testkit::wait_for(&api, "plane", "batch 2", LONG, |f| {
             f.status.as_ref().and_then(|s| s.current_batch).is_some_and(|b| b >= 1)
         })
         .await;
@@ -488,9 +485,9 @@ async fn control_plane(
 
 async fn mcp_restart(client: &Client, inv: &mut Invariants, namespaces: &mut Vec<String>) -> Row {
     eprintln!("MCP server killed between rollout_fleet and tasks/get");
-    let ns = common::create_namespace(client, "chaos-mcp", &[]).await;
+    let ns = testkit::create_namespace(client, "chaos-mcp", &[]).await;
     namespaces.push(ns.clone());
-    bench_support::fleet(client, &ns, 6, 1, 6).await;
+    testkit::bench::fleet(client, &ns, 6, 1, 6).await;
     let obs = Observer::start(client, vec![ns.clone()]);
     obs.wait("the fleet to be available", LONG, |s| s.len() == 6 && s.values().all(|v| v.rolled_out)).await;
     let _op = Operator::start(&ns, &[], &[]);
@@ -526,13 +523,13 @@ async fn mcp_restart(client: &Client, inv: &mut Invariants, namespaces: &mut Vec
 async fn fuzz(client: &Client, sizes: &Sizes, rng: &mut Rng, namespaces: &mut Vec<String>) -> Row {
     let n = sizes.fuzz;
     eprintln!("fuzz: {n} malformed or hostile MCP requests");
-    let ns = common::create_namespace(client, "chaos-fuzz", &[]).await;
+    let ns = testkit::create_namespace(client, "chaos-fuzz", &[]).await;
     namespaces.push(ns.clone());
     let server = Operator::start_mcp(&ns, &[], &[]);
     server.ready().await;
     let url = server.mcp_url();
     let http = reqwest::Client::new();
-    let rss_before = common::operator::process_usage(server.pid()).0;
+    let rss_before = testkit::operator::process_usage(server.pid()).0;
     let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}});
     let mut wrong = Vec::new();
     let mut kinds = std::collections::BTreeMap::<&str, usize>::new();
@@ -562,7 +559,7 @@ async fn fuzz(client: &Client, sizes: &Sizes, rng: &mut Rng, namespaces: &mut Ve
                 (base.header("mcp-method", "tools/list").body(full[..cut].to_string()), &[400])
             }
             "random bytes" => {
-                let bytes: Vec<u8> = (0..1 + rng.below(2048)).map(|_| rng.next() as u8).collect();
+                let bytes: Vec<u8> = (0..1 + rng.below(2048)).map(|_| rng.next_u64() as u8).collect();
                 (base.header("mcp-method", "tools/list").body(bytes), &[400])
             }
             "huge body" => {
@@ -581,12 +578,12 @@ async fn fuzz(client: &Client, sizes: &Sizes, rng: &mut Rng, namespaces: &mut Ve
                 )
             }
             "unknown method" => {
-                let body = json!({"jsonrpc": "2.0", "id": i, "method": format!("x/{}", rng.next()), "params": {"_meta": meta}});
+                let body = json!({"jsonrpc": "2.0", "id": i, "method": format!("x/{}", rng.next_u64()), "params": {"_meta": meta}});
                 let method = body["method"].as_str().unwrap().to_string();
                 (base.header("mcp-method", method).body(body.to_string()), &[404])
             }
             "bad task id" => {
-                let body = json!({"jsonrpc": "2.0", "id": i, "method": "tasks/get", "params": {"taskId": format!("{}", rng.next()),
+                let body = json!({"jsonrpc": "2.0", "id": i, "method": "tasks/get", "params": {"taskId": format!("{}", rng.next_u64()),
                     "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
                               "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}}});
                 let id = body["params"]["taskId"].as_str().unwrap().to_string();
@@ -603,7 +600,7 @@ async fn fuzz(client: &Client, sizes: &Sizes, rng: &mut Rng, namespaces: &mut Ve
     let alive = reqwest::get(format!("http://127.0.0.1:{}/healthz", server.port))
         .await
         .is_ok_and(|r| r.status().is_success());
-    let rss_after = common::operator::process_usage(server.pid()).0;
+    let rss_after = testkit::operator::process_usage(server.pid()).0;
     let grown = rss_after.saturating_sub(rss_before) as f64 / (1024.0 * 1024.0);
     if !wrong.is_empty() {
         eprintln!("unexpected answers (first 10): {:?}", &wrong[..wrong.len().min(10)]);

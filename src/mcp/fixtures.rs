@@ -2,7 +2,7 @@
 //! built only with the `conformance` feature and served only with `--conformance-fixtures`. Their tasks are
 //! in-memory (rmcp's TaskManager): they exist to exercise the protocol surface, not rollouts. Behaviour
 //! follows the suite's expectations, scenario by scenario (`tests/mcp/conformance.sh` runs them;
-//! `tests/mcp_conformance.rs` checks they pass).
+//! `tests/it/mcp_conformance.rs` checks they pass).
 // The logging fixture uses the (deprecated) logging notification on purpose.
 #![allow(deprecated)]
 

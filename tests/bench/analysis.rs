@@ -9,11 +9,9 @@ use fleetroll::api::FleetRollout;
 use kube::{Api, Client, api::PostParams};
 use serde_json::{Value, json};
 
-use crate::{
-    LONG, Report, Sizes, batch_spans, bench_support, bench_support::Observer, common, row, transitions_of,
-    wait_succeeded,
-};
-use common::{
+use crate::{LONG, Report, Sizes, batch_spans, row, transitions_of, wait_succeeded};
+use testkit::{
+    bench::Observer,
     operator::{Operator, metric},
     prometheus::{Exporter, Options, Prometheus, REQUESTS, error_ratio_query},
 };
@@ -53,7 +51,7 @@ async fn run(client: &Client, ns: &str, n: usize, prometheus: &Prometheus, with:
     let t0 = Instant::now();
     api.create(&PostParams::default(), &fr).await.unwrap();
     wait_succeeded(&api, "analysed").await;
-    obs.wait("every target on the new image", LONG, |s| bench_support::all_on(s, &keys, image)).await;
+    obs.wait("every target on the new image", LONG, |s| testkit::bench::all_on(s, &keys, image)).await;
     let batches: Vec<Vec<String>> = keys.chunks(BATCH).map(<[String]>::to_vec).collect();
     let mut t = transitions_of(&batch_spans(&obs, &batches, image, t0));
     t.sort_by(f64::total_cmp);
@@ -72,8 +70,8 @@ pub async fn cost(client: &Client, sizes: &Sizes, report: &mut Report, namespace
     eprintln!("analysis: {n} Deployments with 0 replicas, batch {BATCH}, with and without analysis");
     let exporter = Exporter::start();
     let (plain, analysed) = (
-        common::create_namespace(client, "bench-plain", &[]).await,
-        common::create_namespace(client, "bench-analysis", &[]).await,
+        testkit::create_namespace(client, "bench-plain", &[]).await,
+        testkit::create_namespace(client, "bench-analysis", &[]).await,
     );
     namespaces.extend([plain.clone(), analysed.clone()]);
     for i in 0..n {
@@ -81,8 +79,8 @@ pub async fn cost(client: &Client, sizes: &Sizes, report: &mut Report, namespace
     }
     let prometheus = Prometheus::start(&exporter, Options::default()).await;
     prometheus.wait_for_series(&format!("min(count_over_time({REQUESTS}[1h])) >= 7")).await;
-    bench_support::fleet(client, &plain, n, 0, n).await;
-    bench_support::fleet(client, &analysed, n, 0, n).await;
+    testkit::bench::fleet(client, &plain, n, 0, n).await;
+    testkit::bench::fleet(client, &analysed, n, 0, n).await;
 
     let (without, _) = run(client, &plain, n, &prometheus, false).await;
     let before = queries(&prometheus).await;
@@ -98,14 +96,14 @@ pub async fn cost(client: &Client, sizes: &Sizes, report: &mut Report, namespace
     ));
     report.rows.push(row(
         format!("analysis: batch transition with analysis ({} transitions): p50 / p99", with.len()),
-        bench_support::p50_p99_ms(&with),
+        testkit::bench::p50_p99_ms(&with),
         "",
         None,
     ));
-    let added = bench_support::percentile(&with, 50.0) - bench_support::percentile(&without, 50.0);
+    let added = testkit::bench::percentile(&with, 50.0) - testkit::bench::percentile(&without, 50.0);
     report.rows.push(row(
         format!("analysis: the same rollout without analysis ({} transitions): p50 / p99", without.len()),
-        format!("{}; added p50 {:+.1} ms", bench_support::p50_p99_ms(&without), added * 1000.0),
+        format!("{}; added p50 {:+.1} ms", testkit::bench::p50_p99_ms(&without), added * 1000.0),
         "",
         None,
     ));

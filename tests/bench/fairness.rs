@@ -9,8 +9,8 @@ use kube::Client;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::{Report, Sizes, bench_support, common, row};
-use common::{
+use crate::{Report, Sizes, row};
+use testkit::{
     flood,
     operator::Operator,
     tenant::{Grant, Tenant, token_for},
@@ -34,7 +34,8 @@ async fn poll(url: &str, token: &str, task: &str, seconds: u64) -> (Vec<f64>, Ve
                 let started = Instant::now();
                 let tasks = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
                 let params = json!({"taskId": task});
-                let r = common::mcp::post(&http, &url, Some(&token), "tasks/get", &task, params, tasks).await;
+                let r =
+                    testkit::mcp::post(&http, &url, Some(&token), "tasks/get", &task, params, tasks).await;
                 let status = r.status();
                 let body: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap_or_default();
                 latencies.push(started.elapsed().as_secs_f64());
@@ -60,8 +61,8 @@ pub async fn mcp_fairness(client: &Client, sizes: &Sizes, report: &mut Report, n
     eprintln!(
         "fairness: an agent's tasks/get for {seconds}s unflooded, then beside {SLOW_BODIES} slow bodies"
     );
-    let ns = common::create_namespace(client, "bench-fair", &[]).await;
-    let other = common::create_namespace(client, "bench-fair-x", &[]).await;
+    let ns = testkit::create_namespace(client, "bench-fair", &[]).await;
+    let other = testkit::create_namespace(client, "bench-fair-x", &[]).await;
     namespaces.extend([ns.clone(), other.clone()]);
     let edit = [Grant::cluster_role("edit")];
     let (agent, flooder) = tokio::join!(
@@ -84,7 +85,7 @@ pub async fn mcp_fairness(client: &Client, sizes: &Sizes, report: &mut Report, n
     let tasks = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
     let http = reqwest::Client::new();
     let started =
-        common::mcp::post(&http, &url, Some(&agent_token), "tools/call", "rollout_fleet", args, tasks).await;
+        testkit::mcp::post(&http, &url, Some(&agent_token), "tools/call", "rollout_fleet", args, tasks).await;
     let started: Value = serde_json::from_slice(&started.bytes().await.unwrap()).unwrap();
     let task =
         started["result"]["taskId"].as_str().unwrap_or_else(|| panic!("no task: {started}")).to_string();
@@ -104,10 +105,10 @@ pub async fn mcp_fairness(client: &Client, sizes: &Sizes, report: &mut Report, n
     );
     assert!(flood.statuses.get(&408).is_some_and(|n| *n > 0), "fairness: the flood held no slot: {flood:?}");
 
-    let p99 = |sorted: &[f64]| bench_support::percentile(sorted, 99.0);
+    let p99 = |sorted: &[f64]| testkit::bench::percentile(sorted, 99.0);
     report.rows.push(row(
         format!("MCP fairness: an agent's tasks/get, {POLLERS} concurrent, unflooded: p50 / p99"),
-        format!("{} ({} calls)", bench_support::p50_p99_ms(&calm), calm.len()),
+        format!("{} ({} calls)", testkit::bench::p50_p99_ms(&calm), calm.len()),
         "",
         None,
     ));
@@ -117,7 +118,7 @@ pub async fn mcp_fairness(client: &Client, sizes: &Sizes, report: &mut Report, n
         ),
         format!(
             "{} ({} calls, 0 refused; flood: {} slow bodies cut at the body timeout, {} refused 503)",
-            bench_support::p50_p99_ms(&flooded),
+            testkit::bench::p50_p99_ms(&flooded),
             flooded.len(),
             flood.statuses.get(&408).copied().unwrap_or(0),
             flood.statuses.get(&503).copied().unwrap_or(0),

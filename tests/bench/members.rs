@@ -16,11 +16,9 @@ use kube::{
 };
 use serde_json::json;
 
-use crate::{
-    LONG, Report, Sizes, batch_spans, bench_support, bench_support::Observer, common, row, transitions_of,
-    wait_succeeded,
-};
-use common::{
+use crate::{LONG, Report, Sizes, batch_spans, row, transitions_of, wait_succeeded};
+use testkit::{
+    bench::Observer,
     members::{Member, member, service_account_token, write_argo_secret, write_capi_secret},
     operator::Operator,
 };
@@ -35,15 +33,15 @@ struct Site {
 /// Registers the hub as a member of its own fleet namespace (an Argo CD Secret with a token of a hub
 /// ServiceAccount of the bench's own, bound to the test environment's member ClusterRole), as Argo CD
 /// registers its own cluster. Only the ClusterRole of member-rbac.yaml is applied to the hub: its
-/// ServiceAccount is the members' alone (tests/members_env.rs checks the hub has none).
+/// ServiceAccount is the members' alone (tests/it/members_env.rs checks the hub has none).
 async fn hub_as_member(hub: &Client, fleet_ns: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testenv/member-rbac.yaml");
     let all = std::fs::read_to_string(path).unwrap();
     let role = all.split("\n---").find(|doc| doc.contains("\nkind: ClusterRole\n")).unwrap().to_string();
     let role_file = std::env::temp_dir().join(format!("{fleet_ns}-member-role.yaml"));
     std::fs::write(&role_file, role).unwrap();
-    common::cli::kubectl(&["apply", "--server-side", "-f", &role_file.to_string_lossy()]).await.ok();
-    let dir = common::testenv_dir();
+    testkit::cli::kubectl(&["apply", "--server-side", "-f", &role_file.to_string_lossy()]).await.ok();
+    let dir = testkit::testenv_dir();
     let port = std::fs::read_to_string(dir.join("ports/apiserver")).unwrap();
     let hub_member = Member { name: "hub".into(), dir, server: format!("https://127.0.0.1:{}", port.trim()) };
     let token = service_account_token(hub, fleet_ns, "hub-member").await;
@@ -56,7 +54,7 @@ async fn site(name: &str, client: Client, ns: &str, n: usize, replicas: i32) -> 
     let body = json!({"apiVersion": "v1", "kind": "Namespace",
         "metadata": {"name": ns, "labels": {"team": ns, OPT_IN_LABEL: OPT_IN_VALUE}}});
     namespaces.patch(ns, &PatchParams::apply("bench").force(), &Patch::Apply(&body)).await.unwrap();
-    bench_support::fleet(&client, ns, n, replicas, n).await;
+    testkit::bench::fleet(&client, ns, n, replicas, n).await;
     Site { name: name.into(), client, ns: ns.into() }
 }
 
@@ -94,12 +92,12 @@ fn spec(image: &str, team: &str, batch: usize) -> FleetRollout {
 
 pub async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: &mut Vec<String>) {
     let (n, b) = (sizes.members_targets, sizes.members_batch);
-    if common::members::members().len() < 2 {
+    if testkit::members::members().len() < 2 {
         eprintln!("members: skipped, the test environment has no member clusters (make cluster MEMBERS=2)");
         return;
     }
     eprintln!("members: {n} Deployments in each of 2 members, batch {b}, fleetroll and a bare client");
-    let fleet_ns = common::create_namespace(client, "bench-members", &[]).await;
+    let fleet_ns = testkit::create_namespace(client, "bench-members", &[]).await;
     namespaces.push(fleet_ns.clone());
     let team = fleet_ns.clone();
     let sites = members(&fleet_ns, client, &team, n, 1).await;
@@ -121,14 +119,14 @@ pub async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, names
     let image = "example.invalid/bench:members";
     let mut before = Vec::new();
     for s in &sites {
-        before.push(bench_support::apiserver_requests(&s.client).await);
+        before.push(testkit::bench::apiserver_requests(&s.client).await);
     }
     let t0 = Instant::now();
     api.create(&PostParams::default(), &spec(image, &team, b)).await.unwrap();
     wait_succeeded(&api, "across").await;
     let fleetroll = t0.elapsed().as_secs_f64();
     for obs in &observers {
-        obs.wait("every target on the new image", LONG, |s| bench_support::all_on(s, &keys, image)).await;
+        obs.wait("every target on the new image", LONG, |s| testkit::bench::all_on(s, &keys, image)).await;
     }
     let fleetroll_time = TimeSpent::of(&observers, &keys, b, image, t0, fleetroll);
     drop(op);
@@ -136,10 +134,10 @@ pub async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, names
     // writes (server-side apply), per target.
     let (mut reads, mut writes) = (0.0, 0.0);
     for (s, before) in sites.iter().zip(&before) {
-        let after = bench_support::apiserver_requests(&s.client).await;
-        reads += bench_support::delta(before, &after, "GET", "deployments", "");
-        writes += bench_support::delta(before, &after, "APPLY", "deployments", "")
-            + bench_support::delta(before, &after, "PATCH", "deployments", "");
+        let after = testkit::bench::apiserver_requests(&s.client).await;
+        reads += testkit::bench::delta(before, &after, "GET", "deployments", "");
+        writes += testkit::bench::delta(before, &after, "APPLY", "deployments", "")
+            + testkit::bench::delta(before, &after, "PATCH", "deployments", "");
     }
     let per_target = |v: f64| v / (2 * n) as f64;
     // The floor: the same batches in the same order (member-1's, then member-2's), no checkpoints.
@@ -147,8 +145,8 @@ pub async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, names
     let t0 = Instant::now();
     for (site, obs) in sites.iter().zip(&observers) {
         for batch in keys.chunks(b) {
-            bench_support::patch_images(&site.client, batch, image, 16).await;
-            obs.wait("the batch to roll out", LONG, |s| bench_support::all_on(s, batch, image)).await;
+            testkit::bench::patch_images(&site.client, batch, image, 16).await;
+            obs.wait("the batch to roll out", LONG, |s| testkit::bench::all_on(s, batch, image)).await;
         }
     }
     let bare = t0.elapsed().as_secs_f64();
@@ -206,7 +204,7 @@ impl TimeSpent {
 
 impl std::fmt::Display for TimeSpent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let p50 = bench_support::percentile(&self.between, 50.0);
+        let p50 = testkit::bench::percentile(&self.between, 50.0);
         let max = self.between.last().copied().unwrap_or(0.0);
         write!(
             f,
@@ -222,12 +220,12 @@ impl std::fmt::Display for TimeSpent {
 
 pub async fn scale(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: &mut Vec<String>) {
     let total = sizes.members_scale_targets;
-    if common::members::members().len() < 2 {
+    if testkit::members::members().len() < 2 {
         return;
     }
     let per = total / 3;
     eprintln!("members: {total} Deployments (0 replicas) over the hub and 2 members, one rollout");
-    let fleet_ns = common::create_namespace(client, "bench-members-scale", &[]).await;
+    let fleet_ns = testkit::create_namespace(client, "bench-members-scale", &[]).await;
     namespaces.push(fleet_ns.clone());
     let team = fleet_ns.clone();
     let mut sites = members(&fleet_ns, client, &team, per, 0).await;
@@ -242,7 +240,7 @@ pub async fn scale(client: &Client, sizes: &Sizes, report: &mut Report, namespac
     api.create(&PostParams::default(), &fr).await.unwrap();
     let done = wait_succeeded(&api, "across").await;
     let took = t0.elapsed().as_secs_f64();
-    let (rss, cpu) = crate::common::operator::process_usage(op.pid());
+    let (rss, cpu) = testkit::operator::process_usage(op.pid());
     drop(op);
     let status_bytes = serde_json::to_vec(&done.status).unwrap().len();
     let mib = rss as f64 / (1024.0 * 1024.0);

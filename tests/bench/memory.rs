@@ -11,9 +11,9 @@ use kube::{
 };
 use serde_json::{Value, json};
 
-use crate::{Report, Sizes, bench_support, common, rollout, row, wait_succeeded};
-use common::operator::Operator;
+use crate::{Report, Sizes, rollout, row, wait_succeeded};
 use fleetroll::api::FleetRollout;
+use testkit::operator::Operator;
 
 /// A Deployment as large as a tenant can make one: a 900 KB image reference, 1,000 labels of the longest
 /// value, and 200 KB of annotations (about 1.2 MB in all; etcd takes 1.5 MiB). Paused, with no replicas:
@@ -42,19 +42,19 @@ async fn peak_through_a_rollout(client: &Client, ns: &str, name: &str) -> f64 {
     .await
     .unwrap();
     wait_succeeded(&api, name).await;
-    let (rss, _) = common::operator::process_usage(op.pid());
+    let (rss, _) = testkit::operator::process_usage(op.pid());
     rss as f64 / (1024.0 * 1024.0)
 }
 
 pub async fn tenant_sized(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: &mut Vec<String>) {
     let n = sizes.heavy_deployments;
     eprintln!("memory: peak RSS clean, then beside {n} Deployments of near-maximal size");
-    let ns = common::create_namespace(client, "bench-memory", &[]).await;
+    let ns = testkit::create_namespace(client, "bench-memory", &[]).await;
     namespaces.push(ns.clone());
-    bench_support::fleet(client, &ns, 10, 0, 10).await;
+    testkit::bench::fleet(client, &ns, 10, 0, 10).await;
     let clean = peak_through_a_rollout(client, &ns, "clean").await;
 
-    let tenant = common::create_namespace(client, "bench-heavy", &[]).await;
+    let tenant = testkit::create_namespace(client, "bench-heavy", &[]).await;
     namespaces.push(tenant.clone());
     let api: Api<Deployment> = Api::namespaced(client.clone(), &tenant);
     stream::iter(0..n)
@@ -81,5 +81,5 @@ pub async fn tenant_sized(client: &Client, sizes: &Sizes, report: &mut Report, n
         "+≤ 10 MiB",
         Some(extra <= 10.0),
     ));
-    bench_support::cleanup_and_wait(client, namespaces).await;
+    testkit::bench::cleanup_and_wait(client, namespaces).await;
 }

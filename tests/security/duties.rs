@@ -149,10 +149,10 @@ pub(super) async fn argo_cd_approve_action_run_by_a_patcher(env: &'static Env) -
     let mut live = serde_json::to_value(rollout(env, &env.t1, "argo-approved").await).unwrap();
     live["status"] = json!({"phase": "WaitingForApproval",
         "pendingApproval": {"batch": 0, "planHash": "0123456789abcdef", "gatesHash": "fedcba9876543210", "since": "2026-12-03T12:00:00Z"}});
-    let action = common::cli::repo_path(
+    let action = testkit::cli::repo_path(
         "manifests/argocd/resource_customizations/fleetroll.dev/FleetRollout/actions/approve/action.lua",
     );
-    let out = common::cli::gitops_judge(&["lua-action", &action], &live).await;
+    let out = testkit::cli::gitops_judge(&["lua-action", &action], &live).await;
     let patch = out["patch"].to_string();
     let patch_as = |t: &'static Tenant| {
         let patch = patch.clone();
@@ -195,8 +195,8 @@ struct Bindings {
 
 impl Drop for Bindings {
     fn drop(&mut self) {
-        let kubectl = common::testenv_dir().join("bin/kubectl");
-        let kubeconfig = common::cluster().kubeconfig;
+        let kubectl = testkit::testenv_dir().join("bin/kubectl");
+        let kubeconfig = testkit::cluster().kubeconfig;
         let file = self.file.display().to_string();
         // `apply`, not `create`: the normal path may have put them back already.
         let _ = std::process::Command::new(kubectl)
@@ -210,11 +210,11 @@ impl Drop for Bindings {
 async fn without_admission<F: std::future::Future<Output = ()>>(env: &Env, during: F) {
     let bindings = [
         ("validatingadmissionpolicybinding", POLICY.to_string()),
-        ("mutatingadmissionpolicybinding", format!("{}-recorded-identities", common::tenant::RELEASE)),
+        ("mutatingadmissionpolicybinding", format!("{}-recorded-identities", testkit::tenant::RELEASE)),
     ];
     let mut saved = Vec::new();
     for (kind, name) in &bindings {
-        let got = common::cli::kubectl(&["get", kind, name, "-o", "json"]).await.ok();
+        let got = testkit::cli::kubectl(&["get", kind, name, "-o", "json"]).await.ok();
         let mut binding: Value = serde_json::from_str(&got.stdout).unwrap();
         binding["metadata"] = json!({"name": name, "labels": binding["metadata"]["labels"]});
         saved.push(binding);
@@ -223,7 +223,7 @@ async fn without_admission<F: std::future::Future<Output = ()>>(env: &Env, durin
     std::fs::write(&file, json!({"apiVersion": "v1", "kind": "List", "items": saved}).to_string()).unwrap();
     let restore = Bindings { file };
     for (kind, name) in &bindings {
-        common::cli::kubectl(&["delete", kind, name]).await.ok();
+        testkit::cli::kubectl(&["delete", kind, name]).await.ok();
     }
     let probe = |recorded: bool| {
         let admin = env.admin.clone();
@@ -238,10 +238,10 @@ async fn without_admission<F: std::future::Future<Output = ()>>(env: &Env, durin
             made.is_ok_and(|fr| fr.spec.creator.is_some() == recorded)
         }
     };
-    common::poll_until("the admission bindings to be gone", Duration::from_secs(60), || probe(false)).await;
+    testkit::poll_until("the admission bindings to be gone", Duration::from_secs(60), || probe(false)).await;
     during.await;
     drop(restore);
-    common::poll_until("the admission bindings to be back", Duration::from_secs(60), || probe(true)).await;
+    testkit::poll_until("the admission bindings to be back", Duration::from_secs(60), || probe(true)).await;
     // ...the validating one too: a dry run by a tenant who may patch no workload is refused again.
     let enforced = || async {
         let fr: FleetRollout = serde_json::from_value(json!({
@@ -254,7 +254,8 @@ async fn without_admission<F: std::future::Future<Output = ()>>(env: &Env, durin
             Api::<FleetRollout>::namespaced(env.creator.client.clone(), &env.t1).create(&dry_run, &fr).await;
         matches!(made, Err(kube::Error::Api(e)) if e.message.contains(POLICY))
     };
-    common::poll_until("the validating policy to be enforced again", Duration::from_secs(60), enforced).await;
+    testkit::poll_until("the validating policy to be enforced again", Duration::from_secs(60), enforced)
+        .await;
 }
 
 /// A rollout created before creators were recorded has none: the operator acts for no one until someone

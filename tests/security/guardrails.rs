@@ -3,8 +3,8 @@
 //! not judge. Each attack governs only the ServiceAccounts of a namespace of its own, so the other attacks
 //! run as they would without it.
 
-use common::people::Person;
 use fleetroll::{api::FleetRolloutPolicy, core::plan::gates_of};
+use testkit::people::Person;
 
 use super::*;
 
@@ -23,7 +23,7 @@ async fn governed(env: &'static Env, prefix: &str, rules: Value) -> (String, Ten
     let mut unbound = deployments_spec();
     unbound["strategy"] = json!({"batchSize": 100000});
     let bare = manifest(&ns, "probe", unbound);
-    common::poll_until("the FleetRolloutPolicy to be enforced", Duration::from_secs(60), || async {
+    testkit::poll_until("the FleetRolloutPolicy to be enforced", Duration::from_secs(60), || async {
         let ran = agent.kubectl(&["create", "--dry-run=server", "-f", &bare]).await;
         ran.code != 0 && ran.stderr.contains(GUARDRAILS)
     })
@@ -87,7 +87,7 @@ pub(super) async fn agent_exceeds_a_policys_batch_cap(env: &'static Env) -> Row 
     let ran = create_as(&agent, &ns, "wide", spec.clone()).await;
     // A person the policy does not govern writes the very same spec: admitted.
     let person = Person::x509(&env.admin, "carol", &["developers"]).await;
-    common::tenant::bind(&env.admin, &ns, "carol", "User", "carol", "edit").await;
+    testkit::tenant::bind(&env.admin, &ns, "carol", "User", "carol", "edit").await;
     person.wait_allowed(&env.admin, &ns, "fleetroll.dev", "fleetrollouts", "create").await;
     let theirs = person.kubectl(&["create", "-f", &manifest(&ns, "wide-by-a-person", spec)]).await;
     let mut row = judged(
@@ -109,7 +109,7 @@ pub(super) async fn approver_outside_a_policys_approvers(env: &'static Env) -> R
     create_as(&agent, &ns, "gated", spec).await.ok();
     // dave holds the approve verb, but is not one of the policy's approvers.
     let dave = Person::x509(&env.admin, "dave", &["developers"]).await;
-    common::tenant::bind(&env.admin, &ns, "dave", "User", "dave", APPROVER_ROLE).await;
+    testkit::tenant::bind(&env.admin, &ns, "dave", "User", "dave", APPROVER_ROLE).await;
     dave.wait_allowed(&env.admin, &ns, "fleetroll.dev", "fleetrollouts", "approve").await;
     let approval = json!({"spec": {"approvals": [{"batch": 0, "planHash": "0123456789abcdef"}]}}).to_string();
     let ran =
@@ -131,7 +131,7 @@ pub(super) async fn a_plan_beyond_a_policys_caps_is_held(env: &'static Env) -> R
     fleet.deployments(&ns, 4, READY_IMAGE).await;
     let _op = Operator::start(&ns, &[], &[]);
     // A percentage admission cannot judge: 100% of four targets.
-    let spec = json!({"image": common::fleet::NEXT_IMAGE, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
+    let spec = json!({"image": testkit::fleet::NEXT_IMAGE, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
                       "strategy": {"batchSize": "100%"}});
     let ran = create_as(&agent, &ns, "everything", spec).await;
     let held = |f: &FleetRollout| f.status.as_ref().is_some_and(|s| s.policy_hold.is_some());
@@ -140,7 +140,7 @@ pub(super) async fn a_plan_beyond_a_policys_caps_is_held(env: &'static Env) -> R
     let hold = s.policy_hold.clone().unwrap();
     let deployments = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(env.admin.clone(), &ns);
     let listed = deployments.list(&Default::default()).await.unwrap().items;
-    let untouched = listed.len() == 4 && listed.iter().all(|d| common::fleet::image_of(d) == READY_IMAGE);
+    let untouched = listed.len() == 4 && listed.iter().all(|d| testkit::fleet::image_of(d) == READY_IMAGE);
     Row {
         attack: "starts a rollout whose percentage batch reaches every target, past the policy's caps".into(),
         who: who(&agent, "edit; governed by a policy"),
@@ -195,7 +195,7 @@ pub(super) async fn approval_given_before_a_policy_named_approvers(env: &'static
     // The agent's rollout, gated by an approval of its first batch and paused, so the approval waits.
     let targets = json!({"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}});
     let gated = |paused: bool| {
-        json!({"image": common::fleet::NEXT_IMAGE, "targets": targets, "paused": paused,
+        json!({"image": testkit::fleet::NEXT_IMAGE, "targets": targets, "paused": paused,
                                       "strategy": {"approval": "FirstBatch", "batchSize": 1}})
     };
     create_as(&agent, &ns, "early", gated(true)).await.ok();
@@ -204,7 +204,7 @@ pub(super) async fn approval_given_before_a_policy_named_approvers(env: &'static
     let (plan, gates) = (fr.status.unwrap().plan.unwrap().hash, fleet.gates("early").await);
     // erin holds the approve verb and approves it while no policy names approvers: admitted.
     let erin = Person::x509(&env.admin, "erin", &["developers"]).await;
-    common::tenant::bind(&env.admin, &ns, "erin", "User", "erin", APPROVER_ROLE).await;
+    testkit::tenant::bind(&env.admin, &ns, "erin", "User", "erin", APPROVER_ROLE).await;
     erin.wait_allowed(&env.admin, &ns, "fleetroll.dev", "fleetrollouts", "approve").await;
     let approval = json!({"spec": {"approvals": [{"batch": 0, "planHash": plan, "gatesHash": gates}]}});
     let ran = erin
@@ -227,12 +227,12 @@ pub(super) async fn approval_given_before_a_policy_named_approvers(env: &'static
     let s = fr.status.clone().unwrap();
     let deployments = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(env.admin.clone(), &ns);
     let listed = deployments.list(&Default::default()).await.unwrap().items;
-    let untouched = listed.len() == 2 && listed.iter().all(|d| common::fleet::image_of(d) == READY_IMAGE);
+    let untouched = listed.len() == 2 && listed.iter().all(|d| testkit::fleet::image_of(d) == READY_IMAGE);
     let pending = s.pending_approval.clone();
     let rebound = pending.as_ref().is_some_and(|p| p.gates_hash != gates && p.gates_hash == gates_of(&fr));
     // One of the approvers the policy names approves what the batch now waits for: on it goes.
     let rita = Person::x509(&env.admin, "rita", &["release-managers"]).await;
-    common::tenant::bind(&env.admin, &ns, "release-managers", "Group", "release-managers", APPROVER_ROLE)
+    testkit::tenant::bind(&env.admin, &ns, "release-managers", "Group", "release-managers", APPROVER_ROLE)
         .await;
     rita.wait_allowed(&env.admin, &ns, "fleetroll.dev", "fleetrollouts", "approve").await;
     let theirs = pending.map(|p| json!({"batch": 0, "planHash": p.plan_hash, "gatesHash": p.gates_hash}));
@@ -280,7 +280,7 @@ pub(super) async fn every_serviceaccount_and_the_group_agents_are_governed(env: 
         Person::x509(&env.admin, "carol", &["developers"]),
     );
     for who in ["otto", "carol"] {
-        common::tenant::bind(&env.admin, &ns, who, "User", who, "edit").await;
+        testkit::tenant::bind(&env.admin, &ns, who, "User", who, "edit").await;
     }
     otto.wait_allowed(&env.admin, &ns, "fleetroll.dev", "fleetrollouts", "create").await;
     carol.wait_allowed(&env.admin, &ns, "fleetroll.dev", "fleetrollouts", "create").await;
@@ -295,7 +295,7 @@ pub(super) async fn every_serviceaccount_and_the_group_agents_are_governed(env: 
     let mut wide = deployments_spec();
     wide["strategy"] = json!({"batchSize": 60000});
     let probe = manifest(&ns, "probe", wide.clone());
-    common::poll_until("the FleetRolloutPolicy to be enforced", Duration::from_secs(60), || async {
+    testkit::poll_until("the FleetRolloutPolicy to be enforced", Duration::from_secs(60), || async {
         let ran = agent.kubectl(&["create", "--dry-run=server", "-f", &probe]).await;
         ran.code != 0 && ran.stderr.contains(&name)
     })

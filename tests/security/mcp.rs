@@ -6,8 +6,8 @@ use fleetroll::mcp::limits::{REVIEW_BURST, REVIEWS_PER_SECOND};
 use futures::StreamExt;
 
 use super::*;
-use common::{Rng, mcp::drive};
 use std::sync::Arc;
+use testkit::{Rng, mcp::drive};
 
 /// The MCP server alone, checking callers' tokens for its own URL and writing as its callers. It runs with
 /// the cluster admin's credentials: impersonation means that is no longer what its callers get.
@@ -23,7 +23,7 @@ pub(super) async fn mcp_server(ns: &str) -> Operator {
 
 /// A token of `t`'s ServiceAccount for the MCP endpoint (its audience).
 pub(super) async fn mcp_token(env: &Env, t: &Tenant, audience: &str) -> String {
-    common::tenant::token_for(&env.admin, &t.namespace, &t.name, Some(audience)).await
+    testkit::tenant::token_for(&env.admin, &t.namespace, &t.name, Some(audience)).await
 }
 
 pub(super) async fn mcp_caller_rolls_what_it_may_not_patch(env: &'static Env) -> Row {
@@ -118,7 +118,7 @@ pub(super) async fn post_status(
     name: &str,
     params: Value,
 ) -> u16 {
-    let response = common::mcp::post(http, url, Some(token), method, name, params, json!({})).await;
+    let response = testkit::mcp::post(http, url, Some(token), method, name, params, json!({})).await;
     let status = response.status().as_u16();
     if status == 429 {
         assert!(response.headers().contains_key("retry-after"), "429 without Retry-After");
@@ -155,7 +155,8 @@ pub(super) async fn a_flood_of_random_bearer_tokens(env: &'static Env) -> Row {
         })
     };
     let mut rng = Rng(0x5eed_f100d);
-    let tokens: Vec<String> = (0..FLOOD).map(|_| format!("{:016x}{:016x}", rng.next(), rng.next())).collect();
+    let tokens: Vec<String> =
+        (0..FLOOD).map(|_| format!("{:016x}{:016x}", rng.next_u64(), rng.next_u64())).collect();
     // Ten waves of 1,000, a second apart (pacing the load, not waiting for anything), so that the sustained
     // rate shows and not only the burst.
     let mut statuses: Vec<u16> = Vec::with_capacity(FLOOD);

@@ -18,7 +18,7 @@ use futures::StreamExt;
 use tokio::time::Instant;
 
 use super::*;
-use common::flood::{self, HOME};
+use testkit::flood::{self, HOME};
 
 /// Another peer to the server: a pod of the attacker's elsewhere.
 const ELSEWHERE: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use common::cli::kubectl_with_path;
+use testkit::cli::kubectl_with_path;
 
 use super::*;
 
@@ -72,12 +72,12 @@ pub(super) async fn fleet_admin_has_an_exec_plugin_send_the_operators_token_else
     create_as(&platform, &ns, "across", across_members()).await.ok();
     // Each listing judges all three Secrets at once: once the allowed plugin ran, the others were judged.
     let allowed_ran = || async { runs(&dir).iter().any(|r| r.contains("ok-tenant")) };
-    common::poll_until("the allowed plugin to run", VERDICT, allowed_ran).await;
+    testkit::poll_until("the allowed plugin to run", VERDICT, allowed_ran).await;
     let ran = runs(&dir);
     let count = |tenant: &str| ran.iter().filter(|r| r.contains(tenant)).count();
     let (allowed, by_args, by_env) = (count("ok-tenant"), count("args-tenant"), count("env-tenant"));
     let sent = ran.iter().any(|r| r.contains(TOKEN_FILE) || r.contains("collector"));
-    let alive = operator_attacks::serving(&mut op).await;
+    let alive = crate::operator::serving(&mut op).await;
     let _ = std::fs::remove_dir_all(&dir);
     Row {
         attack: "writes member Secrets whose allowed kubelogin is asked to send the operator's ServiceAccount token \

@@ -8,13 +8,13 @@ use std::sync::{
     atomic::{AtomicUsize, Ordering},
 };
 
-use common::fleet::{FLEET_LABEL, NEXT_IMAGE, image_of, phase};
 use fleetroll::api::{OPT_IN_LABEL, OPT_IN_VALUE};
 use k8s_openapi::api::{
     admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
     apps::v1::{DaemonSet, Deployment},
     core::v1::ConfigMap,
 };
+use testkit::fleet::{FLEET_LABEL, NEXT_IMAGE, image_of, phase};
 
 use super::*;
 
@@ -98,7 +98,7 @@ pub(super) async fn tenant_replaces_a_frozen_plan(env: &'static Env) -> Row {
     dev.kubectl(&["create", "-f", &file(&format!("{}-forged", fleet.ns), &cm)]).await.ok();
     drop(op);
     let mut op = Operator::start(&fleet.ns, &large_plans, &[]);
-    common::cli::kubectl(&["fleetroll", "approve", "r", "-n", &fleet.ns]).await.ok();
+    testkit::cli::kubectl(&["fleetroll", "approve", "r", "-n", &fleet.ns]).await.ok();
 
     let fr = fleet
         .wait_rollout("r", "the forged plan to be refused", VERDICT, |f| {
@@ -168,7 +168,7 @@ pub(super) async fn rollout_aims_at_the_operator(env: &'static Env) -> Row {
     let api: Api<Deployment> = Api::namespaced(env.admin.clone(), &ns);
     api.create(
         &PostParams::default(),
-        &common::fleet::deployment("fleetroll", READY_IMAGE, &[("fleet", "web")]),
+        &testkit::fleet::deployment("fleetroll", READY_IMAGE, &[("fleet", "web")]),
     )
     .await
     .unwrap();
@@ -341,12 +341,12 @@ pub(super) async fn node_rollouts_fight_over_a_daemonset(env: &'static Env) -> R
     let fleet = Fleet { client: env.admin.clone(), ns: ns.clone(), tenants: vec![] };
     let outcome = Arc::new(std::sync::Mutex::new(None));
     let (client, pool, found) = (env.admin.clone(), ns.clone(), outcome.clone());
-    common::nodes::with_pool(client.clone(), pool.clone(), 2, |_| async move {
-        common::nodes::daemonset(&client, &ns, &pool, READY_IMAGE, 2).await;
+    testkit::nodes::with_pool(client.clone(), pool.clone(), 2, |_| async move {
+        testkit::nodes::daemonset(&client, &ns, &pool, READY_IMAGE, 2).await;
         let mut op = Operator::start(&ns, &[], &[]);
         let spec = json!({"image": NEXT_IMAGE, "strategy": {"batchSize": 1, "approval": "EveryBatch"},
-            "targets": {"kind": "Node", "daemonSet": common::nodes::DAEMONSET,
-                "nodeSelector": {"matchLabels": {common::nodes::POOL_LABEL: pool}}}});
+            "targets": {"kind": "Node", "daemonSet": testkit::nodes::DAEMONSET,
+                "nodeSelector": {"matchLabels": {testkit::nodes::POOL_LABEL: pool}}}});
         fleet.rollout("first", spec.clone()).await;
         let fr =
             fleet.wait_rollout("first", "approval", VERDICT, |f| phase(f) == Phase::WaitingForApproval).await;
@@ -378,16 +378,16 @@ pub(super) async fn node_rollouts_fight_over_a_daemonset(env: &'static Env) -> R
         // strategy, before the rollout goes (its finalizer): never the new image on every node at once.
         fleet.rollouts().delete("first", &DeleteParams::default()).await.unwrap();
         let dss: Api<DaemonSet> = Api::namespaced(client.clone(), &ns);
-        let released = common::wait_for(
+        let released = testkit::wait_for(
             &dss,
-            common::nodes::DAEMONSET,
+            testkit::nodes::DAEMONSET,
             "the DaemonSet to be handed back",
             VERDICT,
             |ds| !ds.annotations().contains_key("fleetroll.dev/saved-update-strategy"),
         )
         .await;
         let strategy = released.spec.update_strategy.clone().and_then(|s| s.type_).unwrap_or_default();
-        let template_image = common::fleet::template_image(&released.spec.template);
+        let template_image = testkit::fleet::template_image(&released.spec.template);
         let gone = fleet.wait_deleted("first", &first_uid, VERDICT).await;
         let alive = serving(&mut op).await;
         // The second may plan now and hold the DaemonSet in turn: let the operator release it before it goes.
@@ -599,7 +599,7 @@ pub(super) async fn a_change_the_api_server_refuses(env: &'static Env) -> Row {
     // It applies once the API server has loaded it: nothing to watch, so a dry-run change, until refused.
     let dry = PatchParams { dry_run: true, ..Default::default() };
     let touch = json!({"metadata": {"annotations": {"probe": "1"}}});
-    common::poll_until("the policy to apply", Duration::from_secs(30), || async {
+    testkit::poll_until("the policy to apply", Duration::from_secs(30), || async {
         deployments.patch("web-01", &dry, &Patch::Merge(touch.clone())).await.is_err()
     })
     .await;
@@ -648,7 +648,7 @@ pub(super) async fn a_reconcile_panics(env: &'static Env) -> Row {
         .await;
     let fr = fleet.wait_rollout("r", "the rollout to finish", VERDICT, |f| phase(f).is_terminal()).await;
     let panics =
-        common::operator::metric(&op.metrics().await, "fleetroll_reconcile_panics_total").unwrap_or(0.0);
+        testkit::operator::metric(&op.metrics().await, "fleetroll_reconcile_panics_total").unwrap_or(0.0);
     let alive = serving(&mut op).await;
     Row {
         attack: "a reconcile panics mid-rollout".into(),
@@ -662,7 +662,7 @@ pub(super) async fn a_reconcile_panics(env: &'static Env) -> Row {
 /// Two tenants, each with a metrics backend of its own bound to its namespace (the analysis chapter's
 /// advice: one scoped backend per tenant). The first names the second's in its analysis; then its own.
 pub(super) async fn tenant_queries_another_tenants_metrics_backend(env: &'static Env) -> Row {
-    use common::prometheus::{Exporter, Options, Prometheus, REQUESTS, REQUESTS_PER_SEC, error_ratio_query};
+    use testkit::prometheus::{Exporter, Options, Prometheus, REQUESTS, REQUESTS_PER_SEC, error_ratio_query};
     let fleet = fleet_of(env, "sec-an-a", 2).await;
     let victim = env.scratch_namespace("sec-an-b", &[]).await;
     let dev = Tenant::create(&env.admin, &fleet.ns, "dev", &edit()).await;

@@ -5,9 +5,9 @@
 
 use std::collections::HashMap;
 
-use common::fleet::{NEXT_IMAGE, UNREADY_IMAGE, deployment, image_of, phase};
 use fleetroll::api::{APPLIED_ANNOTATION, Phase};
 use k8s_openapi::api::apps::v1::Deployment;
+use testkit::fleet::{NEXT_IMAGE, UNREADY_IMAGE, deployment, image_of, phase};
 
 use super::*;
 

@@ -1,6 +1,6 @@
 //! Reads across tenants: what a rollout makes the operator write where its reader sees it.
 
-use common::fleet::phase;
+use testkit::fleet::phase;
 
 use super::*;
 

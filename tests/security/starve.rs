@@ -3,11 +3,11 @@
 
 use std::time::Instant;
 
-use common::{
+use k8s_openapi::api::apps::v1::Deployment;
+use testkit::{
     fleet::{NEXT_IMAGE, phase},
     operator::{metric, process_usage},
 };
-use k8s_openapi::api::apps::v1::Deployment;
 
 use super::*;
 
@@ -91,7 +91,7 @@ pub(super) async fn another_tenants_workload_wakes_a_rollout(env: &'static Env) 
     // Another tenant names it from its own Deployment and edits that again and again.
     let tenant = env.scratch_namespace("sec-wake-tenant", &[]).await;
     let attacker = Tenant::create(&env.admin, &tenant, "editor", &[Grant::cluster_role("edit")]).await;
-    let d: Deployment = common::fleet::deployment("decoy", READY_IMAGE, &[]);
+    let d: Deployment = testkit::fleet::deployment("decoy", READY_IMAGE, &[]);
     Api::<Deployment>::namespaced(attacker.client.clone(), &tenant)
         .create(&PostParams::default(), &d)
         .await
@@ -106,7 +106,7 @@ pub(super) async fn another_tenants_workload_wakes_a_rollout(env: &'static Env) 
     }
     // The operator has seen every edit once it has seen a later change of a Deployment: a rollout whose
     // target is created after the edits succeeds only once its watch delivered that target's readiness.
-    let marker = common::fleet::deployment("marker-0", READY_IMAGE, &[("fleet", "marker")]);
+    let marker = testkit::fleet::deployment("marker-0", READY_IMAGE, &[("fleet", "marker")]);
     Api::<Deployment>::namespaced(env.admin.clone(), &ns)
         .create(&PostParams::default(), &marker)
         .await

@@ -148,7 +148,7 @@ build_helm_docs() {
     "$HELM_DOCS_VERSION" 'go version -m ./helm-docs | grep -w mod'
 }
 
-# Prometheus, for the metric analysis gates' tests (tests/common/prometheus.rs starts one per test; `make
+# Prometheus, for the metric analysis gates' tests (crates/fleetroll-testkit/src/prometheus.rs starts one per test; `make
 # cluster PROMETHEUS=1` one beside the control plane). Its go.mod has no replace directives, but a wrapper
 # module (tests/testenv/prometheus, with the go.sum) pins what it is built from. `remove_all_sd` leaves out
 # the cloud service discoveries (static targets are all a test needs); the web UI's assets are not built in

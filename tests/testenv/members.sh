@@ -16,7 +16,7 @@
 
 MEMBER_NODES=3
 MEMBERS_NAMESPACE=fleetroll-members
-# A year: the Secrets outlive any test run. Tests that rotate tokens make their own (tests/common/members.rs).
+# A year: the Secrets outlive any test run. Tests that rotate tokens make their own (crates/fleetroll-testkit/src/members.rs).
 MEMBER_TOKEN_DURATION=8760h
 
 # Where cluster.sh and the manifests are (cluster.sh sets it).

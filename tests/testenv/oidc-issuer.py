@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A minimal OpenID Connect issuer for the test control plane: serves, over HTTPS, the discovery document
 and the JWKS of one RSA signing key, which the API server's JWT authenticator (--authentication-config)
-fetches. Tokens are signed by the tests themselves with the same key (tests/common/people.rs).
+fetches. Tokens are signed by the tests themselves with the same key (crates/fleetroll-testkit/src/people.rs).
 
   oidc-issuer.py ADDRESS PORT CERT KEY SIGNING_KEY_MODULUS_HEX
 """

@@ -8,7 +8,7 @@ use crate::core::{
 };
 
 /// The kstatus reading of a status, by the rules cli-utils applies to a custom resource (the live test in
-/// tests/gitops.rs runs the library itself): Reconciling=True, then Stalled=True, then Ready=False.
+/// tests/it/gitops.rs runs the library itself): Reconciling=True, then Stalled=True, then Ready=False.
 fn kstatus(s: &FleetRolloutStatus) -> GitOpsState {
     let on = |t| conditions::is_true(&s.conditions, t);
     let reconciling = on(conditions::RECONCILING);
