@@ -382,6 +382,10 @@ async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, namespace
     let (inside_p50, _) =
         testkit::bench::histogram_quantile(&operator_metrics, "fleetroll_batch_transition_seconds", "", 0.5)
             .unwrap_or((f64::NAN, 0.0));
+    let mean =
+        |name, label| testkit::bench::histogram_mean(&operator_metrics, name, label).unwrap_or(f64::NAN);
+    let inside_mean = mean("fleetroll_batch_transition_seconds", "");
+    let write_mean = mean("fleetroll_status_write_duration_seconds", r#"write="intent""#);
     drop(op);
 
     let median = |v: &mut Vec<f64>| {
@@ -436,9 +440,17 @@ async fn overhead(client: &Client, sizes: &Sizes, report: &mut Report, namespace
     // Where a transition goes: inside the operator (from the reconcile that saw the batch settle to the next
     // batch's changes sent, the intent write included); the rest is the watch that tells it, the scheduler's
     // tick, and the first patch, as for the bare client.
+    // The means are exact; the p50s are read from buckets a quarter apart, too coarse for the difference.
     report.rows.push(row(
-        "where a transition goes (p50): inside the operator, the status write included / the status write",
-        format!("{:.1} ms / {:.1} ms", inside_p50 * 1e3, write_p50 * 1e3),
+        "where a transition goes: inside the operator, the status write included / the status write: \
+         mean (p50)",
+        format!(
+            "{:.1} ms / {:.1} ms ({:.1} ms / {:.1} ms)",
+            inside_mean * 1e3,
+            write_mean * 1e3,
+            inside_p50 * 1e3,
+            write_p50 * 1e3
+        ),
         "",
         None,
     ));

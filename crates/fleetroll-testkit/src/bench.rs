@@ -306,6 +306,25 @@ pub fn histogram_quantile(text: &str, name: &str, label: &str, q: f64) -> Option
     None
 }
 
+/// The mean of the Prometheus histogram `name` (its series carrying `label`, or "" for one without labels),
+/// from its `_sum` and `_count`: exact, where a quantile read from buckets is only as fine as the buckets.
+/// None when it has no observations.
+pub fn histogram_mean(text: &str, name: &str, label: &str) -> Option<f64> {
+    let value = |series: &str| -> Option<f64> {
+        text.lines().find_map(|l| {
+            let rest = l.strip_prefix(series)?;
+            let (labels, value) = match rest.strip_prefix('{') {
+                Some(labelled) => labelled.split_once("} ")?,
+                None => ("", rest.strip_prefix(' ')?),
+            };
+            let matches = label.is_empty() || labels.split(',').any(|l| l == label);
+            matches.then(|| value.split_whitespace().next()?.parse().ok())?
+        })
+    };
+    let (sum, count) = (value(&format!("{name}_sum"))?, value(&format!("{name}_count"))?);
+    (count > 0.0).then(|| sum / count)
+}
+
 /// Facts about this machine and this code, for the results file.
 pub fn machine_facts() -> Vec<(String, String)> {
     let sh = |cmd: &str| {
@@ -491,4 +510,42 @@ pub fn table(rows: &[Row]) -> String {
         out.push_str(&format!("| {} | {} | {} | {met} |\n", r.metric, r.value, r.goal));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// As prometheus-client writes a labelled histogram: `le` first, then the histogram's own labels.
+    const TEXT: &str = "\
+# TYPE w histogram
+w_sum{write=\"intent\"} 0.06
+w_count{write=\"intent\"} 4
+w_bucket{le=\"0.01\",write=\"intent\"} 1
+w_bucket{le=\"0.02\",write=\"intent\"} 4
+w_bucket{le=\"+Inf\",write=\"intent\"} 4
+w_sum{write=\"other\"} 9
+w_count{write=\"other\"} 1
+w_bucket{le=\"0.01\",write=\"other\"} 0
+w_bucket{le=\"0.02\",write=\"other\"} 0
+w_bucket{le=\"+Inf\",write=\"other\"} 1
+t_sum 0.5
+t_count 2
+";
+
+    #[test]
+    fn a_histograms_mean_comes_from_its_sum_and_count_for_the_label_asked() {
+        assert_eq!(histogram_mean(TEXT, "w", "write=\"intent\""), Some(0.015));
+        assert_eq!(histogram_mean(TEXT, "w", "write=\"other\""), Some(9.0));
+        assert_eq!(histogram_mean(TEXT, "t", ""), Some(0.25));
+        assert_eq!(histogram_mean(TEXT, "missing", ""), None);
+    }
+
+    #[test]
+    fn a_quantile_is_interpolated_inside_its_bucket_whatever_the_label_order() {
+        let (p50, n) = histogram_quantile(TEXT, "w", "write=\"intent\"", 0.5).expect("observations");
+        assert_eq!(n, 4.0);
+        // Rank 2 of 4: one observation below 0.01, three in (0.01, 0.02]: a third of the way in.
+        assert!((p50 - (0.01 + 0.01 / 3.0)).abs() < 1e-12, "{p50}");
+    }
 }
