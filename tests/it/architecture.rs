@@ -10,29 +10,15 @@ use std::{
     path::{Path, PathBuf},
 };
 
-fn sources(dir: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in fs::read_dir(&d).unwrap_or_else(|e| panic!("read {}: {e}", d.display())) {
-            let path = entry.expect("a directory entry").path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                found.push(path);
-            }
-        }
-    }
-    found
-}
+use testkit::repo_root;
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+fn sources(dir: &Path) -> Vec<PathBuf> {
+    testkit::files_under(dir, "rs")
 }
 
 /// The core crate's directory.
 fn core_crate() -> PathBuf {
-    root().join("crates/fleetroll-core")
+    repo_root().join("crates/fleetroll-core")
 }
 
 /// Every line of the Rust files under `<src>/<part>` (a folder, or a file without `.rs`) that contains one
@@ -61,7 +47,7 @@ fn offending_in(src: &Path, part: &str, forbidden: &[&str]) -> Vec<String> {
 
 /// [`offending_in`] the main crate's `src/`.
 fn offending(part: &str, forbidden: &[&str]) -> Vec<String> {
-    offending_in(&root().join("src"), part, forbidden)
+    offending_in(&repo_root().join("src"), part, forbidden)
 }
 
 #[test]
@@ -250,7 +236,7 @@ fn long_functions(text: &str, max: usize) -> Vec<(usize, String, usize)> {
 #[test]
 fn no_source_file_or_function_is_too_long_to_read() {
     let mut problems = Vec::new();
-    let files = sources(&root().join("src")).into_iter().chain(sources(&core_crate()));
+    let files = sources(&repo_root().join("src")).into_iter().chain(sources(&core_crate()));
     for file in files {
         let text = fs::read_to_string(&file).expect("a readable source file");
         let lines = text.lines().count();
@@ -278,7 +264,7 @@ fn the_length_check_measures_functions() {
 /// rust-toolchain.toml that forgets the Dockerfile would otherwise go unnoticed (CI builds no image).
 #[test]
 fn the_dockerfile_pins_its_bases_by_digest_and_builds_with_the_pinned_rust() {
-    let root = root();
+    let root = repo_root();
     let toolchain = fs::read_to_string(root.join("rust-toolchain.toml")).expect("rust-toolchain.toml");
     let channel = toolchain
         .lines()
@@ -312,8 +298,9 @@ fn the_dockerfile_pins_its_bases_by_digest_and_builds_with_the_pinned_rust() {
 /// appears in them.
 #[test]
 fn tests_share_fixtures_through_the_testkit() {
-    let files =
-        sources(&root().join("tests")).into_iter().chain(sources(&root().join("crates/fleetroll-testkit")));
+    let files = sources(&repo_root().join("tests"))
+        .into_iter()
+        .chain(sources(&repo_root().join("crates/fleetroll-testkit")));
     // Spelt in two halves, so that this file does not match itself.
     let (path_attribute, dead_code) = (concat!("#[", "path"), concat!("allow(", "dead_code"));
     let mut found = Vec::new();

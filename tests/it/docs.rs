@@ -8,25 +8,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+use testkit::repo_root;
 
 fn pages(dir: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in fs::read_dir(&d).unwrap_or_else(|e| panic!("read {}: {e}", d.display())) {
-            let path = entry.expect("a directory entry").path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|e| e == "md") {
-                found.push(path);
-            }
-        }
-    }
-    found.sort();
-    found
+    testkit::files_under(dir, "md")
 }
 
 /// The lines of a Markdown text outside fenced code blocks, with their numbers.
@@ -148,9 +133,9 @@ fn broken_links(page: &Path, text: &str) -> Vec<String> {
 }
 
 fn checked_pages() -> Vec<PathBuf> {
-    let mut checked = pages(&repo().join("docs/src"));
+    let mut checked = pages(&repo_root().join("docs/src"));
     for page in ["README.md", "ARCHITECTURE.md", "charts/fleetroll/README.md"] {
-        checked.push(repo().join(page));
+        checked.push(repo_root().join(page));
     }
     checked
 }
@@ -170,7 +155,7 @@ fn every_relative_link_of_the_manual_resolves() {
 
 #[test]
 fn every_page_of_the_manual_is_in_its_summary() {
-    let src = repo().join("docs/src");
+    let src = repo_root().join("docs/src");
     let summary = fs::read_to_string(src.join("SUMMARY.md")).expect("docs/src/SUMMARY.md");
     let listed: HashSet<PathBuf> = links(&summary).into_iter().map(|(_, target)| src.join(target)).collect();
     let missing: Vec<_> = pages(&src)
@@ -188,7 +173,7 @@ fn every_page_of_the_manual_is_in_its_summary() {
 #[test]
 fn the_check_finds_broken_links_and_follows_mdbook_ids() {
     // A check that can never fail proves nothing.
-    let page = repo().join("docs/src/introduction.md");
+    let page = repo_root().join("docs/src/introduction.md");
     let text = "# A `code` heading: (with) punctuation\n## Twice\n## Twice\n\
                 [ok](#a-code-heading-with-punctuation) [ok](#twice-1) [ok](getting-started.md)\n\
                 [bad](#twice-2) [bad](missing.md) [bad](how-it-works.md#no-such-heading)\n\

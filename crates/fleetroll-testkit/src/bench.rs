@@ -270,20 +270,11 @@ pub fn p50_p99_ms(sorted: &[f64]) -> String {
 /// `write="intent"`, or "" for a histogram without labels) in a metrics text, interpolated linearly inside
 /// its bucket as PromQL's `histogram_quantile` does; with the number of observations. None when it has none.
 pub fn histogram_quantile(text: &str, name: &str, label: &str, q: f64) -> Option<(f64, f64)> {
-    let prefix = format!("{name}_bucket{{");
-    let mut buckets: Vec<(f64, f64)> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix(&prefix))
-        .filter_map(|rest| {
-            // The labels in any order (prometheus-client writes `le` first); no value here holds a comma.
-            let (labels, count) = rest.split_once("} ")?;
-            let labels: Vec<&str> = labels.split(',').collect();
-            if !label.is_empty() && !labels.contains(&label) {
-                return None;
-            }
-            let le = labels.iter().find_map(|l| l.strip_prefix("le=\""))?.trim_end_matches('"');
+    let mut buckets: Vec<(f64, f64)> = samples(text, &format!("{name}_bucket"), label)
+        .filter_map(|(labels, count)| {
+            let le = labels.split(',').find_map(|l| l.strip_prefix("le=\""))?.trim_end_matches('"');
             let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
-            Some((le, count.split_whitespace().next()?.parse().ok()?))
+            Some((le, count))
         })
         .collect();
     buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -310,19 +301,26 @@ pub fn histogram_quantile(text: &str, name: &str, label: &str, q: f64) -> Option
 /// from its `_sum` and `_count`: exact, where a quantile read from buckets is only as fine as the buckets.
 /// None when it has no observations.
 pub fn histogram_mean(text: &str, name: &str, label: &str) -> Option<f64> {
-    let value = |series: &str| -> Option<f64> {
-        text.lines().find_map(|l| {
-            let rest = l.strip_prefix(series)?;
-            let (labels, value) = match rest.strip_prefix('{') {
-                Some(labelled) => labelled.split_once("} ")?,
-                None => ("", rest.strip_prefix(' ')?),
-            };
-            let matches = label.is_empty() || labels.split(',').any(|l| l == label);
-            matches.then(|| value.split_whitespace().next()?.parse().ok())?
-        })
-    };
-    let (sum, count) = (value(&format!("{name}_sum"))?, value(&format!("{name}_count"))?);
+    let value = |series: String| samples(text, &series, label).next().map(|(_, v)| v);
+    let (sum, count) = (value(format!("{name}_sum"))?, value(format!("{name}_count"))?);
     (count > 0.0).then(|| sum / count)
+}
+
+/// The samples of `series` in a metrics text that carry the label `label` (any of theirs, in any order:
+/// prometheus-client writes `le` first; "" for all): each one's labels as written, and its value.
+fn samples<'a>(text: &'a str, series: &'a str, label: &'a str) -> impl Iterator<Item = (&'a str, f64)> + 'a {
+    text.lines().filter_map(move |l| {
+        let rest = l.strip_prefix(series)?;
+        let (labels, value) = match rest.strip_prefix('{') {
+            Some(labelled) => labelled.split_once("} ")?,
+            None => ("", rest.strip_prefix(' ')?),
+        };
+        // No value here holds a comma.
+        if !label.is_empty() && !labels.split(',').any(|l| l == label) {
+            return None;
+        }
+        Some((labels, value.split_whitespace().next()?.parse().ok()?))
+    })
 }
 
 /// Facts about this machine and this code, for the results file.

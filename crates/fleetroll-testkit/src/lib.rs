@@ -32,6 +32,24 @@ pub fn repo_root() -> &'static Path {
         .expect("crates/fleetroll-testkit has a grandparent")
 }
 
+/// The files under `dir`, at any depth, whose name ends in `.<extension>`, sorted.
+pub fn files_under(dir: &Path, extension: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("read {}: {e}", d.display())) {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == extension) {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
 /// The `fleetroll` binary cargo built beside the test binary running now (`target/<profile>/fleetroll`, the
 /// test being `target/<profile>/deps/<name>-<hash>`): the one under test, of the same profile and features.
 pub fn fleetroll_bin() -> PathBuf {

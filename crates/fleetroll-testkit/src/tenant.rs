@@ -150,11 +150,6 @@ impl Tenant {
         honoured(admin, &self.username, ns, grant).await;
     }
 
-    /// A token for the tenant for `audience` (e.g. an MCP endpoint's URL).
-    pub async fn token_for(&self, admin: &Client, audience: &str) -> String {
-        token_for(admin, &self.namespace, &self.name, Some(audience)).await
-    }
-
     /// kubectl as this tenant (in its own namespace unless `args` name another).
     pub async fn kubectl(&self, args: &[&str]) -> Ran {
         kubectl_as(&self.kubeconfig, args).await

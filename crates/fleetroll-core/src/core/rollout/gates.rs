@@ -30,9 +30,20 @@ pub fn blocked(
     status: &FleetRolloutStatus,
     why: &Blocked,
 ) -> Option<Transition> {
+    blocked_in(Phase::Pending, now, generation, status, why)
+}
+
+/// The status saying why the rollout cannot go on, in `phase`; None when the status says so already.
+pub(super) fn blocked_in(
+    phase: Phase,
+    now: Timestamp,
+    generation: i64,
+    status: &FleetRolloutStatus,
+    why: &Blocked,
+) -> Option<Transition> {
     let mut s = status.clone();
     s.observed_generation = Some(generation);
-    s.phase = Phase::Pending;
+    s.phase = phase;
     s.reason = Some(why.reason.to_string());
     s.message = Some(why.message.clone());
     set_conditions(&mut s, generation, now, Some(why));

@@ -7,10 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::{
-    ClusterWait, Event, Step, Transition, await_clusters, blocked, needs_new_revision,
-    summary::set_conditions,
-};
+use super::{ClusterWait, Step, await_clusters, gates::blocked_in, needs_new_revision};
 use crate::{
     api::{FleetRolloutSpec, FleetRolloutStatus, Phase, PlanRef},
     core::{
@@ -78,7 +75,17 @@ pub fn prepare<'a>(
 /// The step of a rollout that cannot go on: record why (Pending, Degraded), unless the status says so
 /// already; then look again later.
 pub fn halt(now: Timestamp, generation: i64, status: &FleetRolloutStatus, why: &Blocked) -> Step {
-    match blocked(now, generation, status, why) {
+    halt_in(Phase::Pending, now, generation, status, why)
+}
+
+fn halt_in(
+    phase: Phase,
+    now: Timestamp,
+    generation: i64,
+    status: &FleetRolloutStatus,
+    why: &Blocked,
+) -> Step {
+    match blocked_in(phase, now, generation, status, why) {
         Some(t) => Step::Write(t),
         None => Step::Retry { write: None, after: BLOCKED_RETRY },
     }
@@ -89,18 +96,10 @@ pub(super) fn rolls_back(spec: &FleetRolloutSpec, status: &FleetRolloutStatus) -
     spec.rollback && status.phase != Phase::RolledBack && status.counts.updated > 0
 }
 
-/// The step of a finished rollout whose rollback cannot run: say why (a Warning, the reason and message,
-/// Degraded), keeping the phase it finished in, unless the status says so already; then look again later.
-pub fn refuse_rollback(now: Timestamp, generation: i64, status: &FleetRolloutStatus, why: &Blocked) -> Step {
-    let mut s = status.clone();
-    s.observed_generation = Some(generation);
-    s.reason = Some(why.reason.to_string());
-    s.message = Some(why.message.clone());
-    set_conditions(&mut s, generation, now, Some(why));
-    if s == *status {
-        return Step::Retry { write: None, after: BLOCKED_RETRY };
-    }
-    Step::Write(Transition { status: s, events: vec![Event::warning(why.reason, None, why.message.clone())] })
+/// The step of a finished rollout whose rollback cannot run: say why as a halt does (a Warning, the reason
+/// and message, Degraded), keeping the phase it finished in.
+fn refuse_rollback(now: Timestamp, generation: i64, status: &FleetRolloutStatus, why: &Blocked) -> Step {
+    halt_in(status.phase, now, generation, status, why)
 }
 
 /// The step to take when the stored plan is refused (gone, or not the plan frozen): None to go on
