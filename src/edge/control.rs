@@ -96,6 +96,7 @@ fn approval_patch(
     batch: u32,
     plan_hash: &str,
     gates_hash: &str,
+    override_windows: bool,
     who: Option<&str>,
 ) -> Value {
     let mut approvals: Vec<Approval> =
@@ -105,6 +106,7 @@ fn approval_patch(
         plan_hash: plan_hash.to_string(),
         gates_hash: gates_hash.to_string(),
         approved_by: who.map(String::from),
+        override_windows,
     });
     approvals.sort_by_key(|a| a.batch);
     json!({"metadata": {"resourceVersion": fr.resource_version()}, "spec": {"approvals": approvals}})
@@ -117,7 +119,7 @@ fn approval_patch(
 pub async fn may_approve(client: &Client, fr: &FleetRollout) -> Result<bool, ControlError> {
     let Some(pending) = crate::core::task::awaited_approval(fr) else { return Ok(false) };
     let (ns, name) = (fr.namespace().unwrap_or_default(), fr.name_any());
-    let patch = approval_patch(fr, pending.batch, &pending.plan_hash, &pending.gates_hash, None);
+    let patch = approval_patch(fr, pending.batch, &pending.plan_hash, &pending.gates_hash, false, None);
     let pp = PatchParams { dry_run: true, ..Default::default() };
     match Api::<FleetRollout>::namespaced(client.clone(), &ns).patch(&name, &pp, &Patch::Merge(patch)).await {
         Ok(_) => Ok(true),
@@ -147,6 +149,8 @@ pub struct Approving<'a> {
     pub batch: Option<u32>,
     pub plan_hash: Option<&'a str>,
     pub gates_hash: Option<&'a str>,
+    /// Also let the batch start outside its change windows (spec.approvals[].overrideWindows).
+    pub override_windows: bool,
 }
 
 /// Approves `batch` (default: the one waiting) of `plan_hash` (default: the current plan) under
@@ -162,7 +166,7 @@ pub async fn approve(
     who: Option<&str>,
     manager: &str,
 ) -> Result<FleetRollout, ControlError> {
-    let Approving { batch, plan_hash, gates_hash } = approving;
+    let Approving { batch, plan_hash, gates_hash, override_windows } = approving;
     let api = Api::<FleetRollout>::namespaced(client.clone(), ns);
     let mut approved_gates = gates_hash.map(String::from);
     for _ in 0..5 {
@@ -187,16 +191,21 @@ pub async fn approve(
                  any more (now {gates}): review them and approve again"
             )));
         }
-        let batch = match (batch, &status.pending_approval) {
-            (Some(b), _) => b,
-            (None, Some(p)) => p.batch,
-            (None, None) => {
+        // An override without a batch named is for the batch the windows hold: the next one.
+        let held = (override_windows && status.window_hold.is_some())
+            .then(|| status.current_batch.map_or(0, |i| i + 1));
+        let batch = match (batch, &status.pending_approval, held) {
+            (Some(b), _, _) => b,
+            (None, Some(p), _) => p.batch,
+            (None, None, Some(b)) => b,
+            (None, None, None) => {
                 return Err(ControlError::Changed(
-                    "no batch is waiting for approval; name one with the batch argument".into(),
+                    "no batch is waiting for approval (or held by a change window); name one with the batch argument"
+                        .into(),
                 ));
             }
         };
-        let patch = approval_patch(&fr, batch, &plan_hash, &gates_hash, who);
+        let patch = approval_patch(&fr, batch, &plan_hash, &gates_hash, override_windows, who);
         let pp = PatchParams { field_manager: Some(manager.into()), ..Default::default() };
         match api.patch(name, &pp, &Patch::Merge(patch)).await {
             Ok(updated) => return Ok(updated),

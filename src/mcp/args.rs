@@ -109,6 +109,10 @@ pub struct ApproveArgs {
     /// loosened under you are never approved by mistake.
     #[serde(default)]
     pub gates_hash: Option<String>,
+    /// true also lets the batch start outside its change windows, or in a freeze: an override, recorded
+    /// with who gave it (status.windowOverrides). Without `batch`: the batch the windows hold.
+    #[serde(default)]
+    pub override_windows: bool,
 }
 
 impl RolloutFleetArgs {

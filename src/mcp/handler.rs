@@ -235,6 +235,7 @@ impl FleetMcp {
             batch: Some(batch),
             plan_hash: Some(hash),
             gates_hash: Some(gates),
+            override_windows: false,
         };
         self.ops.approve(&args, who).await.map(drop).map_err(|e| {
             warn!(error = %e, user = %who.username, "approval through tasks/update failed");

@@ -236,6 +236,7 @@ impl Ops {
                 batch: args.batch,
                 plan_hash: args.plan_hash.as_deref(),
                 gates_hash: args.gates_hash.as_deref(),
+                override_windows: args.override_windows,
             },
             // Written as the caller, the approval names it; without authentication there is no one to name.
             matches!(self.writer, Writer::Caller(_)).then_some(who.username.as_str()),

@@ -86,6 +86,10 @@ pub(super) enum PluginCommand {
         /// who may approve: status.pendingApproval.gatesHash); the current ones when absent.
         #[arg(long)]
         gates_hash: Option<String>,
+        /// Also let the batch start outside its change windows, or in a freeze (an override, recorded
+        /// with your name). Without --batch: the batch the windows hold.
+        #[arg(long)]
+        override_windows: bool,
     },
     /// Become the creator of a rollout created without one (before fleetroll recorded creators): the
     /// operator then changes its targets as you, with your rights.

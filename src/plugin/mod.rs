@@ -78,11 +78,12 @@ async fn execute(cli: PluginCli) -> Result<ExitCode, PluginError> {
         PluginCommand::Rollback { name } => {
             controls::set(client, ns, name, json!({"rollback": true}), "rollback requested", output).await
         }
-        PluginCommand::Approve { name, batch, plan_hash, gates_hash } => {
+        PluginCommand::Approve { name, batch, plan_hash, gates_hash, override_windows } => {
             let what = crate::edge::control::Approving {
                 batch: *batch,
                 plan_hash: plan_hash.as_deref(),
                 gates_hash: gates_hash.as_deref(),
+                override_windows: *override_windows,
             };
             controls::approve(client, ns, name, what, output).await
         }

@@ -33,3 +33,4 @@ mod plugin;
 mod prometheus_env;
 mod testenv;
 mod validation;
+mod windows;

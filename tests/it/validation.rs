@@ -90,6 +90,12 @@ async fn the_api_server_rejects_nonsense_with_a_clear_message() {
             ("health.soak", json!("999999h999999m"), "soak must be a duration of at most 720h (30 days)"),
             ("strategy.pauseBetweenBatches", json!("43201m"), "pauseBetweenBatches must be a duration of at most 720h (30 days)"),
             ("ttlSecondsAfterFinished", json!(2_592_001), "should be less than or equal to 2592000"),
+            // Change windows: the shape is judged here, the schedule and zone in full by the operator.
+            ("strategy.windows", json!([{"schedule": "every night", "duration": "4h"}]), "schedule must be a cron schedule of five fields"),
+            ("strategy.windows", json!([{"schedule": "0 22 * *", "duration": "4h"}]), "schedule must be a cron schedule of five fields"),
+            ("strategy.windows", json!([{"schedule": "0 22 * * *", "duration": "a while"}]), "duration must be a duration of at most 720h"),
+            ("strategy.windows", json!([{"schedule": "0 22 * * *", "duration": "4h", "timeZone": "Berlin time"}]), "timeZone must be an IANA time zone name"),
+            ("strategy.windows", json!([{"schedule": "0 22 * * *", "duration": "4h", "kind": "Maybe"}]), "Unsupported value: \"Maybe\": supported values: \"Allow\", \"Deny\""),
             ("health.http", json!({"url": "ftp://web"}), "http.url must be an http:// or https:// URL"),
             ("health.http", json!({"url": "http://web", "expectStatus": 99}), "should be greater than or equal to 100"),
             ("health.http", json!({"url": "http://{name}.{namespace}@evil.example.com/"}), "http.url must not carry user information"),
@@ -146,6 +152,12 @@ async fn the_api_server_rejects_nonsense_with_a_clear_message() {
         set(&mut longest, "health.timeout", json!("720h"));
         set(&mut longest, "health.soak", json!("719h59m59s999ms"));
         set(&mut longest, "strategy.pauseBetweenBatches", json!("1h30m"));
+        let windows = json!([
+            {"name": "weeknights", "schedule": "0 22 * * Mon-Fri", "duration": "4h", "timeZone": "Europe/Berlin"},
+            {"kind": "Deny", "schedule": "30 0 9 24 12 *", "duration": "720h", "timeZone": "America/Argentina/Buenos_Aires"},
+            {"schedule": "@daily", "duration": "1m"},
+        ]);
+        set(&mut longest, "strategy.windows", windows);
         let obj: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": "longest"}, "spec": longest,
         }))

@@ -8,6 +8,7 @@ mod policy;
 mod revision;
 mod spec;
 mod status;
+mod windows;
 
 pub use analysis::*;
 pub use approvals::*;
@@ -16,6 +17,7 @@ pub use policy::*;
 pub use revision::*;
 pub use spec::*;
 pub use status::*;
+pub use windows::*;
 
 use k8s_openapi::{
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,

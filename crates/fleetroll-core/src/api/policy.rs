@@ -68,6 +68,13 @@ pub struct FleetRolloutPolicySpec {
     #[schemars(length(max = 256), inner(length(min = 1, max = 63)))]
     pub namespaces: Option<Vec<String>>,
 
+    /// When their rollouts may start batches: Allow windows (a batch starts only while one is open) and Deny
+    /// windows (freezes: no batch starts while one is open), on top of each rollout's own. At most 16.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub windows: Vec<super::ChangeWindow>,
+
     /// The member clusters they may roll, by name (a rollout's own cluster is not a member and is not
     /// limited by this). Unset: any. At most 256.
     #[serde(default, skip_serializing_if = "Option::is_none")]

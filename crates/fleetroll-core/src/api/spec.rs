@@ -240,6 +240,14 @@ pub struct Strategy {
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub waves: Vec<Wave>,
 
+    /// When batches may start: the rollout's own change windows (Allow, and Deny for a freeze), on top of
+    /// those FleetRolloutPolicies set. A batch starts only while every window allows it; one already started
+    /// finishes. Changing them applies at once, with no new revision. At most 16.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub windows: Vec<super::ChangeWindow>,
+
     /// What to do once more targets failed than `maxFailures` allows: Pause (default; wait for a person to
     /// raise maxFailures, abort or roll back), Rollback (restore the previous image of every changed
     /// target) or Abort (stop as Failed; targets keep what they have).
@@ -286,6 +294,7 @@ impl Default for Strategy {
             pause_between_batches: zero_duration(),
             approval: ApprovalMode::default(),
             waves: Vec::new(),
+            windows: Vec::new(),
             on_failure: FailurePolicy::default(),
         }
     }
@@ -418,4 +427,10 @@ pub struct Approval {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 512))]
     pub approved_by: Option<String>,
+
+    /// true also lets this batch start outside its change windows, or in a freeze: an override, given by
+    /// someone who may approve (admission judges it as any approval) and recorded in
+    /// status.windowOverrides with who gave it. Default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub override_windows: bool,
 }

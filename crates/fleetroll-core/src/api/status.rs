@@ -99,6 +99,16 @@ pub struct FleetRolloutStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_hold: Option<super::PolicyHold>,
 
+    /// The change window that holds the next batch, if one does (spec.strategy.windows, a
+    /// FleetRolloutPolicy's windows), and when every window next allows it. Gone once the batch may start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_hold: Option<super::WindowHold>,
+
+    /// Batches started outside their change windows because someone who may approve overrode them
+    /// (spec.approvals[].overrideWindows): who, when, and what they overrode (the last 10).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub window_overrides: Vec<super::WindowOverride>,
+
     /// Why the operator, which changes targets as the rollout's creator, cannot act as this one (never
     /// recorded, or not one Kubernetes lets anyone impersonate): every batch waits while it says so.
     #[serde(default, skip_serializing_if = "Option::is_none")]

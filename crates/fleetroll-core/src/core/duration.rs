@@ -14,7 +14,7 @@ pub const MAX_TEXT: &str = "720h";
 /// nanoseconds) from overflowing before the comparison with the maximum.
 pub const SCHEMA_RULE: &str = "self != '' && self.matches('^([0-9]{1,6}h)?([0-9]{1,6}m)?([0-9]{1,6}s)?([0-9]{1,6}ms)?$') && duration(self) <= duration('720h')";
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{0:?} is not a duration of at most 720h (30 days) such as 30s, 5m or 1h30m")]
 pub struct InvalidDuration(pub String);
 

@@ -16,6 +16,7 @@ pub mod rollout;
 pub mod scope;
 pub mod task;
 pub mod text;
+pub mod window;
 pub mod workload;
 
 /// A length as a count in status, saturating: no fleet is 4 billion targets, and no input may panic.

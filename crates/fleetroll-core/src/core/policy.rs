@@ -7,7 +7,9 @@
 use std::collections::BTreeSet;
 
 use crate::{
-    api::{ApprovalMode, Approvers, Creator, FleetRolloutPolicy, FleetRolloutSpec, PolicyApprovers},
+    api::{
+        ApprovalMode, Approvers, ChangeWindow, Creator, FleetRolloutPolicy, FleetRolloutSpec, PolicyApprovers,
+    },
     core::plan::Plan,
 };
 
@@ -25,6 +27,8 @@ pub struct Guardrails {
     pub namespaces: Vec<(String, BTreeSet<String>)>,
     /// Each policy's member clusters: a target in a member cluster must be in every one of these sets.
     pub clusters: Vec<(String, BTreeSet<String>)>,
+    /// Each policy's change windows: every one applies.
+    pub windows: Vec<(String, Vec<ChangeWindow>)>,
 }
 
 /// A policy a rollout breaks: which, by which rule, in words a person can act on.
@@ -75,6 +79,9 @@ pub fn guardrails(policies: &[impl AsRef<FleetRolloutPolicy>], creator: Option<&
         }
         if let Some(clusters) = &spec.clusters {
             g.clusters.push((name.clone(), clusters.iter().cloned().collect()));
+        }
+        if !spec.windows.is_empty() {
+            g.windows.push((name.clone(), spec.windows.clone()));
         }
     }
     g

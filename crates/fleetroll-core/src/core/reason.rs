@@ -16,6 +16,14 @@ pub const WAITING_FOR_APPROVAL: &str = "WaitingForApproval";
 pub const APPROVED: &str = "Approved";
 /// A platform policy (FleetRolloutPolicy) holds the next batch: the planned rollout breaks it.
 pub const POLICY_VIOLATION: &str = "PolicyViolation";
+/// A change window holds the next batch: outside an owner's Allow windows, or inside a Deny window.
+pub const OUTSIDE_WINDOW: &str = "OutsideWindow";
+/// Every change window that held the next batch allows it now.
+pub const WINDOW_OPEN: &str = "WindowOpen";
+/// Change windows that cannot be read (a schedule or time zone the operator cannot use) hold the next batch.
+pub const INVALID_WINDOW: &str = "InvalidWindow";
+/// Someone who may approve let a batch start outside its change windows (spec.approvals[].overrideWindows).
+pub const WINDOW_OVERRIDDEN: &str = "WindowOverridden";
 /// The operator changes targets as the rollout's creator, and cannot act as this one.
 pub const CANNOT_ACT_AS_CREATOR: &str = "CannotActAsCreator";
 /// The API server refused changes made as the rollout's creator: the creator lost its rights.

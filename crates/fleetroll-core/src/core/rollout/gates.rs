@@ -7,7 +7,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::{
     Event, Facts, Step, Transition, approval, finish, later, summary::set_conditions, total_batches,
-    trim_front, until, write, write_if_changed,
+    trim_front, until, windows, write, write_if_changed,
 };
 use crate::{
     api::{
@@ -205,7 +205,8 @@ pub(super) fn next_batch(f: &Facts<'_>, mut s: FleetRolloutStatus, mut events: V
         .or_else(|| guarded(f, &mut s, &mut events, next))
         .or_else(|| paused(f, &mut s, &mut events, next))
         .or_else(|| approval::approved(f, &mut s, &mut events, next))
-        .or_else(|| paced(f, &mut s, &mut events));
+        .or_else(|| paced(f, &mut s, &mut events))
+        .or_else(|| windows::windowed(f, &mut s, &mut events, next));
     match held {
         Some(step) => step,
         None => start_batch(f, s, events, next),

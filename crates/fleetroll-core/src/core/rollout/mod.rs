@@ -26,6 +26,7 @@ mod prepare;
 mod rollback;
 mod summary;
 mod verify;
+mod windows;
 
 use std::{collections::BTreeMap, time::Duration};
 

@@ -93,6 +93,12 @@ fn paused(s: &FleetRolloutStatus, batch: u32, total_batches: u32, tally: &str) -
                 format!("held before batch {}/{total_batches} by a FleetRolloutPolicy; {tally}", batch + 1)
             }
         },
+        Some(reason::OUTSIDE_WINDOW | reason::INVALID_WINDOW) => match &s.window_hold {
+            Some(h) => {
+                format!("batch {}/{total_batches} waits: {}; {tally}", batch + 1, super::windows::describe(h))
+            }
+            None => format!("batch {}/{total_batches} waits for a change window; {tally}", batch + 1),
+        },
         Some(reason::CANNOT_ACT_AS_CREATOR) => format!(
             "held before batch {}/{total_batches}: fleetroll changes targets as the rollout's creator, and {}; {tally}",
             batch + 1,
@@ -243,7 +249,10 @@ pub fn gitops_state(
         Phase::Failed | Phase::Aborted | Phase::RolledBack => GitOpsState::Failed,
         Phase::Pending if blocked => GitOpsState::Failed,
         Phase::Paused
-            if matches!(reason, Some(reason::FAILURE_BUDGET_EXCEEDED | reason::ANALYSIS_FAILED)) =>
+            if matches!(
+                reason,
+                Some(reason::FAILURE_BUDGET_EXCEEDED | reason::ANALYSIS_FAILED | reason::INVALID_WINDOW)
+            ) =>
         {
             GitOpsState::Failed
         }

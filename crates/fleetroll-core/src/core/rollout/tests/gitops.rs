@@ -141,6 +141,9 @@ fn every_phase_maps_to_one_kstatus_reading() {
         (Phase::Progressing, Some(reason::SOAKING), false, InProgress),
         (Phase::Paused, Some(reason::PAUSED_BY_SPEC), false, InProgress),
         (Phase::Paused, Some(reason::FAILURE_BUDGET_EXCEEDED), false, Failed),
+        // Waiting for a change window is nothing wrong; windows the operator cannot read need a person.
+        (Phase::Paused, Some(reason::OUTSIDE_WINDOW), false, InProgress),
+        (Phase::Paused, Some(reason::INVALID_WINDOW), false, Failed),
         (Phase::WaitingForApproval, Some(reason::WAITING_FOR_APPROVAL), false, InProgress),
         (Phase::RollingBack, Some(reason::ROLLBACK_REQUESTED), false, InProgress),
         (Phase::Succeeded, Some(reason::SUCCEEDED), false, Current),

@@ -15,6 +15,7 @@ mod housekeeping;
 mod prepare;
 mod revisions;
 mod rollbacks;
+mod windows;
 
 use super::{housekeeping::expires_at, *};
 use crate::{

@@ -1,0 +1,151 @@
+//! The change-window gate: batches start only inside every window, a batch in flight finishes, a freeze
+//! holds the next one, a rollback is never held, and windows that cannot be read hold with why.
+
+use super::*;
+use crate::api::{Approval, ChangeWindow, WindowKind};
+
+fn window(kind: WindowKind, schedule: &str, duration: &str) -> ChangeWindow {
+    ChangeWindow { name: None, kind, schedule: schedule.into(), duration: duration.into(), time_zone: None }
+}
+
+fn at(text: &str) -> Timestamp {
+    text.parse().unwrap()
+}
+
+#[test]
+fn a_rollout_outside_its_window_waits_for_the_opening_then_goes() {
+    // The simulation starts at 2027-01-15T08:00:00Z.
+    let mut s = spec(5);
+    s.strategy.windows = vec![window(WindowKind::Allow, "0 22 * * *", "2h")];
+    let mut sim = Sim::new(s, 10);
+    assert_eq!(sim.settle(), Some(Duration::from_secs(14 * 3600)), "woken at the opening");
+    assert!(sim.changes.is_empty());
+    assert_eq!(
+        (sim.status.phase, sim.status.reason.as_deref()),
+        (Phase::Paused, Some(reason::OUTSIDE_WINDOW))
+    );
+    let hold = sim.status.window_hold.clone().unwrap();
+    assert_eq!((hold.owner.as_str(), hold.kind), ("the rollout", WindowKind::Allow));
+    assert_eq!(hold.opens_at.map(|t| t.0), Some(at("2027-01-15T22:00:00Z")));
+    let message = sim.status.message.clone().unwrap();
+    assert!(
+        message.contains("outside the change windows of the rollout") && message.contains("22:00"),
+        "{message}"
+    );
+    // Judged again, nothing changed: no write.
+    let writes = sim.writes;
+    assert!(matches!(sim.step(), Step::Wait { .. }));
+    assert_eq!(sim.writes, writes);
+
+    sim.pass(Duration::from_secs(14 * 3600));
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    assert_eq!(sim.changes.len(), 10);
+    assert_eq!(sim.status.window_hold, None);
+}
+
+#[test]
+fn a_freeze_lets_the_batch_in_flight_finish_and_holds_the_next_until_it_ends() {
+    let mut sim = Sim::new(spec(5), 15);
+    sim.auto_ready = false;
+    sim.step(); // planned
+    sim.step(); // batch 1 intent
+    sim.step(); // batch 1 applied
+    assert_eq!(sim.changes.len(), 5);
+    // The platform freezes changes from now (08:00) for two hours.
+    let freeze =
+        ChangeWindow { name: Some("incident-4711".into()), ..window(WindowKind::Deny, "0 8 * * *", "2h") };
+    sim.guardrails.windows = vec![("platform".into(), vec![freeze])];
+    sim.auto_ready = true;
+    for t in sim.plan.batches[0].clone() {
+        sim.world.get_mut(&key(&t)).unwrap().readiness = Readiness::Ready;
+    }
+    assert_eq!(sim.settle(), Some(Duration::from_secs(2 * 3600)));
+    assert_eq!(sim.status.batches[0].state, BatchState::Succeeded, "the batch in flight finished");
+    assert_eq!(sim.changes.len(), 5, "no new batch in the freeze");
+    let hold = sim.status.window_hold.clone().unwrap();
+    assert_eq!(
+        (hold.owner.as_str(), hold.window.as_str(), hold.kind),
+        ("FleetRolloutPolicy platform", "incident-4711", WindowKind::Deny)
+    );
+    assert_eq!(hold.opens_at.map(|t| t.0), Some(at("2027-01-15T10:00:00Z")));
+
+    sim.pass(Duration::from_secs(2 * 3600));
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+    assert_eq!(sim.changes.len(), 15);
+}
+
+#[test]
+fn a_rollback_is_not_held_by_a_freeze() {
+    let mut sim = Sim::new(spec(5), 10);
+    while sim.changes.is_empty() {
+        sim.step();
+    }
+    sim.guardrails.windows = vec![("platform".into(), vec![window(WindowKind::Deny, "* * * * *", "1h")])];
+    sim.settle();
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::OUTSIDE_WINDOW));
+    assert_eq!(
+        sim.status.window_hold.as_ref().and_then(|h| h.opens_at.as_ref()),
+        None,
+        "a freeze without end"
+    );
+    sim.spec.rollback = true;
+    sim.generation = 2;
+    sim.settle();
+    assert_eq!(sim.status.phase, Phase::RolledBack, "{:?}", sim.status.message);
+}
+
+#[test]
+fn windows_the_operator_cannot_read_hold_with_why_until_fixed() {
+    let mut s = spec(5);
+    // Five fields the schema admits; no day ever matches.
+    s.strategy.windows = vec![window(WindowKind::Allow, "0 0 30 2 *", "1h")];
+    let mut sim = Sim::new(s, 10);
+    sim.settle();
+    assert!(sim.changes.is_empty());
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::INVALID_WINDOW));
+    let message = sim.status.message.clone().unwrap();
+    assert!(message.contains("cannot be read") && message.contains("never opens"), "{message}");
+    sim.spec.strategy.windows = vec![window(WindowKind::Allow, "0 8 * * *", "1h")];
+    sim.generation = 2;
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+}
+
+#[test]
+fn an_override_by_an_approver_starts_the_held_batch_and_is_recorded() {
+    let mut s = spec(5);
+    s.strategy.windows = vec![window(WindowKind::Allow, "0 22 * * *", "2h")];
+    let mut sim = Sim::new(s, 10);
+    sim.settle();
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::OUTSIDE_WINDOW));
+    // An override for another plan, or another batch, releases nothing.
+    let current = sim.plan.hash.clone();
+    for (batch, plan_hash) in [(0, "0000000000000000"), (1, current.as_str())] {
+        sim.spec.approvals = vec![Approval {
+            batch,
+            plan_hash: plan_hash.into(),
+            gates_hash: String::new(),
+            approved_by: Some("erin".into()),
+            override_windows: true,
+        }];
+        sim.generation += 1;
+        sim.settle();
+        assert!(sim.changes.is_empty(), "batch {batch}, plan {plan_hash}");
+    }
+    sim.spec.approvals = vec![Approval {
+        batch: 0,
+        plan_hash: sim.plan.hash.clone(),
+        gates_hash: String::new(),
+        approved_by: Some("erin".into()),
+        override_windows: true,
+    }];
+    sim.generation += 1;
+    sim.settle();
+    assert_eq!(sim.changes.len(), 5, "batch 1 went; batch 2 waits for the window again");
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::OUTSIDE_WINDOW));
+    let o = &sim.status.window_overrides;
+    assert_eq!((o.len(), o[0].batch, o[0].overridden_by.as_deref()), (1, 0, Some("erin")));
+    assert!(o[0].overrode.contains("outside the change windows of the rollout"), "{}", o[0].overrode);
+}

@@ -1,0 +1,121 @@
+//! The change-window gate: the next batch starts only while every window of the rollout and of the
+//! FleetRolloutPolicies governing it allows it (see [`crate::core::window`] for what a window means). A
+//! batch already started finishes: its changes are sent when it starts, and what follows (health, soak,
+//! analysis) changes nothing. Rollbacks and aborts are not held: undoing a change is what a freeze is for.
+
+use super::{Event, Facts, gates::Gate, total_batches, trim_front, until, write_if_changed};
+use crate::{
+    api::{FleetRolloutStatus, HISTORY, Phase, WindowHold, WindowKind, WindowOverride, time},
+    core::{
+        reason, text,
+        window::{self, Owner, OwnerWindows, Verdict, WindowError},
+    },
+};
+
+/// How often windows that have no opening in sight are judged again (a policy or the spec changing wakes
+/// the rollout sooner).
+const NO_OPENING_RETRY: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Holds the next batch while a window is closed (or the windows cannot be read); records when they open.
+pub(super) fn windowed(
+    f: &Facts<'_>,
+    s: &mut FleetRolloutStatus,
+    events: &mut Vec<Event>,
+    next: u32,
+) -> Gate {
+    let total = total_batches(f);
+    let hold = match owners(f) {
+        Err((owner, why)) => Some(WindowHold {
+            owner: owner.to_string(),
+            window: String::new(),
+            kind: WindowKind::Allow,
+            opens_at: None,
+            invalid: Some(text::cut(&why.to_string(), 1024)),
+        }),
+        Ok(owners) => match window::judge(&owners.iter().collect::<Vec<_>>(), f.now) {
+            Verdict::Open => None,
+            Verdict::Closed { hold, opens } => Some(WindowHold {
+                owner: text::cut(&hold.owner.to_string(), 320),
+                window: text::cut(&hold.window, 128),
+                kind: hold.kind,
+                opens_at: opens.map(time),
+                invalid: None,
+            }),
+        },
+    };
+    let Some(hold) = hold else {
+        if s.window_hold.take().is_some() {
+            let message = format!("batch {}/{total} may start: every change window allows it", next + 1);
+            events.push(Event::normal(reason::WINDOW_OPEN, Some(next), message));
+        }
+        return None;
+    };
+    if let Some(by) = overridden(f, next) {
+        s.window_hold = None;
+        let message = format!(
+            "batch {}/{total} starts outside its change windows ({}): overridden by {}",
+            next + 1,
+            describe(&hold),
+            by.as_deref().unwrap_or("an approver")
+        );
+        s.window_overrides.push(WindowOverride {
+            batch: next,
+            plan_hash: f.plan.hash.clone(),
+            overridden_by: by,
+            overrode: text::cut(&describe(&hold), 1024),
+            at: time(f.now),
+        });
+        trim_front(&mut s.window_overrides, HISTORY);
+        events.push(Event::normal(reason::WINDOW_OVERRIDDEN, Some(next), message));
+        return None;
+    }
+    let why = if hold.invalid.is_some() { reason::INVALID_WINDOW } else { reason::OUTSIDE_WINDOW };
+    if s.window_hold.as_ref() != Some(&hold) {
+        let message = format!("batch {}/{total} waits: {}", next + 1, describe(&hold));
+        let event = if hold.invalid.is_some() { Event::warning } else { Event::normal };
+        events.push(event(why, Some(next), message));
+    }
+    let wake = match &hold.opens_at {
+        Some(opens) => until(f.now, opens.0),
+        None => NO_OPENING_RETRY,
+    };
+    s.window_hold = Some(hold);
+    s.phase = Phase::Paused;
+    s.reason = Some(why.into());
+    s.pending_approval = None;
+    Some(write_if_changed(f, s.clone(), std::mem::take(events), Some(wake)))
+}
+
+/// Who overrode the windows of batch `next` of this plan (spec.approvals[].overrideWindows), if someone
+/// did: Some(None) when the approval names no one.
+fn overridden(f: &Facts<'_>, next: u32) -> Option<Option<String>> {
+    let given =
+        f.spec.approvals.iter().find(|a| a.batch == next && a.plan_hash == f.plan.hash && a.override_windows);
+    given.map(|a| a.approved_by.clone())
+}
+
+/// A window hold in words, as status messages and events give it.
+pub(crate) fn describe(hold: &WindowHold) -> String {
+    if let Some(why) = &hold.invalid {
+        return format!("the change windows of {} cannot be read: {why}", hold.owner);
+    }
+    let what = match hold.kind {
+        WindowKind::Deny => format!("deny window {} of {} is open", hold.window, hold.owner),
+        WindowKind::Allow => format!("outside the change windows of {}", hold.owner),
+    };
+    match &hold.opens_at {
+        Some(t) => format!("{what}; opens at {}", t.0),
+        None => format!("{what}; no opening found (windows that never meet, or a freeze without end)"),
+    }
+}
+
+/// The windows that apply to every batch: each governing policy's, then the rollout's own.
+fn owners(f: &Facts<'_>) -> Result<Vec<OwnerWindows>, (Owner, WindowError)> {
+    let policies = f.guardrails.windows.iter().map(|(name, w)| (Owner::Policy(name.clone()), w.as_slice()));
+    let own = std::iter::once((Owner::Rollout, f.spec.strategy.windows.as_slice()));
+    policies
+        .chain(own)
+        .filter(|(_, w)| !w.is_empty())
+        .map(|(owner, w)| OwnerWindows::compile(owner.clone(), w).map_err(|e| (owner, e)))
+        .collect()
+}
