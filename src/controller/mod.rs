@@ -331,8 +331,26 @@ const RECONCILES_AT_ONCE: u16 = 256;
 
 /// A namespace as the cache keeps it: name and labels (the opt-in label at least, all of them unless
 /// they weigh more than a workload's may).
+/// The change windows a namespace's owner declares (its `fleetroll.dev/windows` annotation), as the cache
+/// keeps it; None for other owners (member clusters' windows are not read yet) and namespaces without.
+fn declared_windows(ctx: &Context, owner: &crate::core::window::Owner) -> Option<String> {
+    let crate::core::window::Owner::Namespace(ns) = owner else { return None };
+    let namespace = ctx.stores.namespaces.get(&kube::runtime::reflector::ObjectRef::new(ns))?;
+    namespace.annotations().get(crate::api::WINDOWS_ANNOTATION).cloned()
+}
+
 fn kept_namespace(n: &mut Namespace) {
     let labels = n.metadata.labels.take().unwrap_or_default();
+    // The windows annotation, bounded: one too long to be read is kept as a marker that fails to parse,
+    // so its targets are held with why rather than changed outside windows their owner declared.
+    let windows =
+        n.metadata.annotations.take().and_then(|mut a| a.remove(crate::api::WINDOWS_ANNOTATION)).map(|v| {
+            if v.len() <= crate::core::window::ANNOTATION_MAX {
+                v
+            } else {
+                crate::core::window::ANNOTATION_TOO_LONG.to_string()
+            }
+        });
     let kept = workload::kept_labels(&labels).unwrap_or_else(|| {
         labels.into_iter().filter(|(k, v)| k == crate::api::OPT_IN_LABEL && v.len() <= 64).collect()
     });
@@ -341,6 +359,7 @@ fn kept_namespace(n: &mut Namespace) {
         resource_version: n.metadata.resource_version.take(),
         uid: n.metadata.uid.take(),
         labels: Some(kept),
+        annotations: windows.map(|w| [(crate::api::WINDOWS_ANNOTATION.to_string(), w)].into()),
         ..Default::default()
     };
     n.spec = None;

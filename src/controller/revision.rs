@@ -15,6 +15,7 @@ use crate::{
         Blocked,
         plan::{self, Discovered},
         rollout::{self, Discovery, NewRevision, Step},
+        window,
     },
     error::Result,
 };
@@ -38,7 +39,9 @@ pub(super) async fn plan_revision<F: Fleet>(
     };
     let previous = previous_images(ctx, fr, status).await?;
     let Discovered { candidates, waves, refused, left_out, .. } = fleet;
-    let planned = match plan::plan_revision(&fr.spec, candidates, &previous, &waves) {
+    let places = candidates.iter().map(|c| (c.cluster.as_str(), c.namespace.as_str()));
+    let opens = window::openings(places, &|owner| super::declared_windows(ctx, owner), now);
+    let planned = match plan::plan_revision(&fr.spec, candidates, &previous, &waves, opens) {
         Ok(p) => p,
         Err(why) => return halt(why),
     };

@@ -282,7 +282,8 @@ pub(crate) async fn preview_members(
 }
 
 fn planned(fr: &FleetRollout, d: Discovered) -> Result<Preview, Blocked> {
-    let planned = plan::plan_revision(&fr.spec, d.candidates, &Default::default(), &d.waves)?;
+    let planned =
+        plan::plan_revision(&fr.spec, d.candidates, &Default::default(), &d.waves, Default::default())?;
     let clusters =
         (!d.waves.is_empty()).then(|| crate::core::clusters::planned_status(&d.waves, &planned.plan.batches));
     Ok(Preview { plan: planned.plan, clusters, notes: d.refused })

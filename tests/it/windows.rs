@@ -1,20 +1,112 @@
-//! Change windows on the real control plane: a freeze applied mid-rollout lets the batch in flight finish
-//! and holds the next; someone without the approve verb cannot override it; an approver can, and the
-//! override is recorded with who made it.
+//! Change windows on the real control plane: tenants' own windows order and hold a fleet-wide rollout,
+//! seen the same in status, kubectl, MCP and Argo CD; a freeze applied mid-rollout lets the batch in flight
+//! finish and holds the next; someone without the approve verb cannot override it; an approver can, and
+//! the override is recorded with who made it.
 
 use std::time::Duration;
 
-use fleetroll::api::{BatchState, Phase, WindowKind};
+use fleetroll::api::{BatchState, FleetRollout, Phase, WINDOWS_ANNOTATION, WindowKind};
+use k8s_openapi::{api::core::v1::Namespace, jiff::Timestamp};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use testkit::{
-    cli::kubectl,
-    fleet::{NEXT_IMAGE, READY_IMAGE, phase, with_fleet},
+    cli::{gitops_judge, kubectl, repo_path},
+    fleet::{FLEET_LABEL, NEXT_IMAGE, READY_IMAGE, phase, with_fleet},
+    mcp::drive,
     operator::Operator,
     people::Person,
     tenant::{self, APPROVER_ROLE},
 };
 
 const DEADLINE: Duration = Duration::from_secs(180);
+
+/// A fleet-wide rollout over four tenants, two of which declare a window opening 20 s after the rollout
+/// starts: the other two are changed first, the two only once their window opens; meanwhile status,
+/// `kubectl fleetroll status`, MCP and Argo CD's health say OutsideWindow with the opening.
+#[tokio::test]
+async fn tenants_are_changed_only_inside_their_own_windows() {
+    with_fleet("windows-tenants", 4, |fleet| async move {
+        fleet.tenant_deployments(1).await;
+        // A window opening at a whole second 20 s from now (UTC), for a minute.
+        let opening = Timestamp::from_second(Timestamp::now().as_second() + 20).unwrap();
+        let civil = opening.to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC);
+        let schedule = format!(
+            "{} {} {} {} {} *",
+            civil.second(),
+            civil.minute(),
+            civil.hour(),
+            civil.day(),
+            civil.month()
+        );
+        let windows = json!([{"name": "tenant-hours", "schedule": schedule, "duration": "1m"}]).to_string();
+        let namespaces: Api<Namespace> = Api::all(fleet.client.clone());
+        let windowed = [fleet.tenants[0].clone(), fleet.tenants[2].clone()];
+        for ns in &windowed {
+            let annotate = json!({"metadata": {"annotations": {WINDOWS_ANNOTATION: windows}}});
+            namespaces.patch(ns, &PatchParams::default(), &Patch::Merge(annotate)).await.unwrap();
+        }
+        let op = Operator::start(&fleet.ns, &[], &[]);
+        let spec = json!({"image": NEXT_IMAGE,
+            "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}},
+                        "namespaceSelector": {"matchLabels": {FLEET_LABEL: fleet.ns}}},
+            "strategy": {"batchSize": 1}});
+        fleet.rollout("tenants", spec).await;
+        let held =
+            |f: &FleetRollout| f.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("OutsideWindow");
+        let fr = fleet.wait_rollout("tenants", "the tenants' windows to hold it", DEADLINE, held).await;
+        let now = Timestamp::now();
+        assert!(now < opening, "held before the opening ({now} < {opening})");
+        let status = fr.status.clone().unwrap();
+        let plan: Vec<String> =
+            fleet.plan(&fr).await.batches.iter().flatten().map(|t| t.namespace.clone()).collect();
+        assert_eq!(&plan[2..], &windowed[..], "the windowed tenants are planned last: {plan:?}");
+        assert_eq!(status.counts.updated, 2, "the other two were changed first");
+        let hold = status.window_hold.clone().unwrap();
+        assert_eq!(hold.owner, format!("namespace {}", windowed[0]));
+        assert_eq!(hold.opens_at.map(|t| t.0), Some(opening));
+
+        // Everyone who asks is told the same.
+        let said = format!("outside the change windows of namespace {}; opens at {opening}", windowed[0]);
+        let shown = kubectl(&["fleetroll", "status", "tenants", "-n", &fleet.ns, "--no-follow"]).await.ok();
+        assert!(shown.stdout.contains(&said), "{}", shown.stdout);
+        let asked = json!({"namespace": fleet.ns, "name": "tenants"}).to_string();
+        let answer = drive(&["call", &op.mcp_url(), "get_rollout", &asked, "--no-tasks"]).await;
+        assert!(
+            answer.to_string().contains("OutsideWindow") && answer.to_string().contains(&said),
+            "{answer}"
+        );
+        let object = serde_json::to_value(&fr).unwrap();
+        let health = gitops_judge(
+            &[
+                "lua-health",
+                &repo_path("manifests/argocd/resource_customizations/fleetroll.dev/FleetRollout/health.lua"),
+            ],
+            &object,
+        )
+        .await;
+        assert_eq!(health["status"], "Suspended", "{health}");
+        assert!(health["message"].as_str().unwrap_or_default().contains(&said), "{health}");
+        let kstatus = gitops_judge(&["kstatus"], &object).await;
+        assert_eq!(
+            kstatus.pointer("/cliUtils/status").and_then(|v| v.as_str()),
+            Some("InProgress"),
+            "{kstatus}"
+        );
+
+        // Once the window opens, the two go, each inside it.
+        let done = fleet.wait_rollout("tenants", "success", DEADLINE, |f| phase(f) == Phase::Succeeded).await;
+        let batches = done.status.unwrap().batches;
+        for b in batches.iter().filter(|b| b.index >= 2) {
+            let started = b.started_at.as_ref().unwrap().0;
+            assert!(
+                started >= opening,
+                "batch {} started at {started}, before the opening {opening}",
+                b.index + 1
+            );
+        }
+    })
+    .await;
+}
 
 #[tokio::test]
 async fn a_freeze_holds_the_next_batch_until_an_approver_overrides_it() {

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::LabelSelector, jiff::Timestamp};
 use kube_core::{Selector, SelectorExt};
 
 use crate::{
@@ -120,10 +120,14 @@ pub fn assign(waves: &[Wave], clusters: &[&Cluster]) -> Result<Vec<PlannedWave>,
     Ok(planned)
 }
 
-/// Where each cluster stands in the plan: its wave's index and `maxConcurrency`.
+/// Where each cluster stands in the plan: its wave's index and `maxConcurrency`; and, within a wave, when
+/// each namespace's change windows first allow a change (targets that may change sooner go first).
 #[derive(Clone, Debug, Default)]
 pub struct Order {
     of: HashMap<String, (usize, Option<u32>)>,
+    /// By (cluster, namespace): when the windows its owners declare first allow a change, at planning
+    /// (Timestamp::MAX: never found). Absent: no windows, any time.
+    opens: HashMap<(String, String), Timestamp>,
 }
 
 impl Order {
@@ -133,7 +137,18 @@ impl Order {
             .enumerate()
             .flat_map(|(i, w)| w.clusters.iter().map(move |c| (c.clone(), (i, w.max_concurrency))))
             .collect();
-        Self { of }
+        Self { of, opens: HashMap::new() }
+    }
+
+    /// With the openings of the namespaces whose owners declare change windows: see [`Order::opens`].
+    pub fn with_openings(mut self, opens: HashMap<(String, String), Timestamp>) -> Self {
+        self.opens = opens;
+        self
+    }
+
+    /// When a target's own windows (its namespace's) first allow a change; MIN when it has none.
+    pub fn opens(&self, cluster: &str, namespace: &str) -> Timestamp {
+        self.opens.get(&(cluster.to_string(), namespace.to_string())).copied().unwrap_or(Timestamp::MIN)
     }
 
     /// The wave (index) a target's cluster is in; 0 for the rollout's own cluster.
@@ -141,11 +156,14 @@ impl Order {
         self.of.get(cluster).map_or(0, |(i, _)| *i)
     }
 
-    /// Whether `next` must start a new batch after `batch`: it is in another wave, or it would make the
-    /// batch reach more clusters than its wave's `maxConcurrency`.
+    /// Whether `next` must start a new batch after `batch`: it is in another wave, its windows open at
+    /// another time, or it would make the batch reach more clusters than its wave's `maxConcurrency`.
     pub fn must_cut(&self, batch: &[PlannedTarget], next: &PlannedTarget) -> bool {
         let Some(last) = batch.last() else { return false };
         if self.wave(&last.cluster) != self.wave(&next.cluster) {
+            return true;
+        }
+        if self.opens(&last.cluster, &last.namespace) != self.opens(&next.cluster, &next.namespace) {
             return true;
         }
         let limit = self.of.get(&next.cluster).and_then(|(_, m)| *m);

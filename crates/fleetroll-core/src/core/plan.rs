@@ -149,9 +149,10 @@ fn size_sequence(
 
 /// Builds the plan of a revision. `previous` carries each target's pre-rollout image (by
 /// [`PlannedTarget::key`]) from the revision this one supersedes, so a rollback always restores what the
-/// target had before this rollout touched it. `order` puts member clusters in waves: a batch never spans
-/// two waves or more clusters than its wave's `maxConcurrency` (it ends early; the next takes the next
-/// size).
+/// target had before this rollout touched it. `order` puts member clusters in waves, and within a wave
+/// the targets whose namespaces' change windows allow a change sooner first: a batch never spans two waves,
+/// two opening times, or more clusters than its wave's `maxConcurrency` (it ends early; the next takes the
+/// next size).
 pub fn build(
     mut candidates: Vec<Candidate>,
     inputs: &RevisionInputs,
@@ -160,12 +161,14 @@ pub fn build(
     order: &Order,
 ) -> Result<Plan, PlanError> {
     candidates.sort_by(|a, b| {
-        (order.wave(&a.cluster), &a.cluster, &a.namespace, &a.name).cmp(&(
-            order.wave(&b.cluster),
-            &b.cluster,
-            &b.namespace,
-            &b.name,
-        ))
+        (order.wave(&a.cluster), order.opens(&a.cluster, &a.namespace), &a.cluster, &a.namespace, &a.name)
+            .cmp(&(
+                order.wave(&b.cluster),
+                order.opens(&b.cluster, &b.namespace),
+                &b.cluster,
+                &b.namespace,
+                &b.name,
+            ))
     });
     candidates.dedup_by(|a, b| a.cluster == b.cluster && a.namespace == b.namespace && a.name == b.name);
     let mut next_size = size_sequence(count(candidates.len()), &inputs.steps, &inputs.batch_size)?;
@@ -248,16 +251,18 @@ pub struct Planned {
 }
 
 /// Plans a new revision of `spec` over `candidates`, as the operator freezes it (and as a preview shows it).
-/// `previous`: see [`build`].
+/// `previous`: see [`build`]. `opens`: when the change windows of each (cluster, namespace) whose owner
+/// declares some first allow a change (see [`Order::with_openings`]).
 pub fn plan_revision(
     spec: &FleetRolloutSpec,
     candidates: Vec<Candidate>,
     previous: &HashMap<String, String>,
     waves: &[PlannedWave],
+    opens: HashMap<(String, String), k8s_openapi::jiff::Timestamp>,
 ) -> Result<Planned, Blocked> {
     let inputs = RevisionInputs::of(spec);
     let spec_hash = sha256_hex(&inputs);
-    let plan = build(candidates, &inputs, &spec_hash, previous, &Order::new(waves))
+    let plan = build(candidates, &inputs, &spec_hash, previous, &Order::new(waves).with_openings(opens))
         .map_err(|e| Blocked { reason: reason::INVALID_SPEC, message: e.to_string() })?;
     Ok(Planned { inputs, spec_hash, plan })
 }
@@ -356,6 +361,30 @@ mod tests {
         sorted.sort();
         assert_eq!(order, sorted);
         assert_eq!(plan.batches.iter().map(Vec::len).collect::<Vec<_>>(), vec![3, 3, 2]);
+    }
+
+    #[test]
+    fn targets_whose_windows_open_sooner_go_first_and_a_batch_never_spans_two_openings() {
+        use k8s_openapi::jiff::Timestamp;
+        let at = |s: i64| Timestamp::from_second(1_800_000_000 + s).unwrap();
+        // tenant-1 opens in 20 s, tenant-3 in an hour; tenant-0 and tenant-2 declare no windows.
+        let opens = HashMap::from([
+            ((String::new(), "tenant-1".to_string()), at(20)),
+            ((String::new(), "tenant-3".to_string()), at(3600)),
+        ]);
+        let order = Order::default().with_openings(opens);
+        let plan = build(fleet(8), &inputs(int(3), vec![]), "h", &HashMap::new(), &order).unwrap();
+        let namespaces: Vec<Vec<&str>> =
+            plan.batches.iter().map(|b| b.iter().map(|t| t.namespace.as_str()).collect()).collect();
+        assert_eq!(
+            namespaces,
+            [
+                vec!["tenant-0", "tenant-0", "tenant-2"],
+                vec!["tenant-2"],
+                vec!["tenant-1", "tenant-1"],
+                vec!["tenant-3", "tenant-3"]
+            ]
+        );
     }
 
     #[test]

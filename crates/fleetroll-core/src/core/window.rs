@@ -18,7 +18,11 @@
 #[cfg(test)]
 mod tests;
 
-use std::{fmt, sync::LazyLock};
+use std::{
+    collections::{BTreeSet, HashMap},
+    fmt,
+    sync::LazyLock,
+};
 
 use croner::{
     Cron,
@@ -39,6 +43,8 @@ static ZONES: LazyLock<TimeZoneDatabase> = LazyLock::new(TimeZoneDatabase::bundl
 
 /// The longest annotation text of windows read (16 windows of the longest fields fit in about 5 KiB).
 pub const ANNOTATION_MAX: usize = 8 * 1024;
+/// What a cache keeps instead of an annotation longer than [`ANNOTATION_MAX`]: read, it is that error.
+pub const ANNOTATION_TOO_LONG: &str = "(longer than the operator reads)";
 /// The shortest a window may be open: a shorter one would open and close between two looks.
 const SHORTEST: SignedDuration = SignedDuration::from_mins(1);
 /// How many openings a stretch joins, at most, and how many times the search for the next moment every
@@ -191,7 +197,7 @@ impl OwnerWindows {
     /// Reads the windows of a [`crate::api::WINDOWS_ANNOTATION`]: a JSON list of windows. The annotation is
     /// whatever the namespace's (or Secret's) owner wrote: its length and count are bounded before use.
     pub fn from_annotation(owner: Owner, value: &str) -> Result<OwnerWindows, WindowError> {
-        if value.len() > ANNOTATION_MAX {
+        if value.len() > ANNOTATION_MAX || value == ANNOTATION_TOO_LONG {
             return Err(WindowError::Annotation(format!("longer than {ANNOTATION_MAX} bytes")));
         }
         let specs: Vec<ChangeWindow> = serde_json::from_str(value)
@@ -210,6 +216,43 @@ impl OwnerWindows {
     fn denies(&self) -> impl Iterator<Item = &Window> {
         self.windows.iter().filter(|w| w.kind == WindowKind::Deny)
     }
+}
+
+/// The windows `owner` declares in its annotation (`value`), compiled; None when it declares none. What
+/// cannot be read is an error naming the owner: its targets are held until it is fixed.
+pub fn declared(owner: Owner, value: Option<&str>) -> Option<Result<OwnerWindows, (Owner, WindowError)>> {
+    let value = value?;
+    Some(OwnerWindows::from_annotation(owner.clone(), value).map_err(|e| (owner, e)))
+}
+
+/// The first moment from `now` at which every one of `owners` allows a change: `now` itself when they do
+/// now; None when no opening was found.
+pub fn next_allowed(owners: &[&OwnerWindows], now: Timestamp) -> Option<Timestamp> {
+    match judge(owners, now) {
+        Verdict::Open => Some(now),
+        Verdict::Closed { opens, .. } => opens,
+    }
+}
+
+/// For planning: when the windows of each namespace of the rollout's own cluster among `targets`
+/// (cluster, namespace) first allow a change, from `now`. Only namespaces whose owners declare windows are
+/// listed; windows that cannot be read, or never open, rank last (Timestamp::MAX), and the gate holds
+/// their targets with why.
+pub fn openings<'a>(
+    targets: impl IntoIterator<Item = (&'a str, &'a str)>,
+    declared_windows: &dyn Fn(&Owner) -> Option<String>,
+    now: Timestamp,
+) -> HashMap<(String, String), Timestamp> {
+    let namespaces: BTreeSet<&str> =
+        targets.into_iter().filter(|(c, _)| c.is_empty()).map(|(_, ns)| ns).collect();
+    let mut opens = HashMap::new();
+    for ns in namespaces {
+        let owner = Owner::Namespace(ns.to_string());
+        let Some(declared) = declared(owner.clone(), declared_windows(&owner).as_deref()) else { continue };
+        let at = declared.ok().and_then(|w| next_allowed(&[&w], now)).unwrap_or(Timestamp::MAX);
+        opens.insert((String::new(), ns.to_string()), at);
+    }
+    opens
 }
 
 /// What holds changes back at a moment: an owner's window.

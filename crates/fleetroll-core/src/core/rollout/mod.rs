@@ -88,6 +88,9 @@ pub struct Facts<'a> {
     pub unplanned: &'a dyn Fn() -> Option<Unplanned>,
     /// Whether a target may be changed (or restored) now: see [`crate::core::scope`].
     pub scope: &'a dyn Fn(&PlannedTarget) -> Result<(), Refusal>,
+    /// The change windows an owner of targets declares (a namespace's `fleetroll.dev/windows` annotation),
+    /// as written; None when it declares none (asked only before a batch starts, of its targets' owners).
+    pub declared_windows: &'a dyn Fn(&crate::core::window::Owner) -> Option<String>,
     /// The workloads whose `fleetroll.dev/applied` key starts with the given prefix (asked only of a
     /// succeeded rollout: it scans the cache).
     pub carrying: &'a dyn Fn(&str) -> Vec<Carrier>,

@@ -1,7 +1,9 @@
-//! The change-window gate: the next batch starts only while every window of the rollout and of the
-//! FleetRolloutPolicies governing it allows it (see [`crate::core::window`] for what a window means). A
+//! The change-window gate: the next batch starts only while every window of the rollout, of the
+//! FleetRolloutPolicies governing it and of its targets' namespaces allows it (see [`crate::core::window`] for what a window means). A
 //! batch already started finishes: its changes are sent when it starts, and what follows (health, soak,
 //! analysis) changes nothing. Rollbacks and aborts are not held: undoing a change is what a freeze is for.
+
+use std::collections::BTreeSet;
 
 use super::{Event, Facts, gates::Gate, total_batches, trim_front, until, write_if_changed};
 use crate::{
@@ -24,7 +26,7 @@ pub(super) fn windowed(
     next: u32,
 ) -> Gate {
     let total = total_batches(f);
-    let hold = match owners(f) {
+    let hold = match owners(f, next) {
         Err((owner, why)) => Some(WindowHold {
             owner: owner.to_string(),
             window: String::new(),
@@ -109,13 +111,23 @@ pub(crate) fn describe(hold: &WindowHold) -> String {
     }
 }
 
-/// The windows that apply to every batch: each governing policy's, then the rollout's own.
-fn owners(f: &Facts<'_>) -> Result<Vec<OwnerWindows>, (Owner, WindowError)> {
+/// The windows that apply to batch `next`: each governing policy's, the rollout's own, and those the
+/// namespaces of its targets declare.
+fn owners(f: &Facts<'_>, next: u32) -> Result<Vec<OwnerWindows>, (Owner, WindowError)> {
     let policies = f.guardrails.windows.iter().map(|(name, w)| (Owner::Policy(name.clone()), w.as_slice()));
     let own = std::iter::once((Owner::Rollout, f.spec.strategy.windows.as_slice()));
-    policies
+    let mut owners: Vec<OwnerWindows> = policies
         .chain(own)
         .filter(|(_, w)| !w.is_empty())
         .map(|(owner, w)| OwnerWindows::compile(owner.clone(), w).map_err(|e| (owner, e)))
-        .collect()
+        .collect::<Result<_, _>>()?;
+    let namespaces: BTreeSet<&str> =
+        f.plan.batch(next).iter().filter(|t| t.cluster.is_empty()).map(|t| t.namespace.as_str()).collect();
+    for ns in namespaces {
+        let owner = Owner::Namespace(ns.to_string());
+        if let Some(declared) = window::declared(owner.clone(), (f.declared_windows)(&owner).as_deref()) {
+            owners.push(declared?);
+        }
+    }
+    Ok(owners)
 }

@@ -221,6 +221,10 @@ fn an_annotation_is_a_bounded_json_list() {
     let long = format!("[{}]", vec![r#"{"schedule":"@daily","duration":"1h"}"#; 300].join(","));
     assert!(matches!(OwnerWindows::from_annotation(ns(), &long), Err(WindowError::Annotation(_))));
     assert!(matches!(
+        OwnerWindows::from_annotation(ns(), ANNOTATION_TOO_LONG),
+        Err(WindowError::Annotation(_))
+    ));
+    assert!(matches!(
         OwnerWindows::from_annotation(
             ns(),
             r#"[{"schedule": "@daily", "duration": "1h", "timeZone": "Nowhere"}]"#
@@ -237,4 +241,29 @@ fn names_and_descriptions_are_for_people() {
     let compiled = Window::compile(&w).unwrap();
     assert_eq!(compiled.label(), "weeknights");
     assert!(compiled.describe().contains("22:00"), "{}", compiled.describe());
+}
+
+#[test]
+fn planning_ranks_the_namespaces_that_declare_windows_by_their_opening() {
+    let declared = |owner: &Owner| match owner {
+        Owner::Namespace(ns) if ns == "night" => {
+            Some(r#"[{"schedule": "0 22 * * *", "duration": "2h"}]"#.to_string())
+        }
+        Owner::Namespace(ns) if ns == "broken" => Some("weeknights".to_string()),
+        _ => None,
+    };
+    let targets = [("", "night"), ("", "night"), ("", "broken"), ("", "plain"), ("member", "night")];
+    let opens = openings(targets, &declared, at("2026-12-04T12:00:00Z"));
+    assert_eq!(
+        opens,
+        HashMap::from([
+            ((String::new(), "night".to_string()), at("2026-12-04T22:00:00Z")),
+            ((String::new(), "broken".to_string()), Timestamp::MAX),
+        ]),
+        "namespaces without windows, and members' (not read yet), are not ranked"
+    );
+    assert_eq!(
+        openings(targets, &declared, at("2026-12-04T23:00:00Z"))[&(String::new(), "night".to_string())],
+        at("2026-12-04T23:00:00Z")
+    );
 }

@@ -246,6 +246,7 @@ fn decide_with(sim: &Sim, measured: &[Measured]) -> Step {
         target: &|t| world.get(&key(t)).cloned(),
         unplanned: &|| None,
         scope: &|_| Ok(()),
+        declared_windows: &|_| None,
         carrying: &|_| Vec::new(),
     })
 }

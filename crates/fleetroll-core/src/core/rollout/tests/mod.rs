@@ -84,6 +84,8 @@ pub(super) struct Sim {
     pub(super) guardrails: crate::core::policy::Guardrails,
     /// What the edge says of acting as the rollout's creator.
     pub(super) creator: Creator,
+    /// The fleetroll.dev/windows annotation of each namespace that has one.
+    pub(super) namespace_windows: HashMap<String, String>,
 }
 
 pub(super) fn key(t: &PlannedTarget) -> String {
@@ -164,6 +166,7 @@ impl Sim {
             unreachable: Default::default(),
             guardrails: Default::default(),
             creator: Creator::default(),
+            namespace_windows: HashMap::new(),
         }
     }
 
@@ -221,6 +224,10 @@ impl Sim {
             target: &lookup,
             unplanned: &|| None,
             scope: &scope,
+            declared_windows: &|owner| match owner {
+                crate::core::window::Owner::Namespace(ns) => self.namespace_windows.get(ns).cloned(),
+                _ => None,
+            },
             carrying: &|prefix| {
                 let carries = |s: &TargetState| s.applied.as_deref().is_some_and(|k| k.starts_with(prefix));
                 world

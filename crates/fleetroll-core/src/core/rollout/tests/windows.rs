@@ -149,3 +149,31 @@ fn an_override_by_an_approver_starts_the_held_batch_and_is_recorded() {
     assert_eq!((o.len(), o[0].batch, o[0].overridden_by.as_deref()), (1, 0, Some("erin")));
     assert!(o[0].overrode.contains("outside the change windows of the rollout"), "{}", o[0].overrode);
 }
+
+#[test]
+fn a_namespace_window_holds_only_the_batch_with_its_targets() {
+    // One target per batch, in namespaces tenant-0 .. tenant-3; tenant-2 declares a window at 22:00.
+    let mut sim = Sim::new(spec(1), 4);
+    sim.namespace_windows
+        .insert("tenant-2".into(), r#"[{"schedule": "0 22 * * *", "duration": "1h"}]"#.into());
+    assert_eq!(sim.settle(), Some(Duration::from_secs(14 * 3600)));
+    let changed: Vec<&str> = sim.changes.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(changed, ["tenant-0/web-00", "tenant-1/web-01"]);
+    let hold = sim.status.window_hold.clone().unwrap();
+    assert_eq!(
+        (hold.owner.as_str(), hold.opens_at.map(|t| t.0)),
+        ("namespace tenant-2", Some(at("2027-01-15T22:00:00Z")))
+    );
+    sim.pass(Duration::from_secs(14 * 3600));
+    assert_eq!(sim.settle(), None);
+    assert_eq!(sim.status.phase, Phase::Succeeded);
+
+    // A namespace whose windows cannot be read holds its targets, naming it.
+    let mut sim = Sim::new(spec(1), 4);
+    sim.namespace_windows.insert("tenant-1".into(), "weeknights".into());
+    sim.settle();
+    assert_eq!(sim.changes.len(), 1);
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::INVALID_WINDOW));
+    let message = sim.status.message.clone().unwrap();
+    assert!(message.contains("namespace tenant-1") && message.contains("not a JSON list"), "{message}");
+}
