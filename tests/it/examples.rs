@@ -131,6 +131,62 @@ async fn canary_with_approval_waits_for_the_plan_to_be_approved() {
     .await;
 }
 
+/// The windows example: held with the opening the core computes when its windows are closed (and an
+/// approver's override lets it go), rolled at once when they are open.
+#[tokio::test]
+async fn windows_hold_outside_the_weeknights_and_an_override_lets_it_go() {
+    use fleetroll::core::window::{self, Owner, OwnerWindows, Verdict};
+    with_fleet("ex-windows", 0, |fleet| async move {
+        let ns = fleet.ns.clone();
+        storefront(&fleet, &ns, 2).await;
+        let fr: FleetRollout =
+            serde_saphyr::from_str(&std::fs::read_to_string(example("windows.yaml")).unwrap()).unwrap();
+        let owners = OwnerWindows::compile(Owner::Rollout, &fr.spec.strategy.windows).unwrap();
+        let judged = || window::judge(&[&owners], k8s_openapi::jiff::Timestamp::now());
+        let before = judged();
+        let _op = Operator::start(&ns, &[], &[]);
+        kubectl(&["apply", "-n", &ns, "-f", &example("windows.yaml")]).await.ok();
+        let judged_by_operator = |f: &FleetRollout| {
+            let reason = f.status.as_ref().and_then(|s| s.reason.as_deref());
+            reason == Some("OutsideWindow") || phase(f) == Phase::Succeeded
+        };
+        let fr = fleet
+            .wait_rollout("storefront-nightly", "the windows judged", DEADLINE, judged_by_operator)
+            .await;
+        if judged() != before {
+            eprintln!("a window opened or closed while the test ran: {before:?}, now {:?}", judged());
+            return;
+        }
+        match before {
+            Verdict::Open => assert_eq!(phase(&fr), Phase::Succeeded),
+            Verdict::Closed { hold, opens } => {
+                let held = fr.status.clone().unwrap().window_hold.unwrap();
+                assert_eq!((held.window.as_str(), held.opens_at.map(|t| t.0)), (hold.window.as_str(), opens));
+                assert!(
+                    storefront_state(&fleet, &ns).await.values().all(|(g, _)| *g == 1),
+                    "nothing changed"
+                );
+                let o =
+                    kubectl(&["fleetroll", "approve", "storefront-nightly", "-n", &ns, "--override-windows"])
+                        .await
+                        .ok();
+                assert!(o.stdout.contains("approved batch 1"), "{}", o.stdout);
+                let fr = fleet
+                    .wait_rollout("storefront-nightly", "the override", DEADLINE, |f| {
+                        phase(f) == Phase::Succeeded
+                    })
+                    .await;
+                assert_eq!(
+                    fr.status.unwrap().window_overrides[0].overridden_by.as_deref(),
+                    Some("fleetroll-admin")
+                );
+            }
+        }
+        assert!(storefront_state(&fleet, &ns).await.values().all(|(g, i)| *g == 2 && i == NEXT_IMAGE));
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn rollback_on_failure_restores_the_changed_targets() {
     with_fleet("ex-rollback", 0, |fleet| async move {
