@@ -4,6 +4,7 @@
 
 mod analysis;
 mod fleet;
+mod namespaces;
 mod reconcile;
 mod revision;
 mod wakes;
@@ -267,7 +268,7 @@ async fn watches(
     let (namespaces, namespaces_w) = reflector::store::<Namespace>();
     let namespace_events = watcher(Api::<Namespace>::all(client.clone()), watch_cfg.clone())
         .default_backoff()
-        .modify(kept_namespace)
+        .modify(namespaces::kept)
         .reflect(namespaces_w)
         .touched_objects();
     let wakes = wakes::Wakes { rollouts: rollout_store.clone(), namespaces: namespaces.clone(), rules };
@@ -328,43 +329,6 @@ fn scope_rules(settings: &Settings) -> scope::Rules {
 /// there are enough that one tenant's slow rollouts do not hold every other tenant's off (a share per
 /// namespace would be better still).
 const RECONCILES_AT_ONCE: u16 = 256;
-
-/// A namespace as the cache keeps it: name and labels (the opt-in label at least, all of them unless
-/// they weigh more than a workload's may).
-/// The change windows a namespace's owner declares (its `fleetroll.dev/windows` annotation), as the cache
-/// keeps it; None for other owners (member clusters' windows are not read yet) and namespaces without.
-fn declared_windows(ctx: &Context, owner: &crate::core::window::Owner) -> Option<String> {
-    let crate::core::window::Owner::Namespace(ns) = owner else { return None };
-    let namespace = ctx.stores.namespaces.get(&kube::runtime::reflector::ObjectRef::new(ns))?;
-    namespace.annotations().get(crate::api::WINDOWS_ANNOTATION).cloned()
-}
-
-fn kept_namespace(n: &mut Namespace) {
-    let labels = n.metadata.labels.take().unwrap_or_default();
-    // The windows annotation, bounded: one too long to be read is kept as a marker that fails to parse,
-    // so its targets are held with why rather than changed outside windows their owner declared.
-    let windows =
-        n.metadata.annotations.take().and_then(|mut a| a.remove(crate::api::WINDOWS_ANNOTATION)).map(|v| {
-            if v.len() <= crate::core::window::ANNOTATION_MAX {
-                v
-            } else {
-                crate::core::window::ANNOTATION_TOO_LONG.to_string()
-            }
-        });
-    let kept = workload::kept_labels(&labels).unwrap_or_else(|| {
-        labels.into_iter().filter(|(k, v)| k == crate::api::OPT_IN_LABEL && v.len() <= 64).collect()
-    });
-    n.metadata = kube::api::ObjectMeta {
-        name: n.metadata.name.take(),
-        resource_version: n.metadata.resource_version.take(),
-        uid: n.metadata.uid.take(),
-        labels: Some(kept),
-        annotations: windows.map(|w| [(crate::api::WINDOWS_ANNOTATION.to_string(), w)].into()),
-        ..Default::default()
-    };
-    n.spec = None;
-    n.status = None;
-}
 
 /// The FleetRollouts this operator reconciles; an error saying so when their CRD is not installed.
 async fn rollouts_watched(client: &Client, settings: &Settings) -> Result<Api<FleetRollout>> {

@@ -213,7 +213,7 @@ async fn decide(
         target: &target,
         unplanned: &unplanned,
         scope: &in_scope,
-        declared_windows: &|owner| super::declared_windows(ctx, owner),
+        declared_windows: &|owner| super::namespaces::declared_windows(ctx, owner),
         carrying: &|prefix| seen.carrying(prefix),
         measured: &measured,
         unreachable: &seen.unreachable(),

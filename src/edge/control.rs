@@ -96,9 +96,13 @@ fn approval_patch(
     batch: u32,
     plan_hash: &str,
     gates_hash: &str,
-    override_windows: bool,
+    override_windows: Option<&str>,
     who: Option<&str>,
 ) -> Value {
+    // An approval of a batch already overridden (of the same plan and gates) keeps the override, and the
+    // other way round: one entry per batch carries both.
+    let same = |a: &&Approval| a.batch == batch && a.plan_hash == plan_hash && a.gates_hash == gates_hash;
+    let kept = fr.spec.approvals.iter().find(same).and_then(|a| a.override_windows.clone());
     let mut approvals: Vec<Approval> =
         fr.spec.approvals.iter().filter(|a| a.batch != batch).cloned().collect();
     approvals.push(Approval {
@@ -106,7 +110,7 @@ fn approval_patch(
         plan_hash: plan_hash.to_string(),
         gates_hash: gates_hash.to_string(),
         approved_by: who.map(String::from),
-        override_windows,
+        override_windows: override_windows.map(String::from).or(kept),
     });
     approvals.sort_by_key(|a| a.batch);
     json!({"metadata": {"resourceVersion": fr.resource_version()}, "spec": {"approvals": approvals}})
@@ -119,7 +123,7 @@ fn approval_patch(
 pub async fn may_approve(client: &Client, fr: &FleetRollout) -> Result<bool, ControlError> {
     let Some(pending) = crate::core::task::awaited_approval(fr) else { return Ok(false) };
     let (ns, name) = (fr.namespace().unwrap_or_default(), fr.name_any());
-    let patch = approval_patch(fr, pending.batch, &pending.plan_hash, &pending.gates_hash, false, None);
+    let patch = approval_patch(fr, pending.batch, &pending.plan_hash, &pending.gates_hash, None, None);
     let pp = PatchParams { dry_run: true, ..Default::default() };
     match Api::<FleetRollout>::namespaced(client.clone(), &ns).patch(&name, &pp, &Patch::Merge(patch)).await {
         Ok(_) => Ok(true),
@@ -191,9 +195,15 @@ pub async fn approve(
                  any more (now {gates}): review them and approve again"
             )));
         }
-        // An override without a batch named is for the batch the windows hold: the next one.
-        let held = (override_windows && status.window_hold.is_some())
-            .then(|| status.current_batch.map_or(0, |i| i + 1));
+        // An override cites the hold it lifts, and is for the batch the windows hold (the next one).
+        let hold = match (override_windows, &status.window_hold) {
+            (false, _) => None,
+            (true, Some(h)) if !h.hash.is_empty() => Some(h.hash.clone()),
+            (true, _) => {
+                return Err(ControlError::Changed("no batch is held by a change window now".into()));
+            }
+        };
+        let held = hold.as_ref().map(|_| status.current_batch.map_or(0, |i| i + 1));
         let batch = match (batch, &status.pending_approval, held) {
             (Some(b), _, _) => b,
             (None, Some(p), _) => p.batch,
@@ -205,7 +215,7 @@ pub async fn approve(
                 ));
             }
         };
-        let patch = approval_patch(&fr, batch, &plan_hash, &gates_hash, override_windows, who);
+        let patch = approval_patch(&fr, batch, &plan_hash, &gates_hash, hold.as_deref(), who);
         let pp = PatchParams { field_manager: Some(manager.into()), ..Default::default() };
         match api.patch(name, &pp, &Patch::Merge(patch)).await {
             Ok(updated) => return Ok(updated),

@@ -109,8 +109,8 @@ pub struct ApproveArgs {
     /// loosened under you are never approved by mistake.
     #[serde(default)]
     pub gates_hash: Option<String>,
-    /// true also lets the batch start outside its change windows, or in a freeze: an override, recorded
-    /// with who gave it (status.windowOverrides). Without `batch`: the batch the windows hold.
+    /// true also lets the batch the change windows hold now start (outside its windows, or in a freeze): an
+    /// override of that hold only (status.windowHold), recorded with who gave it (status.windowOverrides).
     #[serde(default)]
     pub override_windows: bool,
 }

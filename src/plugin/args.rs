@@ -86,8 +86,8 @@ pub(super) enum PluginCommand {
         /// who may approve: status.pendingApproval.gatesHash); the current ones when absent.
         #[arg(long)]
         gates_hash: Option<String>,
-        /// Also let the batch start outside its change windows, or in a freeze (an override, recorded
-        /// with your name). Without --batch: the batch the windows hold.
+        /// Also let the batch the change windows hold now start, outside its windows or in a freeze (an
+        /// override of that hold only, recorded with your name).
         #[arg(long)]
         override_windows: bool,
     },

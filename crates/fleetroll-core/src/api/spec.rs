@@ -428,9 +428,11 @@ pub struct Approval {
     #[schemars(length(max = 512))]
     pub approved_by: Option<String>,
 
-    /// true also lets this batch start outside its change windows, or in a freeze: an override, given by
-    /// someone who may approve (admission judges it as any approval) and recorded in
-    /// status.windowOverrides with who gave it. Default false.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub override_windows: bool,
+    /// The change-window hold this also overrides (status.windowHold.hash): the batch starts outside its
+    /// windows, or in a freeze. An override is given by someone who may approve (admission judges it as any
+    /// approval), lifts only the hold it names (a later freeze needs another), and is recorded in
+    /// status.windowOverrides with who gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 16))]
+    pub override_windows: Option<String>,
 }

@@ -1,14 +1,14 @@
 //! Change windows: the hours in which a rollout's targets may be changed (Allow) or must not be (Deny, a
 //! freeze). A rollout declares its own (`spec.strategy.windows`); a namespace's owner declares the
-//! namespace's, a member cluster's Secret the cluster's (both in the [`WINDOWS_ANNOTATION`]); a
-//! FleetRolloutPolicy the platform's. The rules that judge them are in `core::window`.
+//! namespace's (the [`WINDOWS_ANNOTATION`], in the rollout's own cluster); a FleetRolloutPolicy the
+//! platform's. The rules that judge them are in `core::window`.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube_derive::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// The annotation on a Namespace (or a member cluster's Secret) holding its windows: a JSON list of
+/// The annotation on a Namespace holding its windows: a JSON list of
 /// [`ChangeWindow`]s, e.g. `[{"schedule": "0 22 * * Mon-Fri", "duration": "4h", "timeZone": "Europe/Berlin"}]`.
 pub const WINDOWS_ANNOTATION: &str = "fleetroll.dev/windows";
 
@@ -24,9 +24,10 @@ const TIME_ZONE_RULE: &str = "self.matches('^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9
 
 /// A recurring window: it opens at each time `schedule` names, read in `timeZone`, and stays open for
 /// `duration`.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash)]
 #[x_kube(crates(kube_core = "::kube_core"))]
-#[serde(rename_all = "camelCase")]
+// An annotation is not pruned by a schema: a misspelt field (timezone, type) is an error, not a default.
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ChangeWindow {
     /// A name people see in status and events, e.g. weeknights or year-end-freeze. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -74,7 +75,7 @@ pub enum WindowKind {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WindowHold {
-    /// Whose window: the rollout, a FleetRolloutPolicy, a namespace or a member cluster.
+    /// Whose window: the rollout, a FleetRolloutPolicy or a namespace.
     #[schemars(length(max = 320))]
     pub owner: String,
     /// The window, by name or schedule.
@@ -86,6 +87,11 @@ pub struct WindowHold {
     /// meet, a freeze without end) or the windows cannot be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opens_at: Option<Time>,
+    /// What an override of this hold cites (spec.approvals[].overrideWindows): a hash of the plan, the
+    /// batch, and the owner, window and kind holding it.
+    #[schemars(length(max = 64))]
+    #[serde(default)]
+    pub hash: String,
     /// Why the windows cannot be read (reason InvalidWindow): the batch waits until they are fixed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]

@@ -3,10 +3,12 @@
 //! What a window means, decided here once:
 //! - A window opens at each time its cron schedule names on the wall clock of its time zone, and stays open
 //!   for its duration in elapsed time. Openings that overlap or touch join into one stretch.
-//! - Clock changes follow Vixie cron, as croner implements it: an opening at a fixed time that a change
-//!   skips happens at the first minute after the gap; one that a change repeats happens once, the first
-//!   time; a schedule with `*` or a step in its hours opens at every matching wall-clock time as it passes.
-//! - An owner (the rollout, a FleetRolloutPolicy, a namespace, a member cluster) with Allow windows allows
+//! - Clock changes follow Vixie cron, as croner implements it: an opening at a fixed time (one value each
+//!   of second, minute and hour) that a change skips happens at the first minute after the gap; one that a
+//!   change repeats happens once, the first time. Any other schedule (a `*`, list, range or step in those
+//!   fields) opens at every matching wall-clock time as it passes: in a gap it does not open, in a repeated
+//!   hour it opens in both passes.
+//! - An owner (the rollout, a FleetRolloutPolicy, a namespace) with Allow windows allows
 //!   changes only while one of them is open; a Deny window of any owner forbids them while it is open. A
 //!   target may be changed only when every owner whose windows apply to it allows it and no Deny window is
 //!   open.
@@ -21,7 +23,7 @@ mod tests;
 use std::{
     collections::{BTreeSet, HashMap},
     fmt,
-    sync::LazyLock,
+    sync::{LazyLock, Mutex, PoisonError},
 };
 
 use croner::{
@@ -61,8 +63,6 @@ pub enum Owner {
     Rollout,
     /// A namespace (its fleetroll.dev/windows annotation).
     Namespace(String),
-    /// A member cluster (its Secret's fleetroll.dev/windows annotation).
-    Cluster(String),
 }
 
 impl fmt::Display for Owner {
@@ -71,7 +71,6 @@ impl fmt::Display for Owner {
             Owner::Policy(name) => write!(f, "FleetRolloutPolicy {name}"),
             Owner::Rollout => f.write_str("the rollout"),
             Owner::Namespace(name) => write!(f, "namespace {name}"),
-            Owner::Cluster(name) => write!(f, "member cluster {name}"),
         }
     }
 }
@@ -89,6 +88,8 @@ pub enum WindowError {
     Duration(#[from] duration::InvalidDuration),
     #[error("duration {0:?} is shorter than a minute")]
     TooShort(String),
+    #[error("duration {0:?} is not a whole number of seconds")]
+    Fraction(String),
     #[error("time zone {0:?} is not an IANA time zone name such as UTC, Europe/Berlin or America/New_York")]
     TimeZone(String),
     #[error("{0} windows declared, at most {WINDOWS_MAX} allowed")]
@@ -108,8 +109,30 @@ pub struct Window {
     zone: TimeZone,
 }
 
+/// Windows compiled before, by what they were compiled from: compiling one searches up to the year 5000
+/// for a first opening (tens of milliseconds for a schedule no day matches), and the same windows are
+/// judged at every look. Emptied when full; a memo, so nothing depends on what it holds.
+static COMPILED: LazyLock<Mutex<HashMap<ChangeWindow, Result<Window, WindowError>>>> =
+    LazyLock::new(Mutex::default);
+const COMPILED_MAX: usize = 4096;
+
 impl Window {
+    /// [`Window::compile_now`], remembered.
     pub fn compile(spec: &ChangeWindow) -> Result<Window, WindowError> {
+        let memo = || COMPILED.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(done) = memo().get(spec) {
+            return done.clone();
+        }
+        let done = Window::compile_now(spec);
+        let mut memo = memo();
+        if memo.len() >= COMPILED_MAX {
+            memo.clear();
+        }
+        memo.insert(spec.clone(), done.clone());
+        done
+    }
+
+    fn compile_now(spec: &ChangeWindow) -> Result<Window, WindowError> {
         let schedule = spec.schedule.trim();
         let parser = CronParser::builder().seconds(Seconds::Optional).year(Year::Disallowed).build();
         let cron = parser
@@ -120,6 +143,10 @@ impl Window {
             SignedDuration::try_from(elapsed).map_err(|_| WindowError::TooShort(spec.duration.clone()))?;
         if duration < SHORTEST {
             return Err(WindowError::TooShort(spec.duration.clone()));
+        }
+        // Status keeps time in whole seconds: an opening at a fraction of one would be stored as another.
+        if elapsed.subsec_nanos() != 0 {
+            return Err(WindowError::Fraction(spec.duration.clone()));
         }
         let zone = match spec.time_zone.as_deref() {
             None => TimeZone::UTC,
@@ -202,6 +229,10 @@ impl OwnerWindows {
         }
         let specs: Vec<ChangeWindow> = serde_json::from_str(value)
             .map_err(|e| WindowError::Annotation(text::cut(&e.to_string(), 256)))?;
+        // The schema's bounds do not hold for an annotation: check the ones the memo's keys rely on.
+        if specs.iter().any(|s| s.schedule.len() > 128 || s.name.as_ref().is_some_and(|n| n.len() > 63)) {
+            return Err(WindowError::Annotation("a schedule over 128 bytes, or a name over 63".into()));
+        }
         OwnerWindows::compile(owner, &specs)
     }
 

@@ -44,6 +44,13 @@ pub(super) fn approved(
         };
         return Some(wait_for_approval(f, s, events, waiting, loosened));
     };
+    // Recorded once: a gate after this one (pacing, a change window) may hold the batch for hours, and a
+    // record written again at every look would be a status write at every look.
+    let recorded =
+        s.approvals.iter().any(|r| r.batch == next && r.plan_hash == plan_hash && r.gates_hash == gates);
+    if recorded {
+        return None;
+    }
     s.approvals.push(ApprovalRecord {
         batch: next,
         plan_hash,

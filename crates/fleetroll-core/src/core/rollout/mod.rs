@@ -259,6 +259,7 @@ fn abort(f: &Facts<'_>, mut s: FleetRolloutStatus) -> Step {
     s.phase = Phase::Aborted;
     s.reason = Some(reason::ABORT_REQUESTED.into());
     s.pending_approval = None;
+    s.window_hold = None;
     s.finished_at = Some(time(f.now));
     let message = format!("aborted on request after {} of {} targets", s.counts.updated, s.counts.total);
     write(f, s, vec![Event::normal(reason::ABORT_REQUESTED, None, message)])

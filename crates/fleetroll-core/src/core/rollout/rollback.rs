@@ -26,6 +26,8 @@ pub(super) fn start_rollback(f: &Facts<'_>, mut s: FleetRolloutStatus, why: &'st
     s.phase = Phase::RollingBack;
     s.reason = Some(why.into());
     s.pending_approval = None;
+    // No window holds a rollback: what held the next batch holds nothing now.
+    s.window_hold = None;
     // What the rollback restores is what fleetroll changed; targets changed by others since are left alone.
     s.changed_by_others = None;
     s.rollback = Some(RollbackStatus {

@@ -5,11 +5,13 @@
 
 use std::collections::BTreeSet;
 
+use k8s_openapi::jiff::Timestamp;
+
 use super::{Event, Facts, gates::Gate, total_batches, trim_front, until, write_if_changed};
 use crate::{
     api::{FleetRolloutStatus, HISTORY, Phase, WindowHold, WindowKind, WindowOverride, time},
     core::{
-        reason, text,
+        plan, reason, text,
         window::{self, Owner, OwnerWindows, Verdict, WindowError},
     },
 };
@@ -32,43 +34,32 @@ pub(super) fn windowed(
             window: String::new(),
             kind: WindowKind::Allow,
             opens_at: None,
+            hash: String::new(),
             invalid: Some(text::cut(&why.to_string(), 1024)),
         }),
         Ok(owners) => match window::judge(&owners.iter().collect::<Vec<_>>(), f.now) {
             Verdict::Open => None,
+            // Stored in whole seconds, as status keeps time: another value each look would be a write each look.
             Verdict::Closed { hold, opens } => Some(WindowHold {
                 owner: text::cut(&hold.owner.to_string(), 320),
                 window: text::cut(&hold.window, 128),
                 kind: hold.kind,
-                opens_at: opens.map(time),
+                opens_at: opens.map(|t| time(whole_second_up(t))),
+                hash: String::new(),
                 invalid: None,
             }),
         },
     };
-    let Some(hold) = hold else {
+    let Some(mut hold) = hold else {
         if s.window_hold.take().is_some() {
             let message = format!("batch {}/{total} may start: every change window allows it", next + 1);
             events.push(Event::normal(reason::WINDOW_OPEN, Some(next), message));
         }
         return None;
     };
-    if let Some(by) = overridden(f, next) {
-        s.window_hold = None;
-        let message = format!(
-            "batch {}/{total} starts outside its change windows ({}): overridden by {}",
-            next + 1,
-            describe(&hold),
-            by.as_deref().unwrap_or("an approver")
-        );
-        s.window_overrides.push(WindowOverride {
-            batch: next,
-            plan_hash: f.plan.hash.clone(),
-            overridden_by: by,
-            overrode: text::cut(&describe(&hold), 1024),
-            at: time(f.now),
-        });
-        trim_front(&mut s.window_overrides, HISTORY);
-        events.push(Event::normal(reason::WINDOW_OVERRIDDEN, Some(next), message));
+    hold.hash = plan::short_hash(&(&f.plan.hash, next, &hold.owner, &hold.window, hold.kind, &hold.invalid));
+    if let Some(by) = overridden(f, s, next, &hold) {
+        record_override(f, s, events, next, &hold, by);
         return None;
     }
     let why = if hold.invalid.is_some() { reason::INVALID_WINDOW } else { reason::OUTSIDE_WINDOW };
@@ -88,12 +79,52 @@ pub(super) fn windowed(
     Some(write_if_changed(f, s.clone(), std::mem::take(events), Some(wake)))
 }
 
-/// Who overrode the windows of batch `next` of this plan (spec.approvals[].overrideWindows), if someone
+/// Records that `by` overrode `hold` of batch `next`, which starts now: in status and as an event.
+fn record_override(
+    f: &Facts<'_>,
+    s: &mut FleetRolloutStatus,
+    events: &mut Vec<Event>,
+    next: u32,
+    hold: &WindowHold,
+    by: Option<String>,
+) {
+    s.window_hold = None;
+    let message = format!(
+        "batch {}/{} starts outside its change windows ({}): overridden by {}",
+        next + 1,
+        total_batches(f),
+        describe(hold),
+        by.as_deref().unwrap_or("an approver")
+    );
+    s.window_overrides.push(WindowOverride {
+        batch: next,
+        plan_hash: f.plan.hash.clone(),
+        overridden_by: by,
+        overrode: text::cut(&describe(hold), 1024),
+        at: time(f.now),
+    });
+    trim_front(&mut s.window_overrides, HISTORY);
+    events.push(Event::normal(reason::WINDOW_OVERRIDDEN, Some(next), message));
+}
+
+/// Who overrode `hold` of batch `next` (spec.approvals[].overrideWindows naming its hash, under the gates
+/// as they are: a policy that changed its approvers since voids it, as it voids an approval), if someone
 /// did: Some(None) when the approval names no one.
-fn overridden(f: &Facts<'_>, next: u32) -> Option<Option<String>> {
-    let given =
-        f.spec.approvals.iter().find(|a| a.batch == next && a.plan_hash == f.plan.hash && a.override_windows);
+fn overridden(f: &Facts<'_>, s: &FleetRolloutStatus, next: u32, hold: &WindowHold) -> Option<Option<String>> {
+    let gates = plan::gates_hash(f.spec, s.approver_epoch.as_ref().map(|e| e.nonce.as_str()));
+    let given = f.spec.approvals.iter().find(|a| {
+        a.batch == next
+            && a.plan_hash == f.plan.hash
+            && a.gates_hash == gates
+            && a.override_windows.as_deref() == Some(hold.hash.as_str())
+    });
     given.map(|a| a.approved_by.clone())
+}
+
+/// `t` rounded up to a whole second.
+fn whole_second_up(t: Timestamp) -> Timestamp {
+    let up = i64::from(t.subsec_nanosecond() > 0);
+    Timestamp::from_second(t.as_second().saturating_add(up)).unwrap_or(t)
 }
 
 /// A window hold in words, as status messages and events give it.
@@ -107,7 +138,9 @@ pub(crate) fn describe(hold: &WindowHold) -> String {
     };
     match &hold.opens_at {
         Some(t) => format!("{what}; opens at {}", t.0),
-        None => format!("{what}; no opening found (windows that never meet, or a freeze without end)"),
+        None => format!(
+            "{what}; no opening found yet (windows that never meet, a freeze without end, or one further ahead than the operator looks)"
+        ),
     }
 }
 
@@ -123,9 +156,16 @@ fn owners(f: &Facts<'_>, next: u32) -> Result<Vec<OwnerWindows>, (Owner, WindowE
         .collect::<Result<_, _>>()?;
     let namespaces: BTreeSet<&str> =
         f.plan.batch(next).iter().filter(|t| t.cluster.is_empty()).map(|t| t.namespace.as_str()).collect();
+    // Namespaces declaring the same windows are judged once, under the first one's name: a batch may
+    // reach thousands of tenants that all paste the platform's usual hours.
+    let mut judged = BTreeSet::new();
     for ns in namespaces {
         let owner = Owner::Namespace(ns.to_string());
-        if let Some(declared) = window::declared(owner.clone(), (f.declared_windows)(&owner).as_deref()) {
+        let text = (f.declared_windows)(&owner);
+        if text.as_ref().is_some_and(|t| !judged.insert(t.clone())) {
+            continue;
+        }
+        if let Some(declared) = window::declared(owner.clone(), text.as_deref()) {
             owners.push(declared?);
         }
     }

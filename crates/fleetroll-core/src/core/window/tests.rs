@@ -194,6 +194,7 @@ fn windows_people_cannot_use_are_refused_with_why() {
     assert!(Window::compile(&allow("30 0 22 * * *", "1h", "UTC")).is_ok());
     assert_eq!(compile(allow("0 0 30 2 *", "1h", "UTC")), WindowError::Never("0 0 30 2 *".into()));
     assert_eq!(compile(allow("0 0 * * *", "30s", "UTC")), WindowError::TooShort("30s".into()));
+    assert_eq!(compile(allow("0 0 * * *", "1h500ms", "UTC")), WindowError::Fraction("1h500ms".into()));
     assert!(matches!(compile(allow("0 0 * * *", "1d", "UTC")), WindowError::Duration(_)));
     assert_eq!(
         compile(allow("0 0 * * *", "1h", "Mars/Olympus")),
@@ -231,6 +232,14 @@ fn an_annotation_is_a_bounded_json_list() {
         ),
         Err(WindowError::TimeZone(_))
     ));
+    // A misspelt field is an error, not a default (an Allow window in UTC).
+    for misspelt in [
+        r#"[{"schedule": "@daily", "duration": "1h", "type": "Deny"}]"#,
+        r#"[{"schedule": "@daily", "duration": "1h", "timezone": "Europe/Berlin"}]"#,
+    ] {
+        let read = OwnerWindows::from_annotation(ns(), misspelt);
+        assert!(matches!(read, Err(WindowError::Annotation(_))), "{misspelt}");
+    }
 }
 
 #[test]

@@ -12,7 +12,7 @@ fn approve_and_apply_unready(sim: &mut Sim, who: Option<&str>) -> PendingApprova
         plan_hash: pending.plan_hash.clone(),
         gates_hash: pending.gates_hash.clone(),
         approved_by: who.map(String::from),
-        override_windows: false,
+        override_windows: None,
     });
     sim.auto_ready = false;
     sim.step(); // approved, intent
@@ -62,7 +62,7 @@ fn approvals_are_bound_to_the_plan_hash() {
         plan_hash: plan_hash.into(),
         gates_hash: gates_hash.into(),
         approved_by: Some("alice".into()),
-        override_windows: false,
+        override_windows: None,
     };
     sim.spec.approvals = vec![approval("0000000000000000", &gates)];
     sim.settle();
@@ -113,7 +113,7 @@ fn gates_loosened_after_an_approval_hold_the_next_batch_for_another() {
         plan_hash: again.plan_hash,
         gates_hash: again.gates_hash,
         approved_by: Some("bob".into()),
-        override_windows: false,
+        override_windows: None,
     });
     sim.settle();
     assert_eq!(sim.status.phase, Phase::Succeeded);
@@ -149,7 +149,7 @@ fn every_batch_approval_gates_each_batch() {
             plan_hash: sim.plan.hash.clone(),
             gates_hash,
             approved_by: None,
-            override_windows: false,
+            override_windows: None,
         });
     }
     sim.settle();
@@ -355,7 +355,7 @@ fn an_approval_given_before_a_policy_named_approvers_does_not_count() {
         plan_hash: before.plan_hash.clone(),
         gates_hash: gates_hash.into(),
         approved_by: Some("erin".into()),
-        override_windows: false,
+        override_windows: None,
     };
     sim.spec.approvals = vec![erin(&before.gates_hash)];
     // Before the operator sees it, the platform names who approves: erin's approval is not judged by it.

@@ -133,15 +133,14 @@ impl Sim {
             batches: plan.batches.clone(),
             shards: Vec::new(),
         };
-        let (refused, left_out) = (&[], &[]);
         let new = NewRevision {
             inputs,
             spec_hash: "spechash".into(),
             plan: &plan,
             plan_ref,
             waves,
-            refused,
-            left_out,
+            refused: &[],
+            left_out: &[],
         };
         let t = start_revision(now, 1, &spec, &FleetRolloutStatus::default(), new);
         Sim {

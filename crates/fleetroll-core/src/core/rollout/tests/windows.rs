@@ -94,6 +94,7 @@ fn a_rollback_is_not_held_by_a_freeze() {
     sim.generation = 2;
     sim.settle();
     assert_eq!(sim.status.phase, Phase::RolledBack, "{:?}", sim.status.message);
+    assert_eq!(sim.status.window_hold, None, "nothing holds it any more");
 }
 
 #[test]
@@ -120,34 +121,53 @@ fn an_override_by_an_approver_starts_the_held_batch_and_is_recorded() {
     let mut sim = Sim::new(s, 10);
     sim.settle();
     assert_eq!(sim.status.reason.as_deref(), Some(reason::OUTSIDE_WINDOW));
-    // An override for another plan, or another batch, releases nothing.
+    let hold = sim.status.window_hold.clone().unwrap().hash;
+    let gates = plan::gates_hash(&sim.spec, None);
     let current = sim.plan.hash.clone();
-    for (batch, plan_hash) in [(0, "0000000000000000"), (1, current.as_str())] {
-        sim.spec.approvals = vec![Approval {
-            batch,
-            plan_hash: plan_hash.into(),
-            gates_hash: String::new(),
-            approved_by: Some("erin".into()),
-            override_windows: true,
-        }];
+    let approval = |batch, plan_hash: &str, gates_hash: &str, overrides: &str| Approval {
+        batch,
+        plan_hash: plan_hash.into(),
+        gates_hash: gates_hash.into(),
+        approved_by: Some("erin".into()),
+        override_windows: Some(overrides.into()),
+    };
+    // An override of another plan, batch, gates or hold (one written before a freeze began, say) lifts
+    // nothing.
+    for wrong in [
+        approval(0, "0000000000000000", &gates, &hold),
+        approval(1, &current, &gates, &hold),
+        approval(0, &current, "0000000000000000", &hold),
+        approval(0, &current, &gates, "0000000000000000"),
+    ] {
+        sim.spec.approvals = vec![wrong.clone()];
         sim.generation += 1;
         sim.settle();
-        assert!(sim.changes.is_empty(), "batch {batch}, plan {plan_hash}");
+        assert!(sim.changes.is_empty(), "{wrong:?}");
     }
-    sim.spec.approvals = vec![Approval {
-        batch: 0,
-        plan_hash: sim.plan.hash.clone(),
-        gates_hash: String::new(),
-        approved_by: Some("erin".into()),
-        override_windows: true,
-    }];
+    sim.spec.approvals = vec![approval(0, &current, &gates, &hold)];
     sim.generation += 1;
     sim.settle();
     assert_eq!(sim.changes.len(), 5, "batch 1 went; batch 2 waits for the window again");
     assert_eq!(sim.status.reason.as_deref(), Some(reason::OUTSIDE_WINDOW));
+    assert_ne!(sim.status.window_hold.clone().unwrap().hash, hold, "batch 2's hold is another");
     let o = &sim.status.window_overrides;
     assert_eq!((o.len(), o[0].batch, o[0].overridden_by.as_deref()), (1, 0, Some("erin")));
     assert!(o[0].overrode.contains("outside the change windows of the rollout"), "{}", o[0].overrode);
+}
+
+#[test]
+fn a_window_whose_duration_has_a_fraction_of_a_second_is_refused_not_a_write_loop() {
+    let mut s = spec(5);
+    s.strategy.windows = vec![window(WindowKind::Deny, "0 8 * * *", "1h500ms")];
+    let mut sim = Sim::new(s, 10);
+    sim.settle();
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::INVALID_WINDOW));
+    let writes = sim.writes;
+    for _ in 0..3 {
+        sim.pass(Duration::from_secs(1));
+        assert!(matches!(sim.step(), Step::Wait { .. }));
+    }
+    assert_eq!(sim.writes, writes);
 }
 
 #[test]
@@ -176,4 +196,36 @@ fn a_namespace_window_holds_only_the_batch_with_its_targets() {
     assert_eq!(sim.status.reason.as_deref(), Some(reason::INVALID_WINDOW));
     let message = sim.status.message.clone().unwrap();
     assert!(message.contains("namespace tenant-1") && message.contains("not a JSON list"), "{message}");
+}
+
+#[test]
+fn an_approved_batch_held_by_a_window_is_idle_while_time_passes() {
+    let mut s = spec(5);
+    s.strategy.approval = ApprovalMode::FirstBatch;
+    s.strategy.windows = vec![window(WindowKind::Allow, "0 22 * * *", "2h")];
+    let mut sim = Sim::new(s, 10);
+    sim.settle();
+    let pending = sim.status.pending_approval.clone().unwrap();
+    sim.spec.approvals = vec![Approval {
+        batch: 0,
+        plan_hash: pending.plan_hash,
+        gates_hash: pending.gates_hash,
+        approved_by: Some("erin".into()),
+        override_windows: None,
+    }];
+    sim.generation += 1;
+    sim.settle();
+    assert_eq!(sim.status.reason.as_deref(), Some(reason::OUTSIDE_WINDOW));
+    assert_eq!(sim.status.approvals.len(), 1);
+    // Looked at again and again as the day goes by: no write, one record.
+    let writes = sim.writes;
+    for _ in 0..5 {
+        sim.pass(Duration::from_secs(60));
+        assert!(matches!(sim.step(), Step::Wait { .. }));
+    }
+    assert_eq!(sim.writes, writes);
+    assert_eq!(sim.status.approvals.len(), 1);
+    sim.pass(Duration::from_secs(14 * 3600));
+    assert_eq!(sim.settle(), None);
+    assert_eq!((sim.status.phase, sim.status.approvals.len()), (Phase::Succeeded, 1));
 }

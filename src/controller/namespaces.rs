@@ -1,0 +1,48 @@
+//! The namespaces as the controller's cache keeps them: the opt-in label (and the labels rules select
+//! on), and the change windows a namespace's owner declares; nothing else of them.
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::{ResourceExt, runtime::reflector::ObjectRef};
+
+use super::Context;
+use crate::{
+    api::WINDOWS_ANNOTATION,
+    core::{
+        window::{self, Owner},
+        workload,
+    },
+};
+
+/// The change windows a namespace's owner declares (its `fleetroll.dev/windows` annotation), as the cache
+/// keeps it; None for other owners and namespaces without.
+pub(super) fn declared_windows(ctx: &Context, owner: &Owner) -> Option<String> {
+    let Owner::Namespace(ns) = owner else { return None };
+    let namespace = ctx.stores.namespaces.get(&ObjectRef::new(ns))?;
+    namespace.annotations().get(WINDOWS_ANNOTATION).cloned()
+}
+
+/// A namespace as the cache keeps it: name and labels (the opt-in label at least, all of them unless
+/// they weigh more than a workload's may), and its windows annotation.
+pub(super) fn kept(n: &mut Namespace) {
+    let labels = n.metadata.labels.take().unwrap_or_default();
+    // The windows annotation, bounded: one too long to be read is kept as a marker that fails to parse,
+    // so its targets are held with why rather than changed outside windows their owner declared.
+    let annotations = n.metadata.annotations.take();
+    let windows = annotations.and_then(|mut a| a.remove(WINDOWS_ANNOTATION)).map(|v| match v.len() {
+        n if n <= window::ANNOTATION_MAX => v,
+        _ => window::ANNOTATION_TOO_LONG.to_string(),
+    });
+    let kept = workload::kept_labels(&labels).unwrap_or_else(|| {
+        labels.into_iter().filter(|(k, v)| k == crate::api::OPT_IN_LABEL && v.len() <= 64).collect()
+    });
+    n.metadata = kube::api::ObjectMeta {
+        name: n.metadata.name.take(),
+        resource_version: n.metadata.resource_version.take(),
+        uid: n.metadata.uid.take(),
+        labels: Some(kept),
+        annotations: windows.map(|w| [(crate::api::WINDOWS_ANNOTATION.to_string(), w)].into()),
+        ..Default::default()
+    };
+    n.spec = None;
+    n.status = None;
+}
