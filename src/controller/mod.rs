@@ -284,9 +284,10 @@ async fn watches(
         daemonset_triggers.boxed(),
         other_wakes.boxed(),
     ]);
+    let held = rollout_store.clone();
     let controller = Controller::for_stream(rollout_events, rollout_store)
         .reconcile_on(wakes::shared(triggers))
-        .watches_stream(namespace_events, |_| None)
+        .watches_stream(namespace_events, move |ns| namespaces::held_by(&held, &ns))
         .with_config(kube::runtime::controller::Config::default().concurrency(RECONCILES_AT_ONCE));
     (controller, Stores::new(deployments, statefulsets, daemonsets, namespaces))
 }

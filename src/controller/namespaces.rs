@@ -2,11 +2,14 @@
 //! on), and the change windows a namespace's owner declares; nothing else of them.
 
 use k8s_openapi::api::core::v1::Namespace;
-use kube::{ResourceExt, runtime::reflector::ObjectRef};
+use kube::{
+    ResourceExt,
+    runtime::reflector::{ObjectRef, Store},
+};
 
 use super::Context;
 use crate::{
-    api::WINDOWS_ANNOTATION,
+    api::{FleetRollout, WINDOWS_ANNOTATION},
     core::{
         window::{self, Owner},
         workload,
@@ -19,6 +22,16 @@ pub(super) fn declared_windows(ctx: &Context, owner: &Owner) -> Option<String> {
     let Owner::Namespace(ns) = owner else { return None };
     let namespace = ctx.stores.namespaces.get(&ObjectRef::new(ns))?;
     namespace.annotations().get(WINDOWS_ANNOTATION).cloned()
+}
+
+/// The rollouts whose next batch `namespace`'s windows hold now: a change of the namespace (its windows
+/// annotation, say) wakes them at once, rather than at their next look.
+pub(super) fn held_by(rollouts: &Store<FleetRollout>, namespace: &Namespace) -> Vec<ObjectRef<FleetRollout>> {
+    let owner = Owner::Namespace(namespace.name_any()).to_string();
+    let holds = |fr: &FleetRollout| {
+        fr.status.as_ref().and_then(|s| s.window_hold.as_ref()).is_some_and(|h| h.owner == owner)
+    };
+    rollouts.state().iter().filter(|fr| holds(fr)).map(|fr| ObjectRef::from_obj(fr.as_ref())).collect()
 }
 
 /// A namespace as the cache keeps it: name and labels (the opt-in label at least, all of them unless

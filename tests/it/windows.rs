@@ -108,6 +108,43 @@ async fn tenants_are_changed_only_inside_their_own_windows() {
     .await;
 }
 
+/// A namespace owner who lifts the windows holding a rollout lets it go at once: the namespace's change
+/// wakes the rollouts its windows hold (otherwise they would look again only after five minutes).
+#[tokio::test]
+async fn lifting_a_namespaces_windows_wakes_the_rollout_it_holds() {
+    with_fleet("windows-lift", 1, |fleet| async move {
+        fleet.tenant_deployments(1).await;
+        let tenant = fleet.tenants[0].clone();
+        let namespaces: Api<Namespace> = Api::all(fleet.client.clone());
+        let set = |value: serde_json::Value| {
+            let namespaces = namespaces.clone();
+            let tenant = tenant.clone();
+            async move {
+                let patch = json!({"metadata": {"annotations": {WINDOWS_ANNOTATION: value}}});
+                namespaces.patch(&tenant, &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+            }
+        };
+        // New Year's Day only.
+        set(json!(r#"[{"name": "new-year", "schedule": "0 0 1 1 *", "duration": "24h"}]"#)).await;
+        let _op = Operator::start(&fleet.ns, &[], &[]);
+        let spec = json!({"image": NEXT_IMAGE,
+            "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}},
+                        "namespaceSelector": {"matchLabels": {FLEET_LABEL: fleet.ns}}}});
+        fleet.rollout("lift", spec).await;
+        let held =
+            |f: &FleetRollout| f.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("OutsideWindow");
+        fleet.wait_rollout("lift", "the tenant's window to hold it", DEADLINE, held).await;
+        set(serde_json::Value::Null).await;
+        let prompt = Duration::from_secs(60);
+        fleet
+            .wait_rollout("lift", "success once the window is lifted", prompt, |f| {
+                phase(f) == Phase::Succeeded
+            })
+            .await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_freeze_holds_the_next_batch_until_an_approver_overrides_it() {
     with_fleet("windows-freeze", 0, |fleet| async move {
