@@ -139,12 +139,14 @@ impl Window {
             .parse(schedule)
             .map_err(|e| WindowError::Schedule { schedule: schedule.to_string(), why: e.to_string() })?;
         let elapsed = duration::parse(&spec.duration)?;
-        let duration =
-            SignedDuration::try_from(elapsed).map_err(|_| WindowError::TooShort(spec.duration.clone()))?;
+        // Never fails: a parsed duration is at most 720h.
+        let duration = SignedDuration::try_from(elapsed)
+            .map_err(|_| WindowError::Duration(duration::InvalidDuration(spec.duration.clone())))?;
         if duration < SHORTEST {
             return Err(WindowError::TooShort(spec.duration.clone()));
         }
-        // Status keeps time in whole seconds: an opening at a fraction of one would be stored as another.
+        // Status keeps time in whole seconds: with cron's whole-second openings, whole-second durations keep
+        // every opening and closing judged here whole, so the one stored is the one computed.
         if elapsed.subsec_nanos() != 0 {
             return Err(WindowError::Fraction(spec.duration.clone()));
         }
@@ -160,10 +162,6 @@ impl Window {
             return Err(WindowError::Never(schedule.to_string()));
         }
         Ok(window)
-    }
-
-    pub fn kind(&self) -> WindowKind {
-        self.kind
     }
 
     pub fn label(&self) -> &str {
@@ -294,15 +292,6 @@ pub struct Hold {
     /// names the one that opens first.
     pub kind: WindowKind,
     pub window: String,
-}
-
-impl fmt::Display for Hold {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.kind {
-            WindowKind::Deny => write!(f, "deny window {} of {} is open", self.window, self.owner),
-            WindowKind::Allow => write!(f, "outside the windows of {} (next: {})", self.owner, self.window),
-        }
-    }
 }
 
 /// Whether changes may be made at a moment.

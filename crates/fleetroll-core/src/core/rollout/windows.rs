@@ -5,8 +5,6 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::jiff::Timestamp;
-
 use super::{Event, Facts, gates::Gate, total_batches, trim_front, until, write_if_changed};
 use crate::{
     api::{FleetRolloutStatus, HISTORY, Phase, WindowHold, WindowKind, WindowOverride, time},
@@ -39,12 +37,11 @@ pub(super) fn windowed(
         }),
         Ok(owners) => match window::judge(&owners.iter().collect::<Vec<_>>(), f.now) {
             Verdict::Open => None,
-            // Stored in whole seconds, as status keeps time: another value each look would be a write each look.
             Verdict::Closed { hold, opens } => Some(WindowHold {
                 owner: text::cut(&hold.owner.to_string(), 320),
                 window: text::cut(&hold.window, 128),
                 kind: hold.kind,
-                opens_at: opens.map(|t| time(whole_second_up(t))),
+                opens_at: opens.map(time),
                 hash: String::new(),
                 invalid: None,
             }),
@@ -119,12 +116,6 @@ fn overridden(f: &Facts<'_>, s: &FleetRolloutStatus, next: u32, hold: &WindowHol
             && a.override_windows.as_deref() == Some(hold.hash.as_str())
     });
     given.map(|a| a.approved_by.clone())
-}
-
-/// `t` rounded up to a whole second.
-fn whole_second_up(t: Timestamp) -> Timestamp {
-    let up = i64::from(t.subsec_nanosecond() > 0);
-    Timestamp::from_second(t.as_second().saturating_add(up)).unwrap_or(t)
 }
 
 /// A window hold in words, as status messages and events give it.
