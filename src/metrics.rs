@@ -65,6 +65,11 @@ pub struct Metrics {
     /// batch's intent before changing any target of it).
     pub status_write_duration: Family<WriteLabel, Histogram, fn() -> Histogram>,
     pub target_patches: Counter,
+    /// Notifications delivered to one subscription (a receiver answered 2xx), and attempts that failed.
+    pub notifications_delivered: Counter,
+    pub notification_failures: Counter,
+    /// Status writes made only to take delivered notifications out of an outbox.
+    pub notification_ack_writes: Counter,
     /// Analysis measurements recorded in status, by metric name, outcome and dry run.
     pub analysis_measurements: Family<MeasurementLabel, Counter>,
     /// The metric names labelled so far: tenants name their metrics, so past [`METRIC_NAMES_LABELLED`] of
@@ -78,6 +83,24 @@ pub struct Metrics {
 pub const METRIC_NAMES_LABELLED: usize = 256;
 /// The label of measurements of every later metric name.
 pub const OTHER_METRICS: &str = "(other)";
+
+impl Metrics {
+    fn register_notifications(&self, r: &mut Registry) {
+        let delivered = self.notifications_delivered.clone();
+        r.register("notifications_delivered", "Notifications delivered to one subscription", delivered);
+        let failures = self.notification_failures.clone();
+        r.register(
+            "notification_failures",
+            "Notification deliveries that failed (sent again with backoff)",
+            failures,
+        );
+        r.register(
+            "notification_ack_writes",
+            "Status writes made only to take delivered notifications out of an outbox",
+            self.notification_ack_writes.clone(),
+        );
+    }
+}
 
 impl Metrics {
     /// The `metric` label a measurement of `name` is counted under.
@@ -115,6 +138,9 @@ impl Default for Metrics {
             status_writes: Counter::default(),
             status_write_duration: Family::new_with_constructor(fine_histogram),
             target_patches: Counter::default(),
+            notifications_delivered: Counter::default(),
+            notification_failures: Counter::default(),
+            notification_ack_writes: Counter::default(),
             analysis_measurements: Family::default(),
             metric_names: Mutex::default(),
             leader: Gauge::default(),
@@ -145,6 +171,7 @@ impl Default for Metrics {
             );
             r.register("reconcile_duration_seconds", "Time per reconcile", m.reconcile_duration.clone());
             r.register("status_writes", "FleetRollout status writes", m.status_writes.clone());
+            m.register_notifications(&mut r);
             r.register(
                 "status_write_duration_seconds",
                 "Round trip of one FleetRollout status write, by write: a batch's intent (each transition waits on one) or other",

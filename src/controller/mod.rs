@@ -5,6 +5,7 @@
 mod analysis;
 mod fleet;
 mod namespaces;
+mod notifications;
 mod reconcile;
 mod revision;
 mod wakes;
@@ -71,6 +72,8 @@ pub struct Settings {
     pub http_check: http_check::Policy,
     /// The default analysis backend and where rollouts may point theirs (`--analysis-*`).
     pub analysis: crate::core::analysis::provider::Backends,
+    /// Where notifications may go besides public and cluster addresses (`--notify-allow`).
+    pub notify: http_check::Policy,
 }
 
 /// Shared by every reconcile.
@@ -95,6 +98,8 @@ pub struct Context {
     writers: crate::edge::impersonation::Writers,
     /// Status writes, events, the finalizer and deletion of the rollouts themselves.
     rollouts_io: Rollouts,
+    /// Sends the outboxes' notifications, and remembers what was delivered until a write takes it out.
+    deliveries: notifications::Deliveries,
     /// Consecutive failed reconciles per rollout, for the retry backoff.
     failures: std::sync::Mutex<HashMap<ObjectRef<FleetRollout>, u32>>,
 }
@@ -262,7 +267,7 @@ async fn watches(
     let (rollout_store, rollout_writer) = reflector::store::<FleetRollout>();
     let rollout_events = watcher(rollouts, watch_cfg.clone())
         .default_backoff()
-        .modify(|fr| crate::api::kept_for_cache(fr, &[]))
+        .modify(|fr| crate::api::kept_for_cache(fr, &[crate::api::TASK_TOKEN_HASH_ANNOTATION]))
         .reflect(rollout_writer)
         .applied_objects();
     let (namespaces, namespaces_w) = reflector::store::<Namespace>();
@@ -353,15 +358,20 @@ pub async fn run(
 
     // Changes in member clusters wake their rollouts as changes here do.
     let (member_wake, member_changes) = futures::channel::mpsc::unbounded();
+    // Deliveries wake a rollout for the write that takes what was delivered out of its outbox.
+    let (delivered_wake, delivered) = futures::channel::mpsc::unbounded();
     let rules = Arc::new(scope_rules(&settings));
-    let (controller, stores) = watches(&client, rollouts, rules.clone(), member_changes).await;
+    let wakes = futures::stream::select(member_changes, delivered);
+    let (controller, stores) = watches(&client, rollouts, rules.clone(), wakes).await;
     let (policies, policy_changes) = watch_policies(&client).await?;
     let controller = controller.reconcile_all_on(policy_changes);
     let prober = Prober::new(settings.http_check.clone(), Some(client.clone())).map_err(Error::Config)?;
     let querier =
         crate::edge::prometheus::Querier::new(settings.analysis.policy.clone(), Some(client.clone()))
             .map_err(Error::Config)?;
+    let sender = crate::edge::notify::Sender::new(settings.notify.clone(), client.clone());
     let ctx = Arc::new(Context {
+        deliveries: notifications::Deliveries::new(sender.map_err(Error::Config)?, delivered_wake),
         rollouts_io: Rollouts::new(client.clone(), &settings.identity, metrics.clone()),
         rollouts: controller.store(),
         policies,
@@ -382,6 +392,14 @@ pub async fn run(
         failures: Default::default(),
     });
 
+    tokio::spawn(notifications::run(ctx.clone(), shutdown.clone()));
+    serve(controller, ctx, shutdown).await;
+    info!("controller stopped");
+    Ok(())
+}
+
+/// Runs the reconciles until `shutdown`, then gives those in flight a moment.
+async fn serve(controller: Controller<FleetRollout>, ctx: Arc<Context>, shutdown: CancellationToken) {
     let stop = shutdown.clone();
     info!("controller starting");
     let running = controller
@@ -406,8 +424,6 @@ pub async fn run(
             }
         }
     }
-    info!("controller stopped");
-    Ok(())
 }
 
 #[cfg(test)]

@@ -249,7 +249,7 @@ async fn act<F: Fleet>(
     now: Timestamp,
     round: &mut Round,
 ) -> Result<Next> {
-    let written = match step {
+    let written = match super::notifications::acknowledging(ctx, &fr, status, step) {
         Step::Wait { after } => {
             let wait = after.map_or(RESYNC, |d| d.min(RESYNC) + Duration::from_millis(10));
             return Ok(Next::Done(Action::requeue(recheck.map_or(wait, |r| wait.min(r)))));
@@ -292,7 +292,7 @@ async fn act<F: Fleet>(
             let after = rollout::unreached(after, batch, &targets, &out.unreached);
             let denied = rollout::denied(after, batch, out.denied, fr.spec.resume_token.as_deref());
             let after = rollout::held(denied, batch, out.held);
-            ctx.rollouts_io.write_status(&fr, after).await
+            super::notifications::persist(ctx, &fr, after).await
         }
         Step::Restore { key, targets, refused, waiting } => {
             let out = if targets.is_empty() {
@@ -301,7 +301,7 @@ async fn act<F: Fleet>(
                 F::restore(ctx, &fr, &key, &targets).await?
             };
             info!(key = %key, changed = out.changed, unchanged = out.unchanged, skipped = out.skipped, waiting = waiting.len() + out.unreached.len(), "rollback applied");
-            ctx.rollouts_io.write_status(&fr, restored(&fr, status, out, refused, waiting, now)).await
+            super::notifications::persist(ctx, &fr, restored(&fr, status, out, refused, waiting, now)).await
         }
     };
     settle(ctx, &fr, written).await
@@ -323,7 +323,7 @@ async fn write(
     }
     ctx.observe_batches(status, &t.status);
     let measurements = super::analysis::recorded(status, &t.status);
-    let written = ctx.rollouts_io.write_status(fr, t).await;
+    let written = super::notifications::persist(ctx, fr, t).await;
     if written.is_ok() {
         super::analysis::observe(ctx, measurements);
         if intent {

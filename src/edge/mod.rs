@@ -13,6 +13,7 @@ pub(crate) mod lists;
 pub(crate) mod live;
 pub(crate) mod members;
 pub(crate) mod nodes;
+pub(crate) mod notify;
 pub(crate) mod own_writes;
 pub mod plans;
 pub(crate) mod probe;

@@ -63,7 +63,7 @@ impl Rollouts {
         let sent = std::time::Instant::now();
         let mut written = self.api(fr).replace_status(&fr.name_any(), &pp, &next).await?;
         self.metrics.status_write_duration.get_or_create(&label).observe(sent.elapsed().as_secs_f64());
-        crate::api::kept_for_cache(&mut written, &[]);
+        crate::api::kept_for_cache(&mut written, &[crate::api::TASK_TOKEN_HASH_ANNOTATION]);
         let written = Arc::new(written);
         self.metrics.status_writes.inc();
         self.written.remember(&written);
@@ -143,7 +143,7 @@ pub(super) async fn set_finalizer(
     let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
     match api.patch(&fr.name_any(), &params, &Patch::Merge(patch)).await {
         Ok(mut written) => {
-            crate::api::kept_for_cache(&mut written, &[]);
+            crate::api::kept_for_cache(&mut written, &[crate::api::TASK_TOKEN_HASH_ANNOTATION]);
             Ok(Some(written))
         }
         // Deleted and finalized meanwhile: nothing left to hold.

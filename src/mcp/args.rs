@@ -43,6 +43,10 @@ pub struct RolloutFleetArgs {
     /// Metric analysis each healthy batch must pass (the FleetRollout's spec.analysis).
     #[serde(default)]
     pub analysis: Option<Analysis>,
+    /// Where notifications of the rollout go (the FleetRollout's spec.notify): each names a Secret of the
+    /// namespace labelled fleetroll.dev/notification-sink=true.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notify: Vec<crate::api::Subscription>,
     /// Create the rollout paused.
     #[serde(default)]
     pub paused: bool,
@@ -125,6 +129,7 @@ impl RolloutFleetArgs {
             strategy: self.strategy.clone().unwrap_or_default(),
             health: self.health.clone().unwrap_or_default(),
             analysis: self.analysis.clone(),
+            notify: self.notify.clone(),
             resume_token: None,
             paused: self.paused,
             abort: false,
@@ -169,6 +174,7 @@ impl PreviewArgs {
             strategy: self.strategy.clone(),
             health: None,
             analysis: None,
+            notify: Vec::new(),
             paused: false,
         }
     }

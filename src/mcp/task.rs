@@ -19,7 +19,7 @@ use crate::{
 
 /// Annotation holding a hash of the task's secret part ([`token_hash`]). The task id itself is shown only to
 /// the caller that started the rollout: anyone who can read the FleetRollout sees only this hash.
-pub const TASK_TOKEN_HASH_ANNOTATION: &str = "fleetroll.dev/task-token-sha256";
+pub use crate::api::TASK_TOKEN_HASH_ANNOTATION;
 /// Annotation naming the identity that created the rollout over MCP (tasks are bound to it).
 pub const CREATED_BY_ANNOTATION: &str = "fleetroll.dev/created-by";
 /// Who created `fr` over MCP: its created-by annotation, which the admission policy makes the user who

@@ -244,6 +244,12 @@ struct OperatorArgs {
     #[arg(long = "http-check-allow", env = "FLEETROLL_HTTP_CHECK_ALLOW", value_delimiter = ',')]
     http_check_allow: Vec<crate::core::http_check::Allowed>,
 
+    /// Hosts, addresses or CIDRs notification sinks may be at besides public and cluster addresses
+    /// (comma-separated or repeated; none by default). A CIDR also lets notifications reach loopback or
+    /// link-local addresses in it; the API server is never reached unless allowed here.
+    #[arg(long = "notify-allow", env = "FLEETROLL_NOTIFY_ALLOW", value_delimiter = ',')]
+    notify_allow: Vec<crate::core::http_check::Allowed>,
+
     /// The cluster's DNS domain: health checks name a target's Service as {name}.{namespace}.svc, or with
     /// this domain, and resolve it as the absolute name in it.
     #[arg(long, env = "FLEETROLL_CLUSTER_DOMAIN", default_value = crate::core::http_check::CLUSTER_DOMAIN)]
@@ -355,6 +361,11 @@ impl OperatorArgs {
                 member_exec,
                 http_check: crate::core::http_check::Policy {
                     allowed: self.http_check_allow,
+                    api_server: Vec::new(),
+                    cluster_domain: cluster_domain.clone(),
+                },
+                notify: crate::core::http_check::Policy {
+                    allowed: self.notify_allow,
                     api_server: Vec::new(),
                     cluster_domain,
                 },

@@ -341,3 +341,45 @@ async fn node_by_node_replaces_the_daemonsets_pod_on_each_edge_node() {
     })
     .await;
 }
+
+/// The notifications example, its sinks' addresses pointed at a receiver and a real Alertmanager here:
+/// the webhook hears Started and Succeeded, signed; Alertmanager hears nothing of a rollout that succeeds.
+#[tokio::test]
+async fn notifications_reach_the_webhook_and_alertmanager_hears_only_trouble() {
+    use testkit::{alertmanager::Alertmanager, receiver::Receiver};
+    with_fleet("ex-notify", 0, |fleet| async move {
+        let ns = fleet.ns.clone();
+        storefront(&fleet, &ns, 4).await;
+        let receiver = Receiver::start();
+        let am = Alertmanager::start(&receiver.url("alertmanager")).await;
+        let manifest = std::fs::read_to_string(example("notifications.yaml")).unwrap();
+        let local = manifest
+            .replace("https://hooks.example.com/fleetroll", &receiver.url("hook"))
+            .replace("http://alertmanager.monitoring:9093", &am.url());
+        assert_ne!(local, manifest, "the example names the sinks this test replaces");
+        let path = std::env::temp_dir().join(format!("{ns}-notifications.yaml"));
+        std::fs::write(&path, local).unwrap();
+        let _op = Operator::start(&ns, &["--notify-allow=127.0.0.0/8"], &[]);
+        kubectl(&["apply", "-n", &ns, "-f", path.to_str().unwrap()]).await.ok();
+        fleet
+            .wait_rollout("storefront-notified", "success", DEADLINE, |f| phase(f) == Phase::Succeeded)
+            .await;
+        let kinds = |r: &[testkit::receiver::Request]| -> Vec<String> {
+            let hooks = r.iter().filter(|r| r.path.ends_with("/hook")).filter_map(|r| r.json.clone());
+            let mut kinds: Vec<String> =
+                hooks.map(|b| b["kind"].as_str().unwrap_or_default().to_string()).collect();
+            kinds.dedup();
+            kinds
+        };
+        let got = receiver.wait_for(DEADLINE, |r| kinds(r).len() >= 2).await;
+        assert_eq!(kinds(&got), ["Started", "Succeeded"]);
+        assert!(got.iter().all(|r| !r.path.ends_with("/hook") || r.header("webhook-signature").is_some()));
+        let empty = |f: &FleetRollout| {
+            f.status.as_ref().and_then(|s| s.notifications.as_ref()).is_none_or(|o| o.pending.is_empty())
+        };
+        fleet.wait_rollout("storefront-notified", "an empty outbox", DEADLINE, empty).await;
+        assert!(am.alerts().await.is_empty(), "a rollout that succeeds raises no alert");
+        let _ = std::fs::remove_file(path);
+    })
+    .await;
+}

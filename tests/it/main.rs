@@ -10,6 +10,7 @@
 //! (see testkit's `with_namespace`, `nodes::with_pool`, `policy::govern`).
 #![allow(clippy::unwrap_used)]
 
+mod alertmanager_env;
 mod analysis;
 mod architecture;
 mod chart;
@@ -28,6 +29,7 @@ mod mcp_inprocess;
 mod members;
 mod members_env;
 mod nodes;
+mod notifications;
 mod operator;
 mod plugin;
 mod prometheus_env;

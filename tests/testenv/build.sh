@@ -170,6 +170,35 @@ build_prometheus() {
   stamp "$out" "prometheus, version $release" './prometheus --version'
 }
 
+# Alertmanager, for the notification sink's tests (crates/fleetroll-testkit/src/alertmanager.rs starts one per
+# test). Its ui/web.go embeds ui/app/dist unconditionally, and that npm + Elm build output is not in the module
+# zip, so a plain `go build` of the module fails ("pattern app/dist: no matching files found"). It is built
+# from a writable copy of the release (with the release's own go.mod and go.sum) with a placeholder page in
+# each UI directory; the API and /-/ready do not use them. The wrapper module (tests/testenv/alertmanager, with
+# the go.sum) pins the release zip that `go mod download` checks.
+build_alertmanager() {
+  local out=$CACHE/bin/alertmanager-$ALERTMANAGER_VERSION mod=$here/alertmanager
+  local src=$CACHE/src/alertmanager-$ALERTMANAGER_VERSION
+  [ -f "$out/.complete" ] && return 0
+  grep -q "github.com/prometheus/alertmanager $ALERTMANAGER_VERSION" "$mod/go.mod" ||
+    die "$mod/go.mod does not require alertmanager $ALERTMANAGER_VERSION (versions.sh): edit it and run go mod tidy there"
+  local dir release d
+  dir=$(cd "$mod" && go mod download -json "github.com/prometheus/alertmanager@$ALERTMANAGER_VERSION" | mod_field Dir)
+  release=$(cat "$dir/VERSION") || die "no VERSION file in alertmanager $ALERTMANAGER_VERSION"
+  log "building alertmanager $release ($ALERTMANAGER_VERSION)"
+  rm -rf "$src" && mkdir -p "$src" "$out"
+  # The module cache is read-only.
+  cp -R "$dir" "$src/alertmanager" && chmod -R u+w "$src/alertmanager"
+  for d in elm mantine; do
+    mkdir -p "$src/alertmanager/ui/app/dist/$d"
+    echo '<!-- web UI not built (fleetroll test environment) -->' >"$src/alertmanager/ui/app/dist/$d/index.html"
+  done
+  (cd "$src/alertmanager" && go build -trimpath \
+    -ldflags "-s -w -X github.com/prometheus/common/version.Version=$release" \
+    -o "$out/alertmanager" ./cmd/alertmanager)
+  stamp "$out" "alertmanager, version $release" './alertmanager --version'
+}
+
 mkdir -p "$CACHE"
 start=$(date +%s)
 build_etcd
@@ -180,4 +209,5 @@ build_kubernetes
 build_gitops_judge
 build_krew_validator
 build_prometheus
+build_alertmanager
 log "control-plane binaries and test tools ready in $CACHE/bin ($(($(date +%s) - start))s)"

@@ -91,6 +91,7 @@ link_binaries() {
   ln -sf "$CACHE/bin/validate-krew-manifest-$KREW_VERSION/validate-krew-manifest" "$BIN/validate-krew-manifest"
   ln -sf "$CACHE/bin/helm-docs-$HELM_DOCS_VERSION/helm-docs" "$BIN/helm-docs"
   ln -sf "$CACHE/bin/prometheus-$PROMETHEUS_VERSION/prometheus" "$BIN/prometheus"
+  ln -sf "$CACHE/bin/alertmanager-$ALERTMANAGER_VERSION/alertmanager" "$BIN/alertmanager"
 }
 
 # One CA per plane (so no credential of one works on another); a serving cert for the apiserver on the

@@ -11,3 +11,6 @@ HELM_DOCS_VERSION=v1.14.2
 # Prometheus for the metric analysis gates' tests: Go module v0.316.0 is Prometheus 3.16.0. Also required by
 # tests/testenv/prometheus/go.mod (change both, then `go mod tidy` there).
 PROMETHEUS_VERSION=v0.316.0
+# Alertmanager for the notification sink's tests. Also required by tests/testenv/alertmanager/go.mod (change
+# both, then `go mod tidy` there).
+ALERTMANAGER_VERSION=v0.35.0

@@ -218,6 +218,7 @@ impl Rng {
     }
 }
 
+pub mod alertmanager;
 pub mod audit;
 pub mod bench;
 pub mod chart;
@@ -231,4 +232,5 @@ pub mod operator;
 pub mod people;
 pub mod policy;
 pub mod prometheus;
+pub mod receiver;
 pub mod tenant;

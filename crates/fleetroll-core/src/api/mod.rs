@@ -8,6 +8,7 @@ mod policy;
 mod revision;
 mod spec;
 mod status;
+mod notify;
 mod windows;
 
 pub use analysis::*;
@@ -17,6 +18,7 @@ pub use policy::*;
 pub use revision::*;
 pub use spec::*;
 pub use status::*;
+pub use notify::*;
 pub use windows::*;
 
 use k8s_openapi::{
@@ -33,6 +35,8 @@ pub const APPLIED_ANNOTATION: &str = "fleetroll.dev/applied";
 pub const ROLLOUT_ANNOTATION: &str = "fleetroll.dev/rollout";
 /// Namespace label that opts a namespace in to cross-namespace rollouts.
 pub const OPT_IN_LABEL: &str = "fleetroll.dev/rollouts";
+/// Annotation holding a hash of an MCP task's secret part: a rollout that carries it was started over MCP.
+pub const TASK_TOKEN_HASH_ANNOTATION: &str = "fleetroll.dev/task-token-sha256";
 pub const OPT_IN_VALUE: &str = "enabled";
 /// Field manager of every write the operator makes.
 pub const FIELD_MANAGER: &str = "fleetroll";

@@ -75,6 +75,12 @@ pub struct FleetRolloutPolicySpec {
     #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub windows: Vec<super::ChangeWindow>,
 
+    /// Where notifications of their rollouts also go (each Secret in the operator's namespace). At most 8.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub notify: Vec<super::Subscription>,
+
     /// The member clusters they may roll, by name (a rollout's own cluster is not a member and is not
     /// limited by this). Unset: any. At most 256.
     #[serde(default, skip_serializing_if = "Option::is_none")]

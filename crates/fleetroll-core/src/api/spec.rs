@@ -97,6 +97,14 @@ pub struct FleetRolloutSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub analysis: Option<Analysis>,
 
+    /// Where notifications of this rollout go (webhooks, CloudEvents, Alertmanager), beside those
+    /// FleetRolloutPolicies subscribe. Delivered at least once, each with an id that stays the same when
+    /// sent again; never slowing a batch. At most 8.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub notify: Vec<super::Subscription>,
+
     /// true holds the rollout before its next batch (the batch in flight finishes); false lets it go on.
     /// Default false.
     #[serde(default)]

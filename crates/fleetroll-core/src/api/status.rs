@@ -142,6 +142,11 @@ pub struct FleetRolloutStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clusters: Option<ClustersStatus>,
 
+    /// Notifications not yet delivered to every subscription (at most 32; older ones are dropped, and
+    /// counted, beyond that).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notifications: Option<super::Outbox>,
+
     /// For people: Progressing, Paused, Degraded (the rollout cannot go on without help, or targets were
     /// changed by others since it succeeded) and Complete. For GitOps tools (kstatus): Ready (True once
     /// succeeded), Reconciling (True while it goes on, or waits for someone) and Stalled (True when it

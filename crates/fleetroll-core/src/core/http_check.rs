@@ -66,6 +66,7 @@ pub struct Purpose {
 impl Purpose {
     pub const HEALTH_CHECKS: Purpose = Purpose { what: "health checks", flag: "--http-check-allow" };
     pub const ANALYSIS: Purpose = Purpose { what: "analysis queries", flag: "--analysis-allow" };
+    pub const NOTIFICATIONS: Purpose = Purpose { what: "notifications", flag: "--notify-allow" };
 }
 
 /// The cluster DNS domain when none is configured.

@@ -9,6 +9,7 @@ pub mod exec;
 pub mod http_check;
 pub mod identity;
 pub mod nodes;
+pub mod notify;
 pub mod plan;
 pub mod policy;
 pub mod reason;

@@ -29,6 +29,8 @@ pub struct Guardrails {
     pub clusters: Vec<(String, BTreeSet<String>)>,
     /// Each policy's change windows: every one applies.
     pub windows: Vec<(String, Vec<ChangeWindow>)>,
+    /// Each policy's notification subscriptions: every one hears.
+    pub notify: Vec<(String, Vec<crate::api::Subscription>)>,
 }
 
 /// A policy a rollout breaks: which, by which rule, in words a person can act on.
@@ -82,6 +84,9 @@ pub fn guardrails(policies: &[impl AsRef<FleetRolloutPolicy>], creator: Option<&
         }
         if !spec.windows.is_empty() {
             g.windows.push((name.clone(), spec.windows.clone()));
+        }
+        if !spec.notify.is_empty() {
+            g.notify.push((name.clone(), spec.notify.clone()));
         }
     }
     g

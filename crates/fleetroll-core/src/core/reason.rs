@@ -24,6 +24,8 @@ pub const WINDOW_OPEN: &str = "WindowOpen";
 pub const INVALID_WINDOW: &str = "InvalidWindow";
 /// Someone who may approve let a batch start outside its change windows (spec.approvals[].overrideWindows).
 pub const WINDOW_OVERRIDDEN: &str = "WindowOverridden";
+/// A notification could not be delivered to a subscription (it is sent again, with backoff).
+pub const NOTIFICATION_FAILED: &str = "NotificationFailed";
 /// The operator changes targets as the rollout's creator, and cannot act as this one.
 pub const CANNOT_ACT_AS_CREATOR: &str = "CannotActAsCreator";
 /// The API server refused changes made as the rollout's creator: the creator lost its rights.

@@ -1,0 +1,262 @@
+//! Notifications as functions of a status change. What a transition tells (a rollout started, a batch
+//! waits for approval or failed, batches are held, the rollout ended, others changed its targets) is read
+//! off the status before and after it, and written to the outbox in the same status write: a transition
+//! that is written has its notifications written, one that loses a race has neither, and replaying it
+//! cannot record them twice. Delivery reads the outbox and sends each notification to every
+//! subscription still owed it; what was delivered is taken out by the next status write.
+//!
+//! The state machine never touches the outbox: [`record`] carries it over from the status read, so no
+//! transition can drop it.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+
+use crate::{
+    api::{
+        BatchState, FleetRolloutSpec, FleetRolloutStatus, Notification, NotificationKind, OUTBOX_MAX, Outbox,
+        Phase, Subscription,
+    },
+    core::{policy::Guardrails, reason, text},
+};
+
+/// The longest message a notification carries, in bytes.
+pub const MESSAGE_MAX: usize = 1024;
+
+/// Reasons a rollout is Paused for until something changes: a window, a policy, the failure budget, the
+/// analysis, the creator's rights, member clusters that do not answer (a pause asked for in the spec is
+/// not news to whoever asked).
+const HOLDS: [&str; 10] = [
+    reason::OUTSIDE_WINDOW,
+    reason::INVALID_WINDOW,
+    reason::POLICY_VIOLATION,
+    reason::FAILURE_BUDGET_EXCEEDED,
+    reason::ANALYSIS_FAILED,
+    reason::ANALYSIS_INCONCLUSIVE,
+    reason::ANALYSIS_ERROR,
+    reason::CANNOT_ACT_AS_CREATOR,
+    reason::CREATOR_LACKS_RIGHTS,
+    reason::WAITING_FOR_CLUSTERS,
+];
+
+/// A subscription with the key its deliveries are tracked by: `rollout/<name>` or
+/// `policy/<policy>/<name>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Subscriber<'a> {
+    pub key: String,
+    /// The policy whose subscription it is (its Secret is in the operator's namespace); None: the
+    /// rollout's own (its Secret is in the rollout's namespace).
+    pub policy: Option<&'a str>,
+    pub subscription: &'a Subscription,
+}
+
+impl Subscriber<'_> {
+    fn hears(&self, kind: NotificationKind) -> bool {
+        self.subscription.events.is_empty() || self.subscription.events.contains(&kind)
+    }
+}
+
+/// Every subscription a rollout's notifications go to: its own, then those of the policies that govern it.
+pub fn subscribers<'a>(spec: &'a FleetRolloutSpec, guardrails: &'a Guardrails) -> Vec<Subscriber<'a>> {
+    let own = spec.notify.iter().map(|s| Subscriber {
+        key: format!("rollout/{}", s.name),
+        policy: None,
+        subscription: s,
+    });
+    let platform = guardrails.notify.iter().flat_map(|(policy, subs)| {
+        subs.iter().map(move |s| Subscriber {
+            key: format!("policy/{policy}/{}", s.name),
+            policy: Some(policy.as_str()),
+            subscription: s,
+        })
+    });
+    own.chain(platform).collect()
+}
+
+/// The subscriber a delivery key names, if it still subscribes.
+pub fn subscriber<'a>(all: &'a [Subscriber<'a>], key: &str) -> Option<&'a Subscriber<'a>> {
+    all.iter().find(|s| s.key == key)
+}
+
+/// What a transition tells, before it is given an id and its subscribers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Happening {
+    pub kind: NotificationKind,
+    pub batch: Option<u32>,
+    pub reason: String,
+    pub message: String,
+}
+
+/// Who started the rollout and over which interface, for the Started notification.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Origin<'a> {
+    /// The rollout's `namespace/name`.
+    pub rollout: &'a str,
+    /// Whether it was created over MCP (it carries a task's annotations).
+    pub over_mcp: bool,
+}
+
+/// What happened between `before` and `after`, in the order a reader would tell it.
+pub fn happened(
+    spec: &FleetRolloutSpec,
+    origin: Origin,
+    before: &FleetRolloutStatus,
+    after: &FleetRolloutStatus,
+) -> Vec<Happening> {
+    let mut told = Vec::new();
+    let mut tell = |kind, batch, reason: &str, message: String| {
+        told.push(Happening { kind, batch, reason: reason.into(), message: text::cut(&message, MESSAGE_MAX) })
+    };
+    if let Some(revision) = &after.revision
+        && before.revision.as_ref().is_none_or(|r| r.number != revision.number)
+    {
+        tell(NotificationKind::Started, None, reason::PLANNED, started(spec, origin, revision.number, after));
+    }
+    for b in &after.batches {
+        let was = before.batch(b.index).map(|b| b.state);
+        if b.state == BatchState::Failed && was != Some(BatchState::Failed) {
+            let message =
+                format!("batch {} failed: {} of its {} targets failed", b.index + 1, b.failed, b.size);
+            tell(NotificationKind::BatchFailed, Some(b.index), reason::BATCH_FAILED, message);
+        }
+    }
+    if let Some(p) = &after.pending_approval
+        && before.pending_approval.as_ref().is_none_or(|q| (q.batch, &q.plan_hash) != (p.batch, &p.plan_hash))
+    {
+        tell(
+            NotificationKind::WaitingForApproval,
+            Some(p.batch),
+            reason::WAITING_FOR_APPROVAL,
+            waiting(origin, after),
+        );
+    }
+    let reason = after.reason.as_deref().unwrap_or_default();
+    if HOLDS.contains(&reason) && after.phase == Phase::Paused && before.reason.as_deref() != Some(reason) {
+        tell(NotificationKind::Held, after.current_batch, reason, message(after));
+    }
+    let ended = |phase| after.phase == phase && before.phase != phase;
+    for (phase, kind) in [
+        (Phase::Succeeded, NotificationKind::Succeeded),
+        (Phase::Failed, NotificationKind::Failed),
+        (Phase::RolledBack, NotificationKind::RolledBack),
+    ] {
+        if ended(phase) {
+            tell(kind, None, reason, message(after));
+        }
+    }
+    let changed = |s: &FleetRolloutStatus| s.changed_by_others.as_ref().map_or(0, |c| c.count);
+    if changed(after) > changed(before) {
+        tell(NotificationKind::ChangedByOthers, None, reason::IMAGE_CHANGED, message(after));
+    }
+    told
+}
+
+fn message(status: &FleetRolloutStatus) -> String {
+    status.message.clone().unwrap_or_default()
+}
+
+fn started(spec: &FleetRolloutSpec, origin: Origin, revision: u32, after: &FleetRolloutStatus) -> String {
+    let who = spec.creator.as_ref().map_or("someone unrecorded", |c| c.username.as_str());
+    let over = match origin.over_mcp {
+        true => "MCP",
+        false => "the Kubernetes API (kubectl, the plugin or GitOps)",
+    };
+    format!(
+        "{who} started revision {revision} of {} over {over}: {} to {} targets",
+        origin.rollout, spec.image, after.counts.total,
+    )
+}
+
+fn waiting(origin: Origin, after: &FleetRolloutStatus) -> String {
+    let (namespace, name) = origin.rollout.split_once('/').unwrap_or(("", origin.rollout));
+    let who: Vec<String> = after
+        .pending_approval
+        .iter()
+        .flat_map(|p| &p.approvers)
+        .map(|a| {
+            let names: Vec<&str> =
+                a.users.iter().map(String::as_str).chain(a.groups.iter().map(String::as_str)).collect();
+            format!("one of {} ({})", names.join(", "), a.policy)
+        })
+        .collect();
+    let who = match who.is_empty() {
+        true => "anyone who holds the approve verb, but its creator".to_string(),
+        false => who.join(" and "),
+    };
+    format!(
+        "{}; it may be approved by {who}: kubectl fleetroll approve -n {namespace} {name}, or the MCP tool \
+         approve_batch with namespace {namespace} and name {name}",
+        message(after)
+    )
+}
+
+/// Writes what happened between `before` and `after` to `after`'s outbox, each notification owed to the
+/// subscribers that hear its kind, and takes out what `delivered` (id and subscriber key) says has been
+/// delivered. The outbox is `before`'s: the state machine's copy is ignored.
+pub fn record(
+    uid: &str,
+    happenings: Vec<Happening>,
+    before: &FleetRolloutStatus,
+    after: &mut FleetRolloutStatus,
+    subscribers: &[Subscriber],
+    delivered: &BTreeSet<(String, String)>,
+    now: Timestamp,
+) {
+    let mut outbox = before.notifications.clone().unwrap_or_default();
+    acknowledge(&mut outbox, delivered, subscribers);
+    let revision = after.revision_number();
+    for h in happenings {
+        let to: Vec<String> = subscribers.iter().filter(|s| s.hears(h.kind)).map(|s| s.key.clone()).collect();
+        if to.is_empty() {
+            continue;
+        }
+        let id = format!("{uid}/{revision}/{}", outbox.next);
+        outbox.next += 1;
+        outbox.pending.push(Notification {
+            id,
+            kind: h.kind,
+            at: Time(now),
+            revision: Some(revision),
+            batch: h.batch,
+            reason: h.reason,
+            message: h.message,
+            to,
+        });
+    }
+    let over = outbox.pending.len().saturating_sub(OUTBOX_MAX);
+    outbox.pending.drain(..over);
+    outbox.dropped += over as u64;
+    after.notifications = (outbox != Outbox::default()).then_some(outbox);
+}
+
+/// Takes delivered (id, subscriber) pairs out of the outbox, and subscribers that no longer subscribe;
+/// a notification owed to no one is gone.
+pub fn acknowledge(outbox: &mut Outbox, delivered: &BTreeSet<(String, String)>, subscribers: &[Subscriber]) {
+    for n in &mut outbox.pending {
+        n.to.retain(|key| {
+            !delivered.contains(&(n.id.clone(), key.clone())) && subscriber(subscribers, key).is_some()
+        });
+    }
+    outbox.pending.retain(|n| !n.to.is_empty());
+}
+
+/// Whether writing the status would take anything out of its outbox: a delivered notification, or one
+/// owed to a subscriber that is gone.
+pub fn owes_write(
+    status: &FleetRolloutStatus,
+    delivered: &BTreeSet<(String, String)>,
+    subscribers: &[Subscriber],
+) -> bool {
+    let Some(outbox) = &status.notifications else { return false };
+    let mut after = outbox.clone();
+    acknowledge(&mut after, delivered, subscribers);
+    after != *outbox
+}
+
+/// The (notification, subscriber) pairs of an outbox, oldest first.
+pub fn owed(outbox: &Outbox) -> impl Iterator<Item = (&Notification, &str)> {
+    outbox.pending.iter().flat_map(|n| n.to.iter().map(move |key| (n, key.as_str())))
+}
+
+#[cfg(test)]
+mod tests;

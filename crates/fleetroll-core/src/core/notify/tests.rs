@@ -1,0 +1,198 @@
+use super::*;
+use crate::api::{BatchStatus, ChangedByOthers, Creator, Revision, SecretRef, SinkKind};
+
+fn subscription(name: &str, events: &[NotificationKind]) -> Subscription {
+    Subscription {
+        name: name.into(),
+        sink: SinkKind::Webhook,
+        secret_ref: SecretRef { name: format!("{name}-secret") },
+        events: events.to_vec(),
+    }
+}
+
+fn spec(subscriptions: Vec<Subscription>) -> FleetRolloutSpec {
+    FleetRolloutSpec {
+        image: "web:v2".into(),
+        creator: Some(Creator { username: "agent-7".into(), ..Default::default() }),
+        notify: subscriptions,
+        ..Default::default()
+    }
+}
+
+fn now() -> Timestamp {
+    "2026-12-04T10:00:00Z".parse().unwrap()
+}
+
+const ORIGIN: Origin = Origin { rollout: "shop/web", over_mcp: true };
+
+fn revision(number: u32) -> Option<Revision> {
+    let inputs = crate::api::RevisionInputs::of(&FleetRolloutSpec::default());
+    Some(Revision { number, spec_hash: String::new(), inputs, started_at: Time(now()) })
+}
+
+/// Records the change from `before` to `after` as the edge does, with nothing delivered yet.
+fn write(
+    spec: &FleetRolloutSpec,
+    before: &FleetRolloutStatus,
+    mut after: FleetRolloutStatus,
+) -> FleetRolloutStatus {
+    let guardrails = Guardrails::default();
+    let subscribers = subscribers(spec, &guardrails);
+    let told = happened(spec, ORIGIN, before, &after);
+    record("u1", told, before, &mut after, &subscribers, &BTreeSet::new(), now());
+    after
+}
+
+fn pending(status: &FleetRolloutStatus) -> Vec<(String, NotificationKind, Vec<String>)> {
+    let outbox = status.notifications.clone().unwrap_or_default();
+    outbox.pending.into_iter().map(|n| (n.id, n.kind, n.to)).collect()
+}
+
+#[test]
+fn a_new_revision_is_told_once_with_who_started_it_and_over_what() {
+    let spec = spec(vec![subscription("team", &[]), subscription("pager", &[NotificationKind::Failed])]);
+    let before = FleetRolloutStatus::default();
+    let mut after =
+        FleetRolloutStatus { revision: revision(1), phase: Phase::Progressing, ..Default::default() };
+    after.counts.total = 40;
+    let written = write(&spec, &before, after.clone());
+    assert_eq!(
+        pending(&written),
+        vec![("u1/1/0".into(), NotificationKind::Started, vec!["rollout/team".into()])]
+    );
+    let message = &written.notifications.as_ref().unwrap().pending[0].message;
+    assert!(
+        message.contains("agent-7") && message.contains("over MCP") && message.contains("40 targets"),
+        "{message}"
+    );
+    // The transition lost a race and is decided again from the same status: the same single notification.
+    assert_eq!(write(&spec, &before, after.clone()), written);
+    // The next transition, from the written status, tells nothing new and keeps what is owed.
+    let mut next = written.clone();
+    next.message = Some("batch 1 applying".into());
+    assert_eq!(pending(&write(&spec, &written, next)), pending(&written));
+}
+
+#[test]
+fn each_ending_failure_hold_and_change_by_others_is_told_to_those_who_hear_it() {
+    let spec = spec(vec![subscription("all", &[]), subscription("ends", &[NotificationKind::RolledBack])]);
+    let base = FleetRolloutStatus { revision: revision(2), phase: Phase::Progressing, ..Default::default() };
+    let batch = |state| BatchStatus { index: 1, size: 10, failed: 3, state, ..Default::default() };
+    let mut failed = base.clone();
+    failed.batches = vec![batch(BatchState::Failed)];
+    failed.phase = Phase::Paused;
+    failed.reason = Some(reason::FAILURE_BUDGET_EXCEEDED.into());
+    let mut before = base.clone();
+    before.batches = vec![batch(BatchState::Verifying)];
+    let kinds =
+        |s: &FleetRolloutStatus| pending(s).into_iter().map(|(_, k, to)| (k, to.len())).collect::<Vec<_>>();
+    let written = write(&spec, &before, failed.clone());
+    assert_eq!(kinds(&written), vec![(NotificationKind::BatchFailed, 1), (NotificationKind::Held, 1)]);
+    assert_eq!(written.notifications.as_ref().unwrap().pending[0].batch, Some(1));
+    let mut rolled_back = written.clone();
+    rolled_back.phase = Phase::RolledBack;
+    rolled_back.reason = Some(reason::ROLLED_BACK.into());
+    let written = write(&spec, &written, rolled_back);
+    assert_eq!(kinds(&written)[2], (NotificationKind::RolledBack, 2), "both hear a rollback");
+    // A budget exceeded that ends the rollout is told as Failed, not as a hold.
+    let mut aborted = failed.clone();
+    aborted.phase = Phase::Failed;
+    let told: Vec<_> = happened(&spec, ORIGIN, &before, &aborted).into_iter().map(|h| h.kind).collect();
+    assert_eq!(told, vec![NotificationKind::BatchFailed, NotificationKind::Failed]);
+    let mut drifted = FleetRolloutStatus { phase: Phase::Succeeded, ..base.clone() };
+    let succeeded = drifted.clone();
+    drifted.changed_by_others = Some(ChangedByOthers { count: 2, sample: vec![] });
+    let told: Vec<_> = happened(&spec, ORIGIN, &succeeded, &drifted).into_iter().map(|h| h.kind).collect();
+    assert_eq!(told, vec![NotificationKind::ChangedByOthers]);
+    let told: Vec<_> = happened(&spec, ORIGIN, &base, &succeeded).into_iter().map(|h| h.kind).collect();
+    assert_eq!(told, vec![NotificationKind::Succeeded]);
+}
+
+#[test]
+fn delivered_notifications_leave_the_outbox_and_it_never_holds_more_than_its_bound() {
+    let spec = spec(vec![subscription("a", &[]), subscription("b", &[])]);
+    let guardrails = Guardrails::default();
+    let subs = subscribers(&spec, &guardrails);
+    let many: Vec<Happening> = (0..40)
+        .map(|i| Happening {
+            kind: NotificationKind::Held,
+            batch: Some(i),
+            reason: reason::OUTSIDE_WINDOW.into(),
+            message: "held".into(),
+        })
+        .collect();
+    let before = FleetRolloutStatus { revision: revision(1), ..Default::default() };
+    let mut after = before.clone();
+    record("u1", many, &before, &mut after, &subs, &BTreeSet::new(), now());
+    let outbox = after.notifications.clone().unwrap();
+    assert_eq!((outbox.pending.len(), outbox.dropped, outbox.next), (OUTBOX_MAX, 8, 40));
+    assert_eq!(outbox.pending[0].id, "u1/1/8", "the oldest are dropped");
+    // "a" has the first, "b" has it too: it is gone; the second is still owed to "b".
+    let delivered = BTreeSet::from([
+        ("u1/1/8".to_string(), "rollout/a".to_string()),
+        ("u1/1/8".to_string(), "rollout/b".to_string()),
+        ("u1/1/9".to_string(), "rollout/a".to_string()),
+    ]);
+    assert!(owes_write(&after, &delivered, &subs));
+    let mut acked = after.clone();
+    record("u1", vec![], &after, &mut acked, &subs, &delivered, now());
+    let acked_box = acked.notifications.clone().unwrap();
+    assert_eq!(acked_box.pending.len(), OUTBOX_MAX - 1);
+    assert_eq!(
+        (acked_box.pending[0].id.as_str(), acked_box.pending[0].to.clone()),
+        ("u1/1/9", vec!["rollout/b".into()])
+    );
+    assert!(!owes_write(&acked, &delivered, &subs));
+    // A subscription taken out of the spec is owed nothing more.
+    let gone = self::spec(vec![]);
+    let none = subscribers(&gone, &guardrails);
+    assert!(owes_write(&acked, &BTreeSet::new(), &none));
+    let mut emptied = acked.clone();
+    record("u1", vec![], &acked, &mut emptied, &none, &BTreeSet::new(), now());
+    let emptied = emptied.notifications.unwrap();
+    assert!(emptied.pending.is_empty() && emptied.next == 40 && emptied.dropped == 8, "{emptied:?}");
+}
+
+#[test]
+fn the_state_machine_cannot_drop_or_forge_the_outbox_and_policies_subscribe_too() {
+    let spec = spec(vec![]);
+    let guardrails = Guardrails {
+        notify: vec![("platform".into(), vec![subscription("oncall", &[])])],
+        ..Default::default()
+    };
+    let subs = subscribers(&spec, &guardrails);
+    assert_eq!((subs[0].key.as_str(), subs[0].policy), ("policy/platform/oncall", Some("platform")));
+    let mut before = FleetRolloutStatus { revision: revision(3), ..Default::default() };
+    record(
+        "u1",
+        vec![happening()],
+        &FleetRolloutStatus::default(),
+        &mut before,
+        &subs,
+        &BTreeSet::new(),
+        now(),
+    );
+    // A transition built from scratch (no outbox) or carrying a forged one still writes the outbox read.
+    let mut forged = FleetRolloutStatus {
+        notifications: Some(Outbox { next: 99, ..Default::default() }),
+        ..before.clone()
+    };
+    record("u1", vec![], &before, &mut forged, &subs, &BTreeSet::new(), now());
+    assert_eq!(forged.notifications, before.notifications);
+    let mut fresh = FleetRolloutStatus::default();
+    record("u1", vec![], &before, &mut fresh, &subs, &BTreeSet::new(), now());
+    assert_eq!(fresh.notifications, before.notifications);
+    // No subscriber: nothing is written at all.
+    let mut quiet = FleetRolloutStatus::default();
+    record("u1", vec![happening()], &FleetRolloutStatus::default(), &mut quiet, &[], &BTreeSet::new(), now());
+    assert_eq!(quiet.notifications, None);
+}
+
+fn happening() -> Happening {
+    Happening {
+        kind: NotificationKind::Started,
+        batch: None,
+        reason: reason::PLANNED.into(),
+        message: "x".into(),
+    }
+}
