@@ -14,6 +14,7 @@ mod analysis;
 mod fairness;
 mod members;
 mod memory;
+mod notifications;
 
 use std::{
     collections::HashMap,
@@ -138,6 +139,9 @@ async fn run(sizes: Sizes, only: Option<Vec<String>>) {
     }
     if wanted("analysis") {
         analysis::cost(&client, &sizes, &mut report, &mut namespaces).await;
+    }
+    if wanted("notifications") {
+        notifications::cost(&client, &sizes, &mut report, &mut namespaces).await;
     }
     if wanted("members") {
         members::overhead(&client, &sizes, &mut report, &mut namespaces).await;
