@@ -36,12 +36,14 @@ const SCAN: Duration = Duration::from_secs(2);
 /// The first wait after a failed delivery; each further failure doubles it, up to [`BACKOFF_MAX`].
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// The most lanes sending at once.
+/// The most lanes sending at once, and of one namespace's rollouts: a tenant whose receivers hang holds
+/// only its own share.
 const LANES_MAX: usize = 64;
+const NAMESPACE_LANES_MAX: usize = 8;
 
 type Pairs = BTreeSet<(String, String)>;
 
-/// A lane: one rollout's notifications to one subscription.
+/// A lane: one rollout's notifications to one subscription, keyed (namespace, uid, subscriber key).
 #[derive(Default)]
 struct Lane {
     busy: bool,
@@ -49,11 +51,13 @@ struct Lane {
     next: Option<Instant>,
 }
 
+type LaneKey = (String, String, String);
+
 pub struct Deliveries {
     sender: Sender,
     /// Delivered (id, subscriber) pairs by rollout uid, until a status write takes them out.
     delivered: Mutex<HashMap<String, Pairs>>,
-    lanes: Mutex<HashMap<(String, String), Lane>>,
+    lanes: Mutex<HashMap<LaneKey, Lane>>,
     poke: tokio::sync::Notify,
     wake: UnboundedSender<ObjectRef<FleetRollout>>,
 }
@@ -78,10 +82,14 @@ impl Deliveries {
         self.poke.notify_one();
     }
 
-    /// Takes the lane, unless it is sending or waiting after a failure.
-    fn claim(&self, lane: &(String, String), now: Instant) -> bool {
+    /// Takes the lane, unless it is sending or waiting after a failure, or its namespace's share (or the
+    /// whole pool) is sending.
+    fn claim(&self, lane: &LaneKey, now: Instant) -> bool {
         let Ok(mut lanes) = self.lanes.lock() else { return false };
-        if lanes.values().filter(|l| l.busy).count() >= LANES_MAX {
+        let busy = lanes.iter().filter(|(_, l)| l.busy);
+        let (all, namespace) =
+            busy.fold((0, 0), |(a, n), ((ns, _, _), _)| (a + 1, n + usize::from(*ns == lane.0)));
+        if all >= LANES_MAX || namespace >= NAMESPACE_LANES_MAX {
             return false;
         }
         let l = lanes.entry(lane.clone()).or_default();
@@ -92,14 +100,20 @@ impl Deliveries {
         true
     }
 
-    fn release(&self, lane: &(String, String), failed: bool) {
-        if let Ok(mut lanes) = self.lanes.lock() {
-            let l = lanes.entry(lane.clone()).or_default();
-            l.busy = false;
-            l.failures = if failed { l.failures.saturating_add(1) } else { 0 };
-            l.next = failed.then(|| Instant::now() + backoff(l.failures));
-        }
+    /// Frees the lane; returns how many times in a row it has failed.
+    fn release(&self, lane: &LaneKey, failed: bool) -> u32 {
+        let failures = match self.lanes.lock() {
+            Ok(mut lanes) => {
+                let l = lanes.entry(lane.clone()).or_default();
+                l.busy = false;
+                l.failures = if failed { l.failures.saturating_add(1) } else { 0 };
+                l.next = failed.then(|| Instant::now() + backoff(l.failures));
+                l.failures
+            }
+            Err(_) => 0,
+        };
         self.poke.notify_one();
+        failures
     }
 
     /// Forgets rollouts that are gone.
@@ -108,7 +122,7 @@ impl Deliveries {
             d.retain(|uid, _| uids.contains(uid));
         }
         if let Ok(mut lanes) = self.lanes.lock() {
-            lanes.retain(|(uid, _), l| l.busy || uids.contains(uid));
+            lanes.retain(|(_, uid, _), l| l.busy || uids.contains(uid));
         }
     }
 }
@@ -174,8 +188,9 @@ pub(super) async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         let rollouts = ctx.rollouts.state();
         let uids: BTreeSet<String> = rollouts.iter().filter_map(|fr| fr.uid()).collect();
         ctx.deliveries.keep_only(&uids);
+        // Our own writes may be ahead of the cache: what they took out is not sent again.
         for fr in rollouts {
-            start_lanes(&ctx, fr);
+            start_lanes(&ctx, ctx.rollouts_io.newest(fr));
         }
     }
 }
@@ -192,25 +207,32 @@ fn start_lanes(ctx: &Arc<Context>, fr: Arc<FleetRollout>) {
         }
     }
     let now = Instant::now();
+    let namespace = fr.namespace().unwrap_or_default();
     for (key, notifications) in owed {
-        let lane = (uid.clone(), key);
+        let lane = (namespace.clone(), uid.clone(), key);
         if !ctx.deliveries.claim(&lane, now) {
             continue;
         }
         let (ctx, fr) = (ctx.clone(), fr.clone());
         tokio::spawn(async move {
-            let result = deliver(&ctx, &fr, &lane.1, notifications).await;
-            if let Err(why) = &result {
+            // A panic in a delivery frees its lane all the same.
+            let sent = std::panic::AssertUnwindSafe(deliver(&ctx, &fr, &lane.2, notifications));
+            let result =
+                futures::FutureExt::catch_unwind(sent).await.unwrap_or_else(|_| Err("a panic".into()));
+            let failures = ctx.deliveries.release(&lane, result.is_err());
+            if let Err(why) = result {
                 ctx.metrics.notification_failures.inc();
-                warn!(rollout = %fr.name_any(), subscription = %lane.1, error = %why, "a notification was not delivered; it will be sent again");
-                let message = format!("not delivered, sent again later: {why}");
-                ctx.rollouts_io.warn(
-                    &fr,
-                    crate::core::reason::NOTIFICATION_FAILED,
-                    crate::core::text::cut(&message, 1024),
-                );
+                warn!(rollout = %fr.name_any(), subscription = %lane.2, error = %why, failures, "a notification was not delivered; it will be sent again");
+                // Once per streak of failures: a receiver down for hours is one Warning, not one a minute.
+                if failures == 1 {
+                    let message = format!("to {}: not delivered, sent again with backoff: {why}", lane.2);
+                    ctx.rollouts_io.warn(
+                        &fr,
+                        crate::core::reason::NOTIFICATION_FAILED,
+                        crate::core::text::cut(&message, 1024),
+                    );
+                }
             }
-            ctx.deliveries.release(&lane, result.is_err());
         });
     }
 }
@@ -235,6 +257,13 @@ async fn deliver(
     };
     let namespace = fr.namespace().unwrap_or_default();
     let secret_namespace = match subscriber.policy {
+        Some(_) if ctx.settings.fleet_namespace.is_empty() => {
+            return Err(
+                "a FleetRolloutPolicy's sink Secret is read from the fleet namespace, and the operator \
+                        has none (--fleet-namespace, chart fleetNamespace)"
+                    .into(),
+            );
+        }
         Some(_) => ctx.settings.fleet_namespace.as_str(),
         None => namespace.as_str(),
     };

@@ -98,8 +98,9 @@ impl Sender {
                 (url, alert(n, about, now), Vec::new())
             }
         };
+        // Errors never name the URL: it is a secret of the Secret (a chat hook's path, a token in a query).
         if let Some(why) = refusal(&self.policy, Purpose::NOTIFICATIONS, &url) {
-            return Err(format!("POST {url} refused: {why}"));
+            return Err(format!("the Secret's url is refused: {why}"));
         }
         let body = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
         let headers = signed(sink, headers, &body);
@@ -112,9 +113,23 @@ impl Sender {
         }
         match request.send().await {
             Ok(answer) if answer.status().is_success() => Ok(()),
-            Ok(answer) => Err(format!("POST {url} answered {}", answer.status())),
-            Err(e) => Err(format!("POST {url}: {}", chain(&e))),
+            Ok(answer) => Err(format!("the sink answered {}", answer.status())),
+            Err(e) => Err(format!("the sink was not reached: {}", failure(&e))),
         }
+    }
+}
+
+/// Why a request failed, by class: what a tenant may read in an Event of the rollout (never the URL, nor
+/// what an address inside the cluster answered beyond that).
+fn failure(e: &reqwest::Error) -> &'static str {
+    if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "no connection (refused, unresolved or not allowed)"
+    } else if e.is_redirect() {
+        "redirected (not followed)"
+    } else {
+        "the request failed"
     }
 }
 

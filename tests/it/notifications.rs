@@ -119,6 +119,10 @@ async fn every_event_of_a_failed_then_rerun_rollout_reaches_every_sink() {
             |path: &'static str| move |r: &[Request]| distinct(&events(r, path)).len() >= expected.len();
         let got = receiver.wait_for(DEADLINE, complete("/hook")).await;
         assert_eq!(distinct(&events(&got, "/hook")), expected, "webhook");
+        // Without a crash nothing is sent twice: what was delivered is not sent again from a stale cache.
+        fleet.wait_rollout("web", "an empty outbox", DEADLINE, outbox_empty).await;
+        let sent = events(&receiver.requests(), "/hook");
+        assert_eq!(sent.len(), expected.len(), "each once: {sent:?}");
         let got = receiver.wait_for(DEADLINE, complete("/ce")).await;
         assert_eq!(distinct(&events(&got, "/ce")), expected, "CloudEvents");
         let got = receiver.wait_for(DEADLINE, |r| distinct(&alerts(r)).len() >= expected.len()).await;

@@ -34,9 +34,9 @@ pub struct Subscription {
     /// base URL, and its routes take the alerts on to chat, paging or mail).
     pub sink: SinkKind,
 
-    /// The Secret holding where to send (`url`) and, optionally, `hmacKey` (webhooks) and `token` (a
-    /// bearer token): in the rollout's namespace for a rollout's subscription, in the operator's namespace
-    /// for a policy's. It must be labelled `fleetroll.dev/notification-sink: "true"`, so a rollout cannot
+    /// The Secret holding where to send (`url`) and, optionally, `hmacKey` (signatures) and `token` (a
+    /// bearer token): in the rollout's namespace for a rollout's subscription, in the fleet namespace
+    /// (--fleet-namespace) for a policy's. It must be labelled `fleetroll.dev/notification-sink: "true"`, so a rollout cannot
     /// send other Secrets of its namespace anywhere.
     pub secret_ref: SecretRef,
 
@@ -64,7 +64,8 @@ pub enum NotificationKind {
     WaitingForApproval,
     /// A batch failed (its targets, or its analysis).
     BatchFailed,
-    /// Batches are held: by a change window, a policy, the failure budget or the analysis.
+    /// Batches are held: by a change window, a policy, the failure budget, the analysis, the creator's
+    /// rights or member clusters that do not answer.
     Held,
     /// Every batch succeeded.
     Succeeded,
@@ -72,12 +73,14 @@ pub enum NotificationKind {
     Failed,
     /// A rollback restored the previous images.
     RolledBack,
+    /// Someone aborted the rollout (spec.abort): targets keep what they have.
+    Aborted,
     /// After success, someone else changed targets the rollout had changed.
     ChangedByOthers,
 }
 
 impl NotificationKind {
-    pub const ALL: [NotificationKind; 8] = [
+    pub const ALL: [NotificationKind; 9] = [
         Self::Started,
         Self::WaitingForApproval,
         Self::BatchFailed,
@@ -85,6 +88,7 @@ impl NotificationKind {
         Self::Succeeded,
         Self::Failed,
         Self::RolledBack,
+        Self::Aborted,
         Self::ChangedByOthers,
     ];
 
@@ -97,6 +101,7 @@ impl NotificationKind {
             Self::Succeeded => "Succeeded",
             Self::Failed => "Failed",
             Self::RolledBack => "RolledBack",
+            Self::Aborted => "Aborted",
             Self::ChangedByOthers => "ChangedByOthers",
         }
     }

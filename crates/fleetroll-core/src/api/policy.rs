@@ -75,7 +75,7 @@ pub struct FleetRolloutPolicySpec {
     #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub windows: Vec<super::ChangeWindow>,
 
-    /// Where notifications of their rollouts also go (each Secret in the operator's namespace). At most 8.
+    /// Where notifications of their rollouts also go (each Secret in the fleet namespace). At most 8.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 8))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]

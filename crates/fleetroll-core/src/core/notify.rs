@@ -23,9 +23,9 @@ use crate::{
 /// The longest message a notification carries, in bytes.
 pub const MESSAGE_MAX: usize = 1024;
 
-/// Reasons a rollout is Paused for until something changes: a window, a policy, the failure budget, the
-/// analysis, the creator's rights, member clusters that do not answer (a pause asked for in the spec is
-/// not news to whoever asked).
+/// Reasons a running rollout waits for until something changes: a window, a policy, the failure budget,
+/// the analysis, the creator's rights, member clusters that do not answer (a pause asked for in the spec
+/// is not news to whoever asked).
 const HOLDS: [&str; 10] = [
     reason::OUTSIDE_WINDOW,
     reason::INVALID_WINDOW,
@@ -131,7 +131,8 @@ pub fn happened(
         );
     }
     let reason = after.reason.as_deref().unwrap_or_default();
-    if HOLDS.contains(&reason) && after.phase == Phase::Paused && before.reason.as_deref() != Some(reason) {
+    let holding = !after.phase.is_terminal() && after.phase != Phase::RollingBack;
+    if HOLDS.contains(&reason) && holding && before.reason.as_deref() != Some(reason) {
         tell(NotificationKind::Held, after.current_batch, reason, message(after));
     }
     let ended = |phase| after.phase == phase && before.phase != phase;
@@ -139,6 +140,7 @@ pub fn happened(
         (Phase::Succeeded, NotificationKind::Succeeded),
         (Phase::Failed, NotificationKind::Failed),
         (Phase::RolledBack, NotificationKind::RolledBack),
+        (Phase::Aborted, NotificationKind::Aborted),
     ] {
         if ended(phase) {
             tell(kind, None, reason, message(after));
@@ -251,6 +253,19 @@ pub fn owes_write(
     let mut after = outbox.clone();
     acknowledge(&mut after, delivered, subscribers);
     after != *outbox
+}
+
+/// How long a finished rollout's TTL deletion waits, at most, for its outbox to be delivered.
+pub const DELETION_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// When a rollout whose TTL has passed still owes notifications, and finished less than
+/// [`DELETION_GRACE`] ago: how soon to look again instead of deleting it.
+pub fn holds_deletion(status: &FleetRolloutStatus, now: Timestamp) -> Option<std::time::Duration> {
+    let owed = status.notifications.as_ref().is_some_and(|o| !o.pending.is_empty());
+    let finished = status.finished_at.as_ref()?.0;
+    let grace = k8s_openapi::jiff::SignedDuration::try_from(DELETION_GRACE).ok()?;
+    let until = finished.checked_add(grace).ok()?;
+    (owed && now < until).then_some(std::time::Duration::from_secs(5))
 }
 
 /// The (notification, subscriber) pairs of an outbox, oldest first.

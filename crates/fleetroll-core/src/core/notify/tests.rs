@@ -196,3 +196,47 @@ fn happening() -> Happening {
         message: "x".into(),
     }
 }
+
+#[test]
+fn a_ttl_deletion_waits_a_while_for_undelivered_notifications_and_aborts_and_waits_are_told() {
+    let finished = now();
+    let mut status = FleetRolloutStatus {
+        phase: Phase::Succeeded,
+        finished_at: Some(Time(finished)),
+        ..Default::default()
+    };
+    let later = |s: i64| finished.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(s)).unwrap();
+    assert_eq!(holds_deletion(&status, later(1)), None, "nothing owed: deleted at once");
+    let spec = spec(vec![subscription("a", &[])]);
+    let before = status.clone();
+    record(
+        "u1",
+        vec![happening()],
+        &FleetRolloutStatus::default(),
+        &mut status,
+        &subscribers(&spec, &Guardrails::default()),
+        &BTreeSet::new(),
+        now(),
+    );
+    assert!(holds_deletion(&status, later(1)).is_some());
+    assert_eq!(holds_deletion(&status, later(601)), None, "not for ever");
+    // Aborted is told; a hold is told whatever phase the running rollout shows (member clusters: Pending).
+    let aborted = FleetRolloutStatus { phase: Phase::Aborted, ..before.clone() };
+    let running = FleetRolloutStatus { phase: Phase::Progressing, ..Default::default() };
+    let kinds = |a: &FleetRolloutStatus, b: &FleetRolloutStatus| -> Vec<NotificationKind> {
+        happened(&spec, ORIGIN, a, b).into_iter().map(|h| h.kind).collect()
+    };
+    assert_eq!(kinds(&running, &aborted), [NotificationKind::Aborted]);
+    let waiting = FleetRolloutStatus {
+        phase: Phase::Pending,
+        reason: Some(reason::WAITING_FOR_CLUSTERS.into()),
+        ..running.clone()
+    };
+    assert_eq!(kinds(&running, &waiting), [NotificationKind::Held]);
+    let rolling_back = FleetRolloutStatus {
+        phase: Phase::RollingBack,
+        reason: Some(reason::FAILURE_BUDGET_EXCEEDED.into()),
+        ..running.clone()
+    };
+    assert!(kinds(&running, &rolling_back).is_empty(), "a rollback is not a hold");
+}

@@ -48,7 +48,11 @@ pub(super) fn when_idle(f: &Facts<'_>, after: Option<Duration>) -> Step {
         return Step::Wait { after };
     }
     match expires_at(f.spec, f.status) {
-        Some(expiry) if f.now >= expiry => Step::Delete,
+        // Undelivered notifications hold the deletion a while: they would be gone with the rollout.
+        Some(expiry) if f.now >= expiry => match crate::core::notify::holds_deletion(f.status, f.now) {
+            Some(recheck) => Step::Wait { after: Some(recheck) },
+            None => Step::Delete,
+        },
         Some(expiry) => {
             let left = until(f.now, expiry);
             Step::Wait { after: Some(after.map_or(left, |a| a.min(left))) }
