@@ -129,7 +129,8 @@ pub struct FleetRolloutSpec {
     pub resume_token: Option<String>,
 
     /// Deletes the FleetRollout (and its plan objects) this many seconds after it finishes, at most 2592000
-    /// (30 days). Unset: kept until deleted. Rollouts started over MCP get the server's task retention.
+    /// (30 days); notifications not yet delivered hold it up to 10 minutes more. Unset: kept until deleted.
+    /// Rollouts started over MCP get the server's task retention.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 2592000))]
     pub ttl_seconds_after_finished: Option<i64>,
