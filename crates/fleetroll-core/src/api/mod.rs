@@ -4,21 +4,21 @@
 mod analysis;
 mod approvals;
 mod clusters;
+mod notify;
 mod policy;
 mod revision;
 mod spec;
 mod status;
-mod notify;
 mod windows;
 
 pub use analysis::*;
 pub use approvals::*;
 pub use clusters::*;
+pub use notify::*;
 pub use policy::*;
 pub use revision::*;
 pub use spec::*;
 pub use status::*;
-pub use notify::*;
 pub use windows::*;
 
 use k8s_openapi::{
