@@ -17,11 +17,32 @@ use crate::{
 };
 
 /// The change windows a namespace's owner declares (its `fleetroll.dev/windows` annotation), as the cache
-/// keeps it; None for other owners and namespaces without.
-pub(super) fn declared_windows(ctx: &Context, owner: &Owner) -> Option<String> {
-    let Owner::Namespace(ns) = owner else { return None };
-    let namespace = ctx.stores.namespaces.get(&ObjectRef::new(ns))?;
-    namespace.annotations().get(WINDOWS_ANNOTATION).cloned()
+/// keeps it, or a member cluster's (its Secret's, from `members`, [`member_windows`]); None for other
+/// owners and places without.
+pub(super) fn declared_windows(ctx: &Context, members: &MemberWindows, owner: &Owner) -> Option<String> {
+    match owner {
+        Owner::Namespace(ns) => {
+            let namespace = ctx.stores.namespaces.get(&ObjectRef::new(ns))?;
+            namespace.annotations().get(WINDOWS_ANNOTATION).cloned()
+        }
+        Owner::Cluster(cluster) => members.get(cluster).cloned().flatten(),
+        Owner::Policy(_) | Owner::Rollout => None,
+    }
+}
+
+/// The member clusters' declared windows, by name.
+pub(super) type MemberWindows = crate::edge::members::DeclaredWindows;
+
+/// The windows of the member clusters, for a rollout across them whose next batch may start (read from
+/// their Secrets, at most 5 s ago); none for any other. An error when they cannot be read: the step is
+/// tried again rather than judged as if no member declared any.
+pub(super) async fn member_windows(ctx: &Context, fr: &FleetRollout) -> crate::error::Result<MemberWindows> {
+    let phase = fr.status.as_ref().map(|s| s.phase).unwrap_or_default();
+    let may_start = !phase.is_terminal() && phase != crate::api::Phase::RollingBack;
+    match fr.spec.targets.clusters.is_some() && may_start {
+        true => ctx.members.members().windows().await,
+        false => Ok(MemberWindows::default()),
+    }
 }
 
 /// The rollouts whose next batch `namespace`'s windows hold now: a change of the namespace (its windows

@@ -147,7 +147,8 @@ async fn step<F: Fleet>(ctx: &Context, fr: Arc<FleetRollout>, round: &mut Round)
         return act::<F>(ctx, fr, &status, first, None, now, round).await;
     }
     let seen = F::observe(ctx, &fr, &status, &loaded.plan).await?;
-    let decided = decide(ctx, &fr, &status, &loaded, &seen, now).await;
+    let members = super::namespaces::member_windows(ctx, &fr).await?;
+    let decided = decide(ctx, &fr, &status, &loaded, (&seen, &members), now).await;
     act::<F>(ctx, fr, &status, decided, seen.recheck(), now, round).await
 }
 
@@ -157,7 +158,7 @@ async fn decide(
     fr: &FleetRollout,
     status: &FleetRolloutStatus,
     loaded: &LoadedPlan,
-    seen: &impl Seen,
+    (seen, members): (&impl Seen, &super::namespaces::MemberWindows),
     now: Timestamp,
 ) -> Step {
     let http = probe(ctx, &fr.spec, status, &loaded.plan, seen).await;
@@ -213,7 +214,7 @@ async fn decide(
         target: &target,
         unplanned: &unplanned,
         scope: &in_scope,
-        declared_windows: &|owner| super::namespaces::declared_windows(ctx, owner),
+        declared_windows: &|owner| super::namespaces::declared_windows(ctx, members, owner),
         carrying: &|prefix| seen.carrying(prefix),
         measured: &measured,
         unreachable: &seen.unreachable(),

@@ -40,7 +40,9 @@ pub(super) async fn plan_revision<F: Fleet>(
     let previous = previous_images(ctx, fr, status).await?;
     let Discovered { candidates, waves, refused, left_out, .. } = fleet;
     let places = candidates.iter().map(|c| (c.cluster.as_str(), c.namespace.as_str()));
-    let opens = window::openings(places, &|owner| super::namespaces::declared_windows(ctx, owner), now);
+    let members = super::namespaces::member_windows(ctx, fr).await?;
+    let declared = |owner: &window::Owner| super::namespaces::declared_windows(ctx, &members, owner);
+    let opens = window::openings(places, &declared, now);
     let planned = match plan::plan_revision(&fr.spec, candidates, &previous, &waves, opens) {
         Ok(p) => p,
         Err(why) => return halt(why),

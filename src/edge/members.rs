@@ -67,6 +67,9 @@ pub struct Member {
     pub tls_server_name: Option<String>,
     /// Whether its server's certificate goes unverified (the Secret asks for it).
     pub insecure: bool,
+    /// The change windows its Secret declares (its `fleetroll.dev/windows` annotation, as a namespace's):
+    /// one too long to read is kept as a marker that fails to parse, so its targets are held with why.
+    pub windows: Option<String>,
 }
 
 /// The convention a member Secret follows.
@@ -171,7 +174,15 @@ struct State {
     /// Builds that outlived their timeout, by member name: no other starts for that member while one
     /// still runs, so a plugin that never returns holds one thread, not one per reconcile.
     stalled: HashMap<String, Building>,
+    /// The members' declared windows by name, and when they were read.
+    windows: Option<(tokio::time::Instant, DeclaredWindows)>,
 }
+
+/// Each member's declared windows (its Secret's annotation), by name.
+pub type DeclaredWindows = Arc<HashMap<String, Option<String>>>;
+
+/// How long the members' windows are taken as read: as long as a client is taken as current.
+const WINDOWS_FRESH: Duration = Duration::from_secs(5);
 
 impl Members {
     /// Members described by the Secrets of `fleet_namespace`, read with `hub`.
@@ -216,6 +227,20 @@ impl Members {
         let (members, refused) = secrets::group(parsed);
         self.keep_current(&members);
         Ok((members.into_iter().map(|(m, _)| m).collect(), refused))
+    }
+
+    /// The change windows each member declares, by name, read from the Secrets at most [`WINDOWS_FRESH`]
+    /// ago. An error when they cannot be read: a member whose windows are unknown is never taken to have
+    /// none.
+    pub async fn windows(&self) -> Result<DeclaredWindows> {
+        let fresh = self.lock().windows.clone().filter(|(at, _)| at.elapsed() < WINDOWS_FRESH);
+        if let Some((_, windows)) = fresh {
+            return Ok(windows);
+        }
+        let (members, _) = self.list().await?;
+        let windows: DeclaredWindows = Arc::new(members.into_iter().map(|m| (m.name, m.windows)).collect());
+        self.lock().windows = Some((tokio::time::Instant::now(), windows.clone()));
+        Ok(windows)
     }
 
     /// A client for member `cluster`, reusing the cached one while its Secret is unchanged. Err when no

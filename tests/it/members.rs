@@ -23,6 +23,7 @@ mod gates;
 mod hostile;
 mod nodes;
 mod previews;
+mod windows;
 
 /// The batch (0-based) of each Deployment's `fleetroll.dev/applied` key.
 async fn batches_of(s: &Site) -> Vec<u32> {

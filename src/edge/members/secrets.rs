@@ -94,7 +94,15 @@ pub fn parse(
         Kind::ClusterApi(_) => (Source::ClusterApi, cluster_labels.cloned().unwrap_or_default()),
     };
     let tls_server_name = config.config().tls_server_name.clone();
-    let member = Member { name, labels, source, secret: secret_name, server, tls_server_name, insecure };
+    let windows =
+        secret.metadata.annotations.as_ref().and_then(|a| a.get(crate::api::WINDOWS_ANNOTATION)).map(|w| {
+            match w.len() {
+                n if n <= crate::core::window::ANNOTATION_MAX => w.clone(),
+                _ => crate::core::window::ANNOTATION_TOO_LONG.to_string(),
+            }
+        });
+    let member =
+        Member { name, labels, source, secret: secret_name, server, tls_server_name, insecure, windows };
     Ok(Some((member, config)))
 }
 

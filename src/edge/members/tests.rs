@@ -125,8 +125,18 @@ fn an_argo_secret_with_a_bearer_token_and_a_ca_is_a_member_with_its_labels() {
             server: SERVER.into(),
             tls_server_name: None,
             insecure: false,
+            windows: None,
         }
     );
+    // Its Secret's windows annotation is its windows; one too long to read is a marker that fails to parse.
+    let mut annotated = argo("cluster-prod", "prod", SERVER, &config);
+    let windows = r#"[{"schedule": "0 2 * * *", "duration": "3h"}]"#;
+    annotated.metadata.annotations =
+        Some([(crate::api::WINDOWS_ANNOTATION.to_string(), windows.to_string())].into());
+    assert_eq!(member(&annotated).0.windows.as_deref(), Some(windows));
+    let long = "x".repeat(crate::core::window::ANNOTATION_MAX + 1);
+    annotated.metadata.annotations = Some([(crate::api::WINDOWS_ANNOTATION.to_string(), long)].into());
+    assert_eq!(member(&annotated).0.windows.as_deref(), Some(crate::core::window::ANNOTATION_TOO_LONG));
     let config = c.config();
     assert_eq!(config.cluster_url.to_string(), format!("{SERVER}/"));
     assert_eq!(config.root_cert.as_ref().map(Vec::len), Some(1));

@@ -1,7 +1,7 @@
 //! Change windows: the hours in which a rollout's targets may be changed (Allow) or must not be (Deny, a
 //! freeze). A rollout declares its own (`spec.strategy.windows`); a namespace's owner declares the
-//! namespace's (the [`WINDOWS_ANNOTATION`], in the rollout's own cluster); a FleetRolloutPolicy the
-//! platform's. The rules that judge them are in `core::window`.
+//! namespace's (the [`WINDOWS_ANNOTATION`], in the rollout's own cluster), a member cluster's Secret the
+//! member's (the same annotation); a FleetRolloutPolicy the platform's. The rules that judge them are in `core::window`.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube_derive::KubeSchema;

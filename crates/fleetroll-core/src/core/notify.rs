@@ -225,9 +225,14 @@ pub fn record(
             to,
         });
     }
-    let over = outbox.pending.len().saturating_sub(OUTBOX_MAX);
-    outbox.pending.drain(..over);
-    outbox.dropped += over as u64;
+    // Full: the oldest go first, those owed to the platform last, so that a tenant who makes many events
+    // cannot push out one a platform subscription is owed.
+    while outbox.pending.len() > OUTBOX_MAX {
+        let platform = |n: &Notification| n.to.iter().any(|key| key.starts_with("policy/"));
+        let oldest = outbox.pending.iter().position(|n| !platform(n)).unwrap_or(0);
+        outbox.pending.remove(oldest);
+        outbox.dropped += 1;
+    }
     after.notifications = (outbox != Outbox::default()).then_some(outbox);
 }
 

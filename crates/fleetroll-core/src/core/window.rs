@@ -63,6 +63,8 @@ pub enum Owner {
     Rollout,
     /// A namespace (its fleetroll.dev/windows annotation).
     Namespace(String),
+    /// A member cluster (the fleetroll.dev/windows annotation of its Secret in the fleet namespace).
+    Cluster(String),
 }
 
 impl fmt::Display for Owner {
@@ -71,6 +73,7 @@ impl fmt::Display for Owner {
             Owner::Policy(name) => write!(f, "FleetRolloutPolicy {name}"),
             Owner::Rollout => f.write_str("the rollout"),
             Owner::Namespace(name) => write!(f, "namespace {name}"),
+            Owner::Cluster(name) => write!(f, "member cluster {name}"),
         }
     }
 }
@@ -263,23 +266,34 @@ pub fn next_allowed(owners: &[&OwnerWindows], now: Timestamp) -> Option<Timestam
     }
 }
 
-/// For planning: when the windows of each namespace of the rollout's own cluster among `targets`
-/// (cluster, namespace) first allow a change, from `now`. Only namespaces whose owners declare windows are
-/// listed; windows that cannot be read, or never open, rank last (Timestamp::MAX), and the gate holds
-/// their targets with why.
+/// For planning: when the windows of each place among `targets` (cluster, namespace) first allow a
+/// change, from `now`: a namespace's own in the rollout's own cluster, the member cluster's for one in a
+/// member. Only places whose owners declare windows are listed; windows that cannot be read, or never
+/// open, rank last (Timestamp::MAX), and the gate holds their targets with why.
 pub fn openings<'a>(
     targets: impl IntoIterator<Item = (&'a str, &'a str)>,
     declared_windows: &dyn Fn(&Owner) -> Option<String>,
     now: Timestamp,
 ) -> HashMap<(String, String), Timestamp> {
-    let namespaces: BTreeSet<&str> =
-        targets.into_iter().filter(|(c, _)| c.is_empty()).map(|(_, ns)| ns).collect();
+    let places: BTreeSet<(&str, &str)> = targets.into_iter().collect();
+    let mut judged: HashMap<Owner, Option<Timestamp>> = HashMap::new();
+    let mut opening = |owner: Owner| -> Option<Timestamp> {
+        let text = declared_windows(&owner);
+        *judged.entry(owner.clone()).or_insert_with(|| {
+            let declared = declared(owner, text.as_deref())?;
+            Some(declared.ok().and_then(|w| next_allowed(&[&w], now)).unwrap_or(Timestamp::MAX))
+        })
+    };
     let mut opens = HashMap::new();
-    for ns in namespaces {
-        let owner = Owner::Namespace(ns.to_string());
-        let Some(declared) = declared(owner.clone(), declared_windows(&owner).as_deref()) else { continue };
-        let at = declared.ok().and_then(|w| next_allowed(&[&w], now)).unwrap_or(Timestamp::MAX);
-        opens.insert((String::new(), ns.to_string()), at);
+    for (cluster, ns) in places {
+        // A namespace of this cluster, or a member cluster as a whole (its namespaces declare nothing here).
+        let owner = match cluster {
+            "" => Owner::Namespace(ns.to_string()),
+            member => Owner::Cluster(member.to_string()),
+        };
+        if let Some(at) = opening(owner) {
+            opens.insert((cluster.to_string(), ns.to_string()), at);
+        }
     }
     opens
 }

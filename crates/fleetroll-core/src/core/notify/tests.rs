@@ -240,3 +240,23 @@ fn a_ttl_deletion_waits_a_while_for_undelivered_notifications_and_aborts_and_wai
     };
     assert!(kinds(&running, &rolling_back).is_empty(), "a rollback is not a hold");
 }
+
+#[test]
+fn a_full_outbox_drops_what_only_the_rollout_is_owed_before_what_the_platform_is() {
+    let spec = spec(vec![subscription("tenant", &[NotificationKind::Held])]);
+    let guardrails = Guardrails {
+        notify: vec![("platform".into(), vec![subscription("oncall", &[NotificationKind::Failed])])],
+        ..Default::default()
+    };
+    let subs = subscribers(&spec, &guardrails);
+    let told = |kind| Happening { kind, batch: None, reason: String::new(), message: String::new() };
+    let mut many = vec![told(NotificationKind::Failed)];
+    many.extend((0..40).map(|_| told(NotificationKind::Held)));
+    let before = FleetRolloutStatus { revision: revision(1), ..Default::default() };
+    let mut after = before.clone();
+    record("u1", many, &before, &mut after, &subs, &BTreeSet::new(), now());
+    let outbox = after.notifications.unwrap();
+    assert_eq!((outbox.pending.len(), outbox.dropped), (OUTBOX_MAX, 9));
+    assert_eq!(outbox.pending[0].kind, NotificationKind::Failed, "the platform's is kept, oldest as it is");
+    assert_eq!(outbox.pending[1].id, "u1/1/10", "the tenant's oldest went");
+}

@@ -1,5 +1,5 @@
 //! The change-window gate: the next batch starts only while every window of the rollout, of the
-//! FleetRolloutPolicies governing it and of its targets' namespaces allows it (see [`crate::core::window`] for what a window means). A
+//! FleetRolloutPolicies governing it, of its targets' namespaces and of their member clusters allows it (see [`crate::core::window`] for what a window means). A
 //! batch already started finishes: its changes are sent when it starts, and what follows (health, soak,
 //! analysis) changes nothing. Rollbacks and aborts are not held: undoing a change is what a freeze is for.
 
@@ -136,7 +136,7 @@ pub(crate) fn describe(hold: &WindowHold) -> String {
 }
 
 /// The windows that apply to batch `next`: each governing policy's, the rollout's own, and those the
-/// namespaces of its targets declare.
+/// namespaces of its targets in this cluster, and the member clusters of its others, declare.
 fn owners(f: &Facts<'_>, next: u32) -> Result<Vec<OwnerWindows>, (Owner, WindowError)> {
     let policies = f.guardrails.windows.iter().map(|(name, w)| (Owner::Policy(name.clone()), w.as_slice()));
     let own = std::iter::once((Owner::Rollout, f.spec.strategy.windows.as_slice()));
@@ -145,13 +145,19 @@ fn owners(f: &Facts<'_>, next: u32) -> Result<Vec<OwnerWindows>, (Owner, WindowE
         .filter(|(_, w)| !w.is_empty())
         .map(|(owner, w)| OwnerWindows::compile(owner.clone(), w).map_err(|e| (owner, e)))
         .collect::<Result<_, _>>()?;
-    let namespaces: BTreeSet<&str> =
-        f.plan.batch(next).iter().filter(|t| t.cluster.is_empty()).map(|t| t.namespace.as_str()).collect();
-    // Namespaces declaring the same windows are judged once, under the first one's name: a batch may
-    // reach thousands of tenants that all paste the platform's usual hours.
+    let places: BTreeSet<Owner> = f
+        .plan
+        .batch(next)
+        .iter()
+        .map(|t| match t.cluster.as_str() {
+            "" => Owner::Namespace(t.namespace.clone()),
+            member => Owner::Cluster(member.to_string()),
+        })
+        .collect();
+    // Owners declaring the same windows are judged once, under the first one's name: a batch may reach
+    // thousands of tenants that all paste the platform's usual hours.
     let mut judged = BTreeSet::new();
-    for ns in namespaces {
-        let owner = Owner::Namespace(ns.to_string());
+    for owner in places {
         let text = (f.declared_windows)(&owner);
         if text.as_ref().is_some_and(|t| !judged.insert(t.clone())) {
             continue;
