@@ -28,16 +28,7 @@ async fn tenants_are_changed_only_inside_their_own_windows() {
     with_fleet("windows-tenants", 4, |fleet| async move {
         fleet.tenant_deployments(1).await;
         // A window opening at a whole second 20 s from now (UTC), for a minute.
-        let opening = Timestamp::from_second(Timestamp::now().as_second() + 20).unwrap();
-        let civil = opening.to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC);
-        let schedule = format!(
-            "{} {} {} {} {} *",
-            civil.second(),
-            civil.minute(),
-            civil.hour(),
-            civil.day(),
-            civil.month()
-        );
+        let (opening, schedule) = testkit::fleet::opening_in(20);
         let windows = json!([{"name": "tenant-hours", "schedule": schedule, "duration": "1m"}]).to_string();
         let namespaces: Api<Namespace> = Api::all(fleet.client.clone());
         let windowed = [fleet.tenants[0].clone(), fleet.tenants[2].clone()];

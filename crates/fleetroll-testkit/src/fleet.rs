@@ -352,3 +352,12 @@ pub fn metric_run(fr: &FleetRollout, index: u32, metric: &str) -> fleetroll::api
         .find(|r| r.name == metric)
         .unwrap_or_else(|| panic!("no run of {metric} in batch {index}: {status:?}"))
 }
+
+/// A change window opening at a whole second `seconds` from now, in UTC: the opening, and a cron schedule
+/// of six fields (seconds first) that names exactly it.
+pub fn opening_in(seconds: i64) -> (k8s_openapi::jiff::Timestamp, String) {
+    use k8s_openapi::jiff::{Timestamp, tz::TimeZone};
+    let opening = Timestamp::from_second(Timestamp::now().as_second() + seconds).expect("a time in range");
+    let c = opening.to_zoned(TimeZone::UTC);
+    (opening, format!("{} {} {} {} {} *", c.second(), c.minute(), c.hour(), c.day(), c.month()))
+}

@@ -25,16 +25,7 @@ async fn a_member_clusters_windows_hold_its_batches_until_they_open() {
         let two = site("member-2", &team, &team, 1, READY_IMAGE, true).await;
         register(&fleet, &[&one, &two], OPERATOR_ACCOUNT).await;
         // member-2's Secret declares a window opening at a whole second 20 s from now (UTC), for a minute.
-        let opening = Timestamp::from_second(Timestamp::now().as_second() + 20).unwrap();
-        let civil = opening.to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC);
-        let schedule = format!(
-            "{} {} {} {} {} *",
-            civil.second(),
-            civil.minute(),
-            civil.hour(),
-            civil.day(),
-            civil.month()
-        );
+        let (opening, schedule) = testkit::fleet::opening_in(20);
         let windows = json!([{"name": "prod-hours", "schedule": schedule, "duration": "1m"}]).to_string();
         let secrets: Api<Secret> = Api::namespaced(fleet.client.clone(), &fleet.ns);
         let listed = secrets.list(&Default::default()).await.unwrap().items;
