@@ -6,7 +6,7 @@ MEMBERS ?= $(or $(FLEETROLL_MEMBERS),2)
 CARGO ?= cargo
 TESTENV := tests/testenv
 
-.PHONY: demo demo-operator demo-down all build generate docs fmt fmt-check lint unit integration test bench chaos testenv mcp-tools cluster cluster-down clean help
+.PHONY: demo demo-operator demo-down all build dashboard dashboard-check generate docs fmt fmt-check lint unit integration test bench chaos testenv mcp-tools cluster cluster-down clean help
 
 all: build
 
@@ -26,6 +26,21 @@ help: ## list the targets
 
 build: ## build the fleetroll binary
 	$(CARGO) build --locked
+
+# The dashboard's page: TypeScript (dashboard/src) compiled by the pinned tsc into src/plugin/dashboard/assets,
+# which the binary embeds; the .js there is generated and committed, so building fleetroll needs no Node.
+DASHBOARD_ASSETS := src/plugin/dashboard/assets
+dashboard: ## rebuild the dashboard's JavaScript (src/plugin/dashboard/assets/*.js) from dashboard/src/*.ts
+	cd dashboard && npm ci --no-audit --no-fund --silent && npx tsc -p .
+
+dashboard-check: ## check the committed dashboard JavaScript is what dashboard/src builds, and that no page code uses innerHTML, eval and the like
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	(cd dashboard && npm ci --no-audit --no-fund --silent && npx tsc -p . --outDir "$$tmp") && fail=0 && \
+	for f in "$$tmp"/*.js; do cmp -s "$$f" $(DASHBOARD_ASSETS)/$${f##*/} || { echo "$(DASHBOARD_ASSETS)/$${f##*/} is not what dashboard/src builds"; fail=1; }; done && \
+	for f in $(DASHBOARD_ASSETS)/*.js; do b=$${f##*/}; [ -f "dashboard/src/$${b%.js}.ts" ] || { echo "$$f has no source dashboard/src/$${b%.js}.ts"; fail=1; }; done && \
+	if grep -nE 'innerHTML|outerHTML|insertAdjacentHTML|document\.write|eval\(|new Function' dashboard/src/*.ts $(DASHBOARD_ASSETS)/*.js; then \
+	  echo "the dashboard renders cluster data as text only: no HTML from strings, no eval"; fail=1; fi && \
+	if [ $$fail -ne 0 ]; then echo "run make dashboard (and commit the result)"; exit 1; fi
 
 generate: ## regenerate the CRDs (crds/, the chart) and the manual's reference pages from the Rust types, manifests/install.yaml and the chart's README from the chart
 	$(CARGO) run --locked --quiet -- crd > crds/fleetroll.dev_fleetrollouts.yaml
@@ -51,7 +66,7 @@ fmt-check:
 	$(CARGO) fmt --check
 
 # --workspace: the core crate too, whose clippy.toml forbids reading a clock (crates/fleetroll-core).
-lint: ## clippy, warnings are errors (the release build, and the test build with the conformance fixtures)
+lint: dashboard-check ## clippy, warnings are errors (the release build, and the test build with the conformance fixtures)
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --locked --workspace --all-targets --features conformance -- -D warnings
 

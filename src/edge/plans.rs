@@ -148,7 +148,7 @@ impl PlanStore {
 
     /// Persists a plan (shards first, if it needs them) and returns the reference to put in status. The inner
     /// error: a shard of that name already exists with other content (planted before we planned).
-    pub(crate) async fn store(
+    pub async fn store(
         &self,
         client: &Client,
         fr: &FleetRollout,

@@ -94,6 +94,25 @@ pub(super) enum PluginCommand {
     /// Become the creator of a rollout created without one (before fleetroll recorded creators): the
     /// operator then changes its targets as you, with your rights.
     Adopt { name: String },
+    /// Serve a live web view of every rollout you can read, on this machine, acting as you (nothing runs
+    /// in the cluster). Prints the address to open, with its session token.
+    Dashboard {
+        /// The address to listen on; one that is not loopback needs --allow-remote.
+        #[arg(long, default_value = "127.0.0.1")]
+        address: std::net::IpAddr,
+        /// The port (0: any free one).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+        /// Do not open a browser.
+        #[arg(long)]
+        no_open: bool,
+        /// Listen on an address other machines can reach (anyone holding the printed token acts as you).
+        #[arg(long)]
+        allow_remote: bool,
+        /// The fleet namespace the operator honours cross-namespace rollouts in (for plan previews).
+        #[arg(long, default_value = "fleetroll-system")]
+        fleet_namespace: String,
+    },
     /// Stop the rollout for good (changed targets keep the new image).
     Abort { name: String },
     /// Restore the previous image of every target the rollout changed.

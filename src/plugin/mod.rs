@@ -5,6 +5,7 @@
 
 mod args;
 mod controls;
+mod dashboard;
 mod error;
 mod inbox;
 mod plan;
@@ -89,6 +90,16 @@ async fn execute(cli: PluginCli) -> Result<ExitCode, PluginError> {
         }
         PluginCommand::Adopt { name } => controls::adopt(client, ns, name, output).await,
         PluginCommand::Inbox { all_namespaces } => inbox::inbox(client, ns, *all_namespaces, output).await,
+        PluginCommand::Dashboard { address, port, no_open, allow_remote, fleet_namespace } => {
+            let options = dashboard::Options {
+                address: *address,
+                port: *port,
+                open: !no_open,
+                allow_remote: *allow_remote,
+                fleet_namespace,
+            };
+            dashboard::dashboard(client, ns, options).await
+        }
     }
 }
 

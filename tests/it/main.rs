@@ -13,9 +13,11 @@
 mod alertmanager_env;
 mod analysis;
 mod architecture;
+mod browser_env;
 mod chart;
 mod coexistence;
 mod crash;
+mod dashboard;
 mod demo;
 mod docs;
 mod examples;

@@ -1,0 +1,184 @@
+//! The list's stream: every rollout the user can read, from one watch (across the cluster when they may
+//! list it, else in their namespace), and the inbox of those waiting for an approval they may give. A lost
+//! watch is said at once ("reconnecting") and resumed with backoff; the next full list replaces the page's.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    convert::Infallible,
+    time::Duration,
+};
+
+use axum::{
+    extract::State,
+    response::sse::{Event, KeepAlive, Sse},
+};
+use futures::{Stream, StreamExt};
+use kube::{Api, ResourceExt, api::ListParams, runtime::watcher};
+use serde::Serialize;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use super::{
+    Dash,
+    rollout::{RETRY_FIRST, RETRY_MAX},
+    view,
+};
+use crate::{api::FleetRollout, core::task::awaited_approval, edge::control};
+
+/// Events queued for a page that reads slowly before the watch waits for it.
+const QUEUED: usize = 256;
+pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+pub async fn stream(State(dash): State<Dash>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let (tx, rx) = mpsc::channel(QUEUED);
+    tokio::spawn(async move {
+        // Ends when the page goes (its receiver is dropped).
+        let _ = watch(dash, tx).await;
+    });
+    Sse::new(received(rx)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+}
+
+/// What a task sends, as the page's stream.
+pub fn received(rx: mpsc::Receiver<Event>) -> impl Stream<Item = Result<Event, Infallible>> {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) })
+}
+
+/// An SSE event named `name` carrying `data` as JSON.
+pub fn event(name: &str, data: &impl Serialize) -> Event {
+    Event::default().event(name).data(serde_json::to_string(data).unwrap_or_else(|_| "null".into()))
+}
+
+pub fn connection(live: bool, message: &str) -> Event {
+    let state = if live { "live" } else { "reconnecting" };
+    event("connection", &json!({"state": state, "message": message}))
+}
+
+/// A page that has gone: stop.
+struct Gone;
+
+async fn send(tx: &mpsc::Sender<Event>, e: Event) -> Result<(), Gone> {
+    tx.send(e).await.map_err(|_| Gone)
+}
+
+/// Watches until the page goes. A lost watch is said at once; a new one (a full list: the page replaces
+/// its own) starts after a backoff, since a watch kube resumes by itself would list nothing again.
+async fn watch(dash: Dash, tx: mpsc::Sender<Event>) -> Result<(), Gone> {
+    send(&tx, connection(false, "connecting")).await?;
+    let mut inbox = Inbox::default();
+    let mut pause = RETRY_FIRST;
+    loop {
+        let (message, was_live) = session(&dash, &tx, &mut inbox).await?;
+        if was_live {
+            pause = RETRY_FIRST;
+        }
+        send(&tx, connection(false, &format!("the watch of rollouts was lost ({message}); reconnecting")))
+            .await?;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(RETRY_MAX);
+    }
+}
+
+/// One watch of the rollouts the user can read, until it is lost: why, and whether it was live.
+async fn session(dash: &Dash, tx: &mpsc::Sender<Event>, inbox: &mut Inbox) -> Result<(String, bool), Gone> {
+    let all = Api::<FleetRollout>::all(dash.client.clone());
+    let (api, scope) = match all.list(&ListParams::default().limit(1)).await {
+        Err(kube::Error::Api(s)) if s.code == 403 => (
+            Api::namespaced(dash.client.clone(), &dash.namespace),
+            format!("namespace {} (you may not list rollouts across namespaces)", dash.namespace),
+        ),
+        Err(e) => return Ok((e.to_string(), false)),
+        Ok(_) => (all, "all namespaces".to_string()),
+    };
+    let mut events = watcher(api, watcher::Config::default()).boxed();
+    let mut known: BTreeMap<(String, String), FleetRollout> = BTreeMap::new();
+    let mut listing: Option<BTreeMap<(String, String), FleetRollout>> = None;
+    let mut live = false;
+    while let Some(next) = events.next().await {
+        match next {
+            Ok(watcher::Event::Init) => listing = Some(BTreeMap::new()),
+            Ok(watcher::Event::InitApply(fr)) => {
+                if let Some(l) = listing.as_mut() {
+                    l.insert(key(&fr), fr);
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                known = listing.take().unwrap_or_default();
+                let rollouts: Vec<_> = known.values().map(view::summary).collect();
+                send(tx, event("snapshot", &json!({"scope": scope, "rollouts": rollouts}))).await?;
+                send(tx, connection(true, "")).await?;
+                live = true;
+            }
+            Ok(watcher::Event::Apply(fr)) => {
+                send(tx, event("upsert", &view::summary(&fr))).await?;
+                known.insert(key(&fr), fr);
+            }
+            Ok(watcher::Event::Delete(fr)) => {
+                known.remove(&key(&fr));
+                send(tx, event("remove", &json!({"namespace": fr.namespace(), "name": fr.name_any()})))
+                    .await?;
+            }
+            Err(e) => return Ok((e.to_string(), live)),
+        }
+        if listing.is_none()
+            && let Some(waiting) = inbox.update(&dash.client, &known).await
+        {
+            send(tx, event("inbox", &json!({"waiting": waiting}))).await?;
+        }
+    }
+    Ok(("the watch ended".into(), live))
+}
+
+fn key(fr: &FleetRollout) -> (String, String) {
+    (fr.namespace().unwrap_or_default(), fr.name_any())
+}
+
+/// The rollouts waiting for an approval this user may give: the API server's answer to a dry run of each
+/// approval, asked once per version of a waiting rollout.
+#[derive(Default)]
+struct Inbox {
+    judged: HashMap<(String, String), (String, bool)>,
+    last: Option<Vec<serde_json::Value>>,
+}
+
+impl Inbox {
+    /// The inbox, if it changed since it was last said.
+    async fn update(
+        &mut self,
+        client: &kube::Client,
+        known: &BTreeMap<(String, String), FleetRollout>,
+    ) -> Option<Vec<serde_json::Value>> {
+        self.judged.retain(|k, _| known.contains_key(k));
+        let mut waiting = Vec::new();
+        for (k, fr) in known {
+            let Some(pending) = awaited_approval(fr) else {
+                self.judged.remove(k);
+                continue;
+            };
+            let version = fr.resource_version().unwrap_or_default();
+            let may = match self.judged.get(k) {
+                Some((v, may)) if *v == version => *may,
+                _ => {
+                    // Unknown now (the API server did not answer) counts as not, and is asked again later.
+                    let may = control::may_approve(client, fr).await.unwrap_or(false);
+                    self.judged.insert(k.clone(), (version, may));
+                    may
+                }
+            };
+            if may {
+                let s = fr.status.as_ref();
+                waiting.push(json!({
+                    "namespace": k.0, "name": k.1,
+                    "batch": pending.batch + 1,
+                    "batches": s.and_then(|s| s.plan.as_ref()).map_or(0, |p| p.total_batches),
+                    "planHash": pending.plan_hash, "gatesHash": pending.gates_hash,
+                    "creator": fr.spec.creator.as_ref().map(|c| &c.username),
+                    "since": pending.since.0.to_string(),
+                }));
+            }
+        }
+        (self.last.as_ref() != Some(&waiting)).then(|| {
+            self.last = Some(waiting.clone());
+            waiting
+        })
+    }
+}

@@ -1,0 +1,164 @@
+//! `kubectl fleetroll dashboard`: a web page of every rollout the user can read, live, served on this
+//! machine's loopback and acting with the user's own kubeconfig identity (as Argo Rollouts' dashboard
+//! does). Nothing runs in the cluster. The page (TypeScript under `dashboard/`, built into `assets/`) is
+//! embedded in the binary; `docs/src/dashboard.md` says what it shows and how it is kept safe.
+
+mod actions;
+mod assets;
+mod guard;
+mod list;
+mod rollout;
+mod view;
+
+use std::{net::SocketAddr, process::ExitCode, sync::Arc};
+
+use axum::{
+    Json, Router,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use kube::Client;
+use serde_json::json;
+
+use super::{Exit, PluginError};
+use crate::edge::control::ControlError;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub(super) struct Dash {
+    client: Client,
+    /// The kubeconfig's namespace: where the list falls back to when the user may not list every one.
+    namespace: String,
+    fleet_namespace: String,
+    token: Arc<str>,
+    hosts: Arc<[String]>,
+}
+
+/// The options of the command.
+pub(super) struct Options<'a> {
+    pub address: std::net::IpAddr,
+    pub port: u16,
+    pub open: bool,
+    pub allow_remote: bool,
+    pub fleet_namespace: &'a str,
+}
+
+pub(super) async fn dashboard(
+    client: &Client,
+    ns: &str,
+    options: Options<'_>,
+) -> Result<ExitCode, PluginError> {
+    if !options.address.is_loopback() && !options.allow_remote {
+        return Err(PluginError::Usage(format!(
+            "{} is not a loopback address: the dashboard acts with your credentials, so it listens on 127.0.0.1 \
+             unless --allow-remote says otherwise",
+            options.address
+        )));
+    }
+    let listener =
+        tokio::net::TcpListener::bind(SocketAddr::new(options.address, options.port)).await.map_err(|e| {
+            PluginError::Usage(format!("cannot listen on {}:{}: {e}", options.address, options.port))
+        })?;
+    let listening = listener.local_addr().map_err(|e| PluginError::Failed(e.to_string()))?;
+    let token = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+    let dash = Dash {
+        client: client.clone(),
+        namespace: ns.to_string(),
+        fleet_namespace: options.fleet_namespace.to_string(),
+        token: token.into(),
+        hosts: guard::allowed_hosts(listening).into(),
+    };
+    let host = if listening.ip().is_loopback() {
+        format!("127.0.0.1:{}", listening.port())
+    } else {
+        listening.to_string()
+    };
+    let url = format!("http://{host}/#token={}", dash.token);
+    println!("fleetroll dashboard: {url}");
+    if options.open {
+        open_browser(&url);
+    }
+    axum::serve(listener, router(dash))
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+        .map_err(|e| PluginError::Failed(format!("serving the dashboard: {e}")))?;
+    Ok(Exit::Done.into())
+}
+
+fn router(dash: Dash) -> Router {
+    Router::new()
+        .route("/", get(assets::index))
+        .route("/assets/{file}", get(assets::file))
+        .route("/api/me", get(actions::me))
+        .route("/api/streams/rollouts", get(list::stream))
+        .route("/api/streams/rollouts/{namespace}/{name}", get(rollout::stream))
+        .route("/api/rollouts/{namespace}/{name}/{action}", post(actions::act))
+        .route("/api/plan", post(actions::preview))
+        .layer(axum::middleware::from_fn_with_state(dash.clone(), guard::guard))
+        .with_state(dash)
+}
+
+/// Opens `url` in the desktop's browser when there is a desktop; the address is printed either way.
+fn open_browser(url: &str) {
+    let opener = match std::env::consts::OS {
+        "macos" => Some("open"),
+        "linux" if std::env::var_os("DISPLAY").is_some() || std::env::var_os("WAYLAND_DISPLAY").is_some() => {
+            Some("xdg-open")
+        }
+        _ => None,
+    };
+    if let Some(opener) = opener {
+        let spawned = std::process::Command::new(opener)
+            .arg(url)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+        if let Err(e) = spawned {
+            eprintln!("could not open a browser ({opener}: {e}); open the address above");
+        }
+    }
+}
+
+/// An answer that is not a success, as the page reads it: `{"error": {"reason", "message"}}`. The
+/// message is the API server's or the policy's own, unchanged.
+#[derive(Debug)]
+pub(super) struct ApiError {
+    status: StatusCode,
+    reason: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
+        Self { status, reason, message: message.into() }
+    }
+}
+
+impl From<ControlError> for ApiError {
+    fn from(e: ControlError) -> Self {
+        let status = match &e {
+            ControlError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ControlError::Forbidden { .. } | ControlError::Refused(_) => StatusCode::FORBIDDEN,
+            ControlError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ControlError::Changed(_) => StatusCode::CONFLICT,
+            ControlError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        let message = match &e {
+            // The API server's words (an admission policy's message, RBAC's), verbatim.
+            ControlError::Forbidden { reason, .. } | ControlError::Invalid { reason, .. } => reason.clone(),
+            other => other.to_string(),
+        };
+        Self { status, reason: e.reason(), message }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(json!({"error": {"reason": self.reason, "message": self.message}})))
+            .into_response()
+    }
+}

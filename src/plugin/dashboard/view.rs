@@ -1,0 +1,263 @@
+//! What the dashboard shows, as pure functions of what was read: a rollout's line in the list (what it
+//! waits for, in one word and a sentence), and the grid of its targets (each one's state from the
+//! rollout's checkpoints and, where the user can read them, the targets themselves).
+
+use std::collections::HashMap;
+
+use kube::ResourceExt;
+use serde::Serialize;
+
+use crate::{
+    api::{BatchState, Counts, FleetRollout, Phase, PlannedTarget, WindowKind},
+    core::{plan::Plan, reason, workload::Readiness},
+};
+
+/// A rollout's line in the list.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub phase: Phase,
+    pub image: String,
+    /// 1-based, as `kubectl get fro` shows it; None before the first batch.
+    pub batch: Option<u32>,
+    pub total_batches: u32,
+    pub total_targets: u32,
+    pub counts: Counts,
+    pub wave: Option<String>,
+    pub waiting_for: WaitingFor,
+    pub creator: Option<String>,
+    pub created_at: Option<String>,
+    pub message: Option<String>,
+}
+
+/// What a rollout waits for before it can go on, if anything.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct WaitingFor {
+    pub kind: Waiting,
+    pub message: String,
+}
+
+#[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Waiting {
+    Approval,
+    Analysis,
+    Window,
+    Budget,
+    Policy,
+    Paused,
+    Creator,
+    Rights,
+    Clusters,
+    None,
+}
+
+pub fn summary(fr: &FleetRollout) -> Summary {
+    let status = fr.status.clone().unwrap_or_default();
+    let wave = status.clusters.as_ref().and_then(|c| {
+        let batch = status.current_batch?;
+        c.waves.iter().find(|w| (w.first_batch..=w.last_batch).contains(&batch)).map(|w| w.name.clone())
+    });
+    Summary {
+        namespace: fr.namespace().unwrap_or_default(),
+        name: fr.name_any(),
+        uid: fr.uid().unwrap_or_default(),
+        phase: status.phase,
+        image: status.revision.as_ref().map_or_else(|| fr.spec.image.clone(), |r| r.inputs.image.clone()),
+        batch: status.current_batch.map(|b| b + 1),
+        total_batches: status.plan.as_ref().map_or(0, |p| p.total_batches),
+        total_targets: status.plan.as_ref().map_or(status.counts.total, |p| p.total_targets),
+        counts: status.counts.clone(),
+        wave,
+        waiting_for: waiting_for(fr),
+        creator: fr.spec.creator.as_ref().map(|c| c.username.clone()),
+        created_at: fr.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()),
+        message: status.message.clone(),
+    }
+}
+
+/// The first thing that holds the rollout, in the order a person would have to deal with them.
+pub fn waiting_for(fr: &FleetRollout) -> WaitingFor {
+    let Some(s) = fr.status.as_ref() else { return none() };
+    let said = |kind, message: &str| WaitingFor { kind, message: message.to_string() };
+    let message = s.message.as_deref().unwrap_or_default();
+    if s.phase.is_terminal() {
+        return none();
+    }
+    if let Some(hold) = &s.creator_hold {
+        return said(Waiting::Creator, hold);
+    }
+    if let Some(hold) = &s.rights_hold {
+        return said(Waiting::Rights, &hold.message);
+    }
+    if s.phase == Phase::WaitingForApproval {
+        return said(Waiting::Approval, message);
+    }
+    if s.phase == Phase::Paused {
+        let budget = s.reason.as_deref() == Some(reason::FAILURE_BUDGET_EXCEEDED);
+        return said(if budget { Waiting::Budget } else { Waiting::Paused }, message);
+    }
+    if let Some(hold) = &s.policy_hold {
+        return said(Waiting::Policy, &format!("{} ({}): {}", hold.policy, hold.rule, hold.message));
+    }
+    if let Some(hold) = &s.window_hold {
+        let what = match hold.kind {
+            WindowKind::Allow => "outside change window",
+            WindowKind::Deny => "in freeze",
+        };
+        let opens = hold.opens_at.as_ref().map(|t| format!(" until {}", t.0)).unwrap_or_default();
+        return said(Waiting::Window, &format!("{what} {} of {}{opens}", hold.window, hold.owner));
+    }
+    if let Some(hold) = s.current().and_then(|b| b.analysis.as_ref()).and_then(|a| a.hold.as_ref()) {
+        return said(Waiting::Analysis, &hold.reason);
+    }
+    if let Some(trouble) = s.clusters.as_ref().and_then(|c| c.trouble.first()) {
+        return said(Waiting::Clusters, &format!("member cluster {}: {}", trouble.name, trouble.message));
+    }
+    none()
+}
+
+fn none() -> WaitingFor {
+    WaitingFor { kind: Waiting::None, message: String::new() }
+}
+
+/// A target's state in the grid.
+#[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Cell {
+    Pending,
+    Changing,
+    Soaking,
+    Healthy,
+    Failed,
+    Refused,
+}
+
+/// Where the user's own reads found a target: whether it carries the batch's key, and how ready it is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Seen {
+    pub applied: Option<String>,
+    pub readiness: Readiness,
+}
+
+/// A run of the grid's targets: one batch in one cluster (in one wave, across member clusters).
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct Group {
+    pub wave: Option<String>,
+    pub cluster: String,
+    pub batch: u32,
+    pub start: usize,
+    pub count: usize,
+}
+
+/// The grid: groups in order (waves, clusters, batches), the targets they index into, and their states.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Grid {
+    pub plan_hash: String,
+    pub groups: Vec<Group>,
+    pub targets: Vec<String>,
+    /// Each target's image before the rollout (as the plan froze it), beside `targets`.
+    pub previous_images: Vec<String>,
+    pub states: Vec<Cell>,
+}
+
+/// Failures that refuse a target rather than fail it (see `TargetFailure::reason`).
+const REFUSALS: [&str; 4] =
+    ["NamespaceNotOptedIn", "OutOfScope", "TargetProtected", "TargetHeldByAnotherRollout"];
+
+/// A target's name in the grid: `namespace/name`, with `cluster:` in front in a member cluster.
+pub fn target_name(t: &PlannedTarget) -> String {
+    match t.cluster.as_str() {
+        "" => t.key(),
+        cluster => format!("{cluster}:{}", t.key()),
+    }
+}
+
+/// The grid of `fr`'s plan, each target's state from its batch's checkpoint, its failure if any, and
+/// `seen(target)` where the user could read it.
+pub fn grid(fr: &FleetRollout, plan: &Plan, seen: &dyn Fn(&PlannedTarget) -> Option<Seen>) -> Grid {
+    let status = fr.status.clone().unwrap_or_default();
+    let failed: HashMap<(u32, String), bool> = status
+        .failures
+        .iter()
+        .map(|f| {
+            let t = PlannedTarget {
+                cluster: f.cluster.clone(),
+                namespace: f.namespace.clone(),
+                name: f.name.clone(),
+                previous_image: String::new(),
+            };
+            ((f.batch, target_name(&t)), REFUSALS.contains(&f.reason.as_str()))
+        })
+        .collect();
+    let waves = status.clusters.as_ref().map(|c| c.waves.clone()).unwrap_or_default();
+    let mut grid = Grid {
+        plan_hash: plan.hash.clone(),
+        groups: Vec::new(),
+        targets: Vec::new(),
+        previous_images: Vec::new(),
+        states: Vec::new(),
+    };
+    for (index, batch) in plan.batches.iter().enumerate() {
+        let index = index as u32;
+        let wave =
+            waves.iter().find(|w| (w.first_batch..=w.last_batch).contains(&index)).map(|w| w.name.clone());
+        let mut clusters: Vec<&str> = batch.iter().map(|t| t.cluster.as_str()).collect();
+        clusters.sort_unstable();
+        clusters.dedup();
+        for cluster in clusters {
+            let start = grid.targets.len();
+            for t in batch.iter().filter(|t| t.cluster == cluster) {
+                let name = target_name(t);
+                let cell = match failed.get(&(index, name.clone())) {
+                    Some(true) => Cell::Refused,
+                    Some(false) => Cell::Failed,
+                    None => cell(&status, index, seen(t)),
+                };
+                grid.targets.push(name);
+                grid.previous_images.push(t.previous_image.clone());
+                grid.states.push(cell);
+            }
+            let count = grid.targets.len() - start;
+            grid.groups.push(Group {
+                wave: wave.clone(),
+                cluster: cluster.to_string(),
+                batch: index,
+                start,
+                count,
+            });
+        }
+    }
+    grid
+}
+
+/// A target's state from its batch's checkpoint and what was seen of it.
+fn cell(status: &crate::api::FleetRolloutStatus, batch: u32, seen: Option<Seen>) -> Cell {
+    let Some(checkpoint) = status.batch(batch) else {
+        // Status keeps the latest batches only: one before them is done (its failures are listed apart).
+        let behind = status.current_batch.is_some_and(|c| batch < c) || status.phase == Phase::Succeeded;
+        return if behind { Cell::Healthy } else { Cell::Pending };
+    };
+    let carries = seen.as_ref().map(|s| s.applied.as_deref() == Some(checkpoint.idempotency_key.as_str()));
+    let ready = seen.as_ref().is_some_and(|s| s.readiness == Readiness::Ready);
+    match checkpoint.state {
+        BatchState::Pending => Cell::Pending,
+        BatchState::Applying if carries == Some(false) => Cell::Pending,
+        BatchState::Applying => Cell::Changing,
+        BatchState::Verifying if carries == Some(true) && ready => Cell::Soaking,
+        BatchState::Verifying => Cell::Changing,
+        BatchState::Succeeded | BatchState::Failed => Cell::Healthy,
+    }
+}
+
+/// The cells whose state differs between two grids of the same plan, as (index, new state).
+pub fn changes(before: &[Cell], after: &[Cell]) -> Vec<(usize, Cell)> {
+    before.iter().zip(after).enumerate().filter(|(_, (b, a))| b != a).map(|(i, (_, a))| (i, *a)).collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,70 @@
+//! The sizes the issue names: the list with 100 rollouts, and the grid of a 10,000-target rollout (its plan
+//! in ConfigMaps, as the operator stores one that large), each rendered within 1 s (the page's own clock:
+//! from its data arriving to the frame that shows its last row or cell). What the
+//! whole path costs, the server's reads included, and how the page keeps up with 100 targets changing a
+//! second, is measured in `make bench` (tests/bench/dashboard.rs).
+
+use serde_json::{Value, json};
+use testkit::{browser::Browser, dashboard::Dashboard, fleet::with_fleet};
+
+use testkit::frozen::{frozen, planned};
+
+use super::{DEADLINE, open};
+
+const TARGETS: usize = 10_000;
+const BATCH: usize = 100;
+const ROLLOUTS: usize = 100;
+const WITHIN_MS: f64 = 1000.0;
+
+/// Asks for `route` and returns how long the page took to render it once its data arrived, and from when
+/// it was asked for (ms, the page's clock), once `done` (a script) holds.
+async fn render_time(browser: &Browser, route: &str, done: &str) -> (f64, f64) {
+    let asked = browser
+        .js("window.fleetrollDashboard.renderedAt = 0; const t = Date.now(); location.hash = arguments[0]; return t", vec![Value::from(route)])
+        .await;
+    browser
+        .wait_js(
+            "the view to render",
+            &format!("return window.fleetrollDashboard.renderedAt > 0 && ({done})"),
+            DEADLINE,
+        )
+        .await;
+    let stamps =
+        browser.js("const d = window.fleetrollDashboard; return [d.receivedAt, d.renderedAt]", vec![]).await;
+    let at = |i: usize| stamps[i].as_f64().unwrap_or(f64::NAN);
+    (at(1) - at(0), at(1) - asked.as_f64().unwrap_or(f64::NAN))
+}
+
+#[tokio::test]
+async fn a_10000_target_grid_and_a_100_rollout_list_render_within_a_second() {
+    with_fleet("dash-scale", 0, |fleet| async move {
+        let ns = fleet.ns.clone();
+        let targets = planned(&ns, "t", TARGETS, "app:1");
+        let batches: Vec<_> = targets.chunks(BATCH).map(<[_]>::to_vec).collect();
+        let status = json!({"currentBatch": 40, "batches": [
+            {"index": 40, "size": BATCH, "state": "Verifying", "idempotencyKey": "k/1/40"}]});
+        frozen(&fleet.client, &ns, "big", batches, status).await;
+        let small = (1..ROLLOUTS).map(|i| {
+            let (client, ns) = (fleet.client.clone(), ns.clone());
+            async move { frozen(&client, &ns, &format!("r-{i:03}"), vec![planned(&ns, "w", 2, "app:1")], json!({})).await }
+        });
+        futures::future::join_all(small).await;
+
+        let dash = Dashboard::start(&testkit::cluster().kubeconfig, &[]).await;
+        let browser = Browser::start().await;
+        open(&browser, &dash, "").await;
+        let ours = format!("document.querySelectorAll('#rollouts tr[data-rollout^=\"{ns}/\"]').length === {ROLLOUTS}");
+        browser.wait_js("the list's 100 rollouts", &format!("return {ours}"), DEADLINE).await;
+        let grid = render_time(&browser, &format!("#/r/{ns}/big"), &format!("document.querySelectorAll('#grid [data-target]').length === {TARGETS}")).await;
+        let list = render_time(&browser, "#/", &ours).await;
+        eprintln!(
+            "rendered in the page: the 10,000-target grid in {:.0} ms ({:.0} ms from asking), the list of {ROLLOUTS} in {:.0} ms ({:.0} ms)",
+            grid.0, grid.1, list.0, list.1
+        );
+        // The render is the browser's; the whole path, the server's reads included, is the bench's to measure
+        // (this is a debug build of the dashboard, on a machine running the other tests beside it).
+        assert!(grid.0 < WITHIN_MS, "the 10,000-target grid took {:.0} ms to render", grid.0);
+        assert!(list.0 < WITHIN_MS, "the list took {:.0} ms to render", list.0);
+    })
+    .await;
+}
