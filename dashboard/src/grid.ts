@@ -145,7 +145,7 @@ export class GridView {
     for (let i = 0; i < n; i++) {
       if (!this.cells[i]) { this.cells[i] = Object.assign(h("span"), { idx: i }); this.states[i] = "pending"; this.labels[i] = targets[i] ?? ""; }
     }
-    if (n === 0) frag.append(h("p", { class: "empty" }, "No targets planned yet."));
+    if (n === 0) frag.append(h("p", { class: "empty" }, grid.note || "No targets planned yet."));
     this.el.replaceChildren(frag);
     const kept = keepTarget === undefined ? -1 : this.labels.indexOf(keepTarget);
     this.active = kept >= 0 ? kept : 0;

@@ -40,7 +40,7 @@ export type CellState = "pending" | "changing" | "soaking" | "healthy" | "failed
 
 export interface GridGroup { wave: string | null; cluster: string; batch: number; start: number; count: number }
 /** `previousImages[i]`: target i's image before the rollout, as the plan froze it. */
-export interface Grid { planHash: string; groups: GridGroup[]; targets: string[]; previousImages?: string[]; states: CellState[] }
+export interface Grid { planHash: string; groups: GridGroup[]; targets: string[]; previousImages?: string[]; states: CellState[]; note?: string }
 
 export interface TimelineEvent { time: string; type: string; reason: string; message: string; count?: number }
 

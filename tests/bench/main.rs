@@ -3,7 +3,7 @@
 //!   cargo test --release --test bench -- --full    the full run (make bench); writes bench/results/
 //!   cargo test --test bench                        a reduced smoke run, part of `make test`
 //!   ... -- --full --only transitions,mcp           some scenarios only (overhead, transitions, analysis, members, scale, mcp,
-//!                                                  fairness, memory)
+//!                                                  fairness, memory, impersonation, notifications, dashboard)
 //!
 //! Every figure that has a goal is a ratio or a latency measured side by side in the same run, because these
 //! machines are noisy. Goals are reported, not asserted: the run fails only when an invariant breaks (a
@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod analysis;
+mod dashboard;
 mod fairness;
 mod members;
 mod memory;
@@ -54,6 +55,10 @@ struct Sizes {
     heavy_deployments: usize,
     /// Writes made directly and as an impersonated creator, interleaved, to price impersonation.
     impersonated_writes: usize,
+    /// The dashboard's rollout grid, list, and how long its targets change a second.
+    dashboard_targets: usize,
+    dashboard_rollouts: usize,
+    dashboard_seconds: u64,
 }
 
 const FULL: Sizes = Sizes {
@@ -77,6 +82,9 @@ const FULL: Sizes = Sizes {
     members_scale_targets: 10_000,
     heavy_deployments: 200,
     impersonated_writes: 1000,
+    dashboard_targets: 10_000,
+    dashboard_rollouts: 100,
+    dashboard_seconds: 10,
 };
 
 const SMOKE: Sizes = Sizes {
@@ -100,6 +108,9 @@ const SMOKE: Sizes = Sizes {
     members_scale_targets: 30,
     heavy_deployments: 20,
     impersonated_writes: 50,
+    dashboard_targets: 500,
+    dashboard_rollouts: 10,
+    dashboard_seconds: 3,
 };
 
 const LONG: Duration = Duration::from_secs(3600);
@@ -157,6 +168,9 @@ async fn run(sizes: Sizes, only: Option<Vec<String>>) {
     }
     if wanted("impersonation") {
         impersonation(&client, &sizes, &mut report, &mut namespaces).await;
+    }
+    if wanted("dashboard") {
+        dashboard::views(&client, &sizes, &mut report, &mut namespaces).await;
     }
     // Last: 10,000 Deployments keep the control plane busy for minutes after the rollout ends, which
     // would be measured as the next scenario's latency.

@@ -24,6 +24,7 @@ use std::{
     time::Duration,
 };
 
+pub use fantoccini::key::Key;
 use fantoccini::{Client, ClientBuilder, Locator, elements::Element, wd::WebDriverCompatibleCommand};
 use serde_json::{Value, json};
 
@@ -143,6 +144,17 @@ impl Browser {
     /// Clicks the first element matching `css` (as a user would: it must be visible and not covered).
     pub async fn click(&self, css: &str) {
         self.find(css).await.click().await.unwrap_or_else(|e| panic!("click {css:?}: {e}"));
+    }
+
+    /// Presses `key` (e.g. `fantoccini::key::Key::Right`) in the focused element, through the browser's
+    /// input pipeline as a person's key press goes.
+    pub async fn press(&self, key: fantoccini::key::Key) {
+        let focused =
+            self.client.active_element().await.unwrap_or_else(|e| panic!("the focused element: {e}"));
+        focused
+            .send_keys(&char::from(key).to_string())
+            .await
+            .unwrap_or_else(|e| panic!("press {key:?}: {e}"));
     }
 
     /// The rendered text of the first element matching `css` (what a user sees: hidden text is left out).

@@ -67,7 +67,9 @@ pub async fn act(
                 override_windows: false,
             };
             let fr = control::approve(client, &ns, &name, approving, who.as_deref(), FIELD_MANAGER).await?;
-            let batch = fr.spec.approvals.iter().map(|a| a.batch).max().map_or(0, |b| b + 1);
+            // The batch asked for, else the one the rollout waited for (status has not moved on yet).
+            let waited = fr.status.as_ref().and_then(|s| s.pending_approval.as_ref()).map(|p| p.batch);
+            let batch = body.batch.or(waited).map_or(0, |b| b + 1);
             let as_who = who.map(|w| format!(" as {w}")).unwrap_or_default();
             format!("approved batch {batch} of {ns}/{name}{as_who}")
         }

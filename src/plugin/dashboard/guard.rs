@@ -30,9 +30,13 @@ pub fn allowed_hosts(listening: std::net::SocketAddr) -> Vec<String> {
     hosts
 }
 
-/// Whether the request's Host is one of `allowed`.
-pub fn host_allowed(headers: &HeaderMap, allowed: &[String]) -> bool {
-    headers.get(header::HOST).and_then(|h| h.to_str().ok()).is_some_and(|h| allowed.iter().any(|a| a == h))
+fn host(headers: &HeaderMap) -> Option<&str> {
+    headers.get(header::HOST).and_then(|h| h.to_str().ok())
+}
+
+/// Whether the request's Host is one of `allowed` (any, when None: listening beyond loopback was asked for).
+pub fn host_allowed(headers: &HeaderMap, allowed: Option<&[String]>) -> bool {
+    host(headers).is_some_and(|h| allowed.is_none_or(|allowed| allowed.iter().any(|a| a == h)))
 }
 
 /// Whether `Authorization: Bearer <token>` names the session's token (compared as digests, so the time
@@ -48,20 +52,19 @@ pub fn token_matches(headers: &HeaderMap, token: &str) -> bool {
     Sha256::digest(given.as_bytes()) == Sha256::digest(token.as_bytes())
 }
 
-/// Whether a change comes from the dashboard's own page: its Origin is `http://<one of the hosts>`. A
-/// request with no Origin is refused too; browsers send one with every POST made by a script.
-pub fn same_origin(headers: &HeaderMap, allowed: &[String]) -> bool {
-    headers
-        .get(header::ORIGIN)
-        .and_then(|o| o.to_str().ok())
-        .and_then(|o| o.strip_prefix("http://"))
-        .is_some_and(|o| allowed.iter().any(|a| a == o))
+/// Whether a change comes from the dashboard's own page: its Origin is `http://<the Host it was sent to>`,
+/// an allowed one. A request with no Origin is refused too; browsers send one with every POST a script makes.
+pub fn same_origin(headers: &HeaderMap, allowed: Option<&[String]>) -> bool {
+    let origin =
+        headers.get(header::ORIGIN).and_then(|o| o.to_str().ok()).and_then(|o| o.strip_prefix("http://"));
+    origin.is_some_and(|o| host(headers) == Some(o)) && host_allowed(headers, allowed)
 }
 
 /// The checks above, in front of every route, and the headers on every answer.
 pub async fn guard(State(dash): State<Dash>, request: Request, next: Next) -> Response {
     let headers = request.headers();
-    let refused = if !host_allowed(headers, &dash.hosts) {
+    let hosts = dash.hosts.as_deref();
+    let refused = if !host_allowed(headers, hosts) {
         Some(ApiError::new(
             StatusCode::MISDIRECTED_REQUEST,
             "Forbidden",
@@ -73,7 +76,7 @@ pub async fn guard(State(dash): State<Dash>, request: Request, next: Next) -> Re
             "Unauthorized",
             "the session token is missing or wrong: open the address kubectl fleetroll dashboard printed",
         ))
-    } else if request.method() != Method::GET && !same_origin(headers, &dash.hosts) {
+    } else if request.method() != Method::GET && !same_origin(headers, hosts) {
         Some(ApiError::new(
             StatusCode::FORBIDDEN,
             "Forbidden",
@@ -106,12 +109,15 @@ mod tests {
     #[test]
     fn only_this_servers_own_names_are_answered() {
         let hosts = allowed_hosts("127.0.0.1:8123".parse().expect("an address"));
-        assert!(host_allowed(&headers(&[(header::HOST, "127.0.0.1:8123")]), &hosts));
-        assert!(host_allowed(&headers(&[(header::HOST, "localhost:8123")]), &hosts));
+        let hosts = Some(&hosts[..]);
+        assert!(host_allowed(&headers(&[(header::HOST, "127.0.0.1:8123")]), hosts));
+        assert!(host_allowed(&headers(&[(header::HOST, "localhost:8123")]), hosts));
         // A DNS-rebinding page names its own host; another port is another server.
-        assert!(!host_allowed(&headers(&[(header::HOST, "evil.example:8123")]), &hosts));
-        assert!(!host_allowed(&headers(&[(header::HOST, "127.0.0.1:8124")]), &hosts));
-        assert!(!host_allowed(&HeaderMap::new(), &hosts));
+        assert!(!host_allowed(&headers(&[(header::HOST, "evil.example:8123")]), hosts));
+        assert!(!host_allowed(&headers(&[(header::HOST, "127.0.0.1:8124")]), hosts));
+        assert!(!host_allowed(&HeaderMap::new(), hosts));
+        // Beyond loopback, when asked for: any name the person reaches it by.
+        assert!(host_allowed(&headers(&[(header::HOST, "dash.internal:8123")]), None));
     }
 
     #[test]
@@ -129,10 +135,22 @@ mod tests {
     #[test]
     fn a_change_must_come_from_the_dashboards_own_origin() {
         let hosts = allowed_hosts("127.0.0.1:8123".parse().expect("an address"));
-        assert!(same_origin(&headers(&[(header::ORIGIN, "http://127.0.0.1:8123")]), &hosts));
-        assert!(!same_origin(&headers(&[(header::ORIGIN, "http://evil.example")]), &hosts));
-        assert!(!same_origin(&headers(&[(header::ORIGIN, "https://127.0.0.1:8123")]), &hosts));
-        assert!(!same_origin(&headers(&[(header::ORIGIN, "null")]), &hosts));
-        assert!(!same_origin(&HeaderMap::new(), &hosts));
+        let hosts = Some(&hosts[..]);
+        let to = |origin: &str| headers(&[(header::HOST, "127.0.0.1:8123"), (header::ORIGIN, origin)]);
+        assert!(same_origin(&to("http://127.0.0.1:8123"), hosts));
+        assert!(!same_origin(&to("http://evil.example"), hosts));
+        assert!(!same_origin(&to("https://127.0.0.1:8123"), hosts));
+        assert!(
+            !same_origin(&to("http://localhost:8123"), hosts),
+            "another origin, though it names this server"
+        );
+        assert!(!same_origin(&to("null"), hosts));
+        assert!(!same_origin(&headers(&[(header::HOST, "127.0.0.1:8123")]), hosts));
+        let remote =
+            headers(&[(header::HOST, "dash.internal:8123"), (header::ORIGIN, "http://dash.internal:8123")]);
+        assert!(same_origin(&remote, None));
+        let foreign =
+            headers(&[(header::HOST, "dash.internal:8123"), (header::ORIGIN, "http://evil.example")]);
+        assert!(!same_origin(&foreign, None));
     }
 }

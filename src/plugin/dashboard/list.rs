@@ -31,9 +31,13 @@ pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 pub async fn stream(State(dash): State<Dash>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let (tx, rx) = mpsc::channel(QUEUED);
+    let page = tx.clone();
     tokio::spawn(async move {
-        // Ends when the page goes (its receiver is dropped).
-        let _ = watch(dash, tx).await;
+        // Ends when the page goes, even when nothing changes for hours.
+        tokio::select! {
+            _ = watch(dash, tx) => {}
+            () = page.closed() => {}
+        }
     });
     Sse::new(received(rx)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
 }
@@ -157,12 +161,15 @@ impl Inbox {
             let version = fr.resource_version().unwrap_or_default();
             let may = match self.judged.get(k) {
                 Some((v, may)) if *v == version => *may,
-                _ => {
-                    // Unknown now (the API server did not answer) counts as not, and is asked again later.
-                    let may = control::may_approve(client, fr).await.unwrap_or(false);
-                    self.judged.insert(k.clone(), (version, may));
-                    may
-                }
+                _ => match control::may_approve(client, fr).await {
+                    Ok(may) => {
+                        self.judged.insert(k.clone(), (version, may));
+                        may
+                    }
+                    // Unknown now (the API server did not answer): counts as not, and is asked again at the
+                    // next change of any rollout.
+                    Err(_) => false,
+                },
             };
             if may {
                 let s = fr.status.as_ref();

@@ -8,6 +8,7 @@ mod assets;
 mod guard;
 mod list;
 mod rollout;
+mod timeline;
 mod view;
 
 use std::{net::SocketAddr, process::ExitCode, sync::Arc};
@@ -32,7 +33,8 @@ pub(super) struct Dash {
     namespace: String,
     fleet_namespace: String,
     token: Arc<str>,
-    hosts: Arc<[String]>,
+    /// The Host values requests may carry; None when listening beyond loopback was asked for.
+    hosts: Option<Arc<[String]>>,
 }
 
 /// The options of the command.
@@ -67,24 +69,22 @@ pub(super) async fn dashboard(
         namespace: ns.to_string(),
         fleet_namespace: options.fleet_namespace.to_string(),
         token: token.into(),
-        hosts: guard::allowed_hosts(listening).into(),
+        // Listening beyond loopback, the page is reached by names only the person knows: any Host, the
+        // token and the same-origin check still required.
+        hosts: (!options.allow_remote).then(|| guard::allowed_hosts(listening).into()),
     };
-    let host = if listening.ip().is_loopback() {
-        format!("127.0.0.1:{}", listening.port())
-    } else {
-        listening.to_string()
-    };
-    let url = format!("http://{host}/#token={}", dash.token);
+    let url = format!("http://{}/#token={}", shown_address(listening), dash.token);
     println!("fleetroll dashboard: {url}");
-    if options.open {
-        open_browser(&url);
-    }
-    axum::serve(listener, router(dash))
+    let opened = if options.open { open_browser(&url) } else { None };
+    let served = axum::serve(listener, router(dash))
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })
-        .await
-        .map_err(|e| PluginError::Failed(format!("serving the dashboard: {e}")))?;
+        .await;
+    if let Some(file) = opened {
+        let _ = std::fs::remove_file(file);
+    }
+    served.map_err(|e| PluginError::Failed(format!("serving the dashboard: {e}")))?;
     Ok(Exit::Done.into())
 }
 
@@ -101,24 +101,54 @@ fn router(dash: Dash) -> Router {
         .with_state(dash)
 }
 
-/// Opens `url` in the desktop's browser when there is a desktop; the address is printed either way.
-fn open_browser(url: &str) {
+/// Where to reach an address listened on: a wildcard is reached through loopback.
+fn shown_address(listening: SocketAddr) -> SocketAddr {
+    match listening.ip() {
+        ip if ip.is_unspecified() && ip.is_ipv4() => SocketAddr::from(([127, 0, 0, 1], listening.port())),
+        ip if ip.is_unspecified() => SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, listening.port())),
+        _ => listening,
+    }
+}
+
+/// Opens `url` in the desktop's browser when there is a desktop; the address is printed either way. The
+/// browser is handed a file only this user may read that forwards to it, never the address itself: a
+/// command line (the opener's, the browser's) is there for every user of the machine to read, token and all.
+/// Returns the file, to delete when the dashboard stops.
+fn open_browser(url: &str) -> Option<std::path::PathBuf> {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
     let opener = match std::env::consts::OS {
-        "macos" => Some("open"),
+        "macos" => "open",
         "linux" if std::env::var_os("DISPLAY").is_some() || std::env::var_os("WAYLAND_DISPLAY").is_some() => {
-            Some("xdg-open")
+            "xdg-open"
         }
-        _ => None,
+        _ => return None,
     };
-    if let Some(opener) = opener {
-        let spawned = std::process::Command::new(opener)
-            .arg(url)
+    let path =
+        std::env::temp_dir().join(format!("fleetroll-dashboard-{}.html", uuid::Uuid::new_v4().simple()));
+    let page = format!(
+        "<!doctype html><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"0;url={url}\">\
+         <title>fleetroll dashboard</title><a href=\"{url}\">Open the fleetroll dashboard</a>\n"
+    );
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut f| f.write_all(page.as_bytes()));
+    let spawned = written.and_then(|()| {
+        std::process::Command::new(opener)
+            .arg(&path)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
-            .spawn();
-        if let Err(e) = spawned {
+            .spawn()
+    });
+    match spawned {
+        Ok(_) => Some(path),
+        Err(e) => {
             eprintln!("could not open a browser ({opener}: {e}); open the address above");
+            let _ = std::fs::remove_file(&path);
+            None
         }
     }
 }

@@ -3,7 +3,12 @@
 //! cluster the user may read, from a watch of the targets themselves; changes are sent as the cells that
 //! changed, at most every [`TICK`], so a page keeps up with thousands of targets changing.
 
-use std::{collections::HashMap, convert::Infallible, sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    convert::Infallible,
+    sync::Arc,
+    time::Duration,
+};
 
 use axum::{
     extract::{Path, State},
@@ -16,6 +21,7 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Resource, ResourceExt,
+    api::ListParams,
     runtime::{WatchStreamExt, watcher},
 };
 use serde::de::DeserializeOwned;
@@ -25,6 +31,7 @@ use tokio::sync::mpsc;
 use super::{
     Dash,
     list::{KEEP_ALIVE, connection, event, received},
+    timeline::Timeline,
     view::{self, Cell, Seen},
 };
 use crate::{
@@ -41,16 +48,19 @@ const TICK: Duration = Duration::from_millis(100);
 /// The first wait before a lost watch is tried again, and the longest.
 pub const RETRY_FIRST: Duration = Duration::from_secs(1);
 pub const RETRY_MAX: Duration = Duration::from_secs(10);
-/// The most events the timeline shows (the newest).
-const EVENTS_SHOWN: usize = 200;
 
 pub async fn stream(
     State(dash): State<Dash>,
     Path((ns, name)): Path<(String, String)>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let (tx, rx) = mpsc::channel(256);
+    let page = tx.clone();
     tokio::spawn(async move {
-        let _ = Watching::new(dash, ns, name, tx).run().await;
+        // A quiet rollout sends nothing for hours: its watches stop when the page goes, not at the next send.
+        tokio::select! {
+            _ = Watching::new(dash, ns, name, tx).run() => {}
+            () = page.closed() => {}
+        }
     });
     Sse::new(received(rx)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
 }
@@ -67,9 +77,13 @@ struct Watching {
     rollout: Option<FleetRollout>,
     plan: Option<Arc<Plan>>,
     plans: PlanStore,
+    /// The plan's targets in this cluster (`namespace/name`): the only ones whose state is kept.
+    keys: HashSet<String>,
     seen: HashMap<String, Seen>,
     sent: Vec<Cell>,
-    events: HashMap<String, serde_json::Value>,
+    events: Timeline,
+    /// The last dry run of the approval the rollout waits for: what it was asked of, and its answer.
+    may_approve: Option<(String, bool)>,
     targets_dirty: bool,
     events_dirty: bool,
 }
@@ -77,7 +91,12 @@ struct Watching {
 /// How a session of watches ended.
 enum Ended {
     Deleted,
-    Lost { message: String, was_live: bool },
+    Lost {
+        message: String,
+        was_live: bool,
+    },
+    /// The rollout was planned anew: its targets are others, so everything is watched and sent again.
+    Replanned,
 }
 
 /// Targets as the grid sees them: (`namespace/name`, what was seen).
@@ -100,9 +119,11 @@ impl Watching {
             rollout: None,
             plan: None,
             plans: PlanStore::default(),
+            keys: HashSet::new(),
             seen: HashMap::new(),
             sent: Vec::new(),
-            events: HashMap::new(),
+            events: Timeline::default(),
+            may_approve: None,
             targets_dirty: false,
             events_dirty: false,
         }
@@ -120,6 +141,7 @@ impl Watching {
         loop {
             match self.session().await? {
                 Ended::Deleted => return Ok(()),
+                Ended::Replanned => {}
                 Ended::Lost { message, was_live } => {
                     if was_live {
                         pause = RETRY_FIRST;
@@ -137,36 +159,39 @@ impl Watching {
     }
 
     async fn session(&mut self) -> Result<Ended, Gone> {
-        let client = self.dash.client.clone();
         let by_name = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
-        let rollouts = watcher(Api::<FleetRollout>::namespaced(client.clone(), &self.ns), by_name)
+        let rollouts = watcher(Api::<FleetRollout>::namespaced(self.dash.client.clone(), &self.ns), by_name)
             .map(|r| Change::Rollout(Box::new(r)));
-        let about = format!("involvedObject.kind=FleetRollout,involvedObject.name={}", self.name);
-        let events = watcher(
-            Api::<KubeEvent>::namespaced(client.clone(), &self.ns),
-            watcher::Config::default().fields(&about),
-        )
-        .default_backoff()
-        .map(|e| Change::Event(Box::new(e)));
         let ticks = futures::stream::unfold(tokio::time::interval(TICK), |mut i| async move {
             i.tick().await;
             Some((Change::Tick, i))
         });
-        let mut changes = futures::stream::select_all([rollouts.boxed(), events.boxed(), ticks.boxed()]);
-        // A new session sends everything again: the page replaces what it had.
+        let mut changes = futures::stream::select_all([rollouts.boxed(), ticks.boxed()]);
+        // A new session sends everything again: the page replaces what it had, and a rollout deleted
+        // meanwhile is found gone.
+        self.rollout = None;
         self.plan = None;
+        self.sent.clear();
         self.seen.clear();
         self.events.clear();
-        let mut targets_watched = false;
+        let mut watching = false;
         let mut live = false;
         while let Some(change) = changes.next().await {
             match change {
                 Change::Rollout(r) => match *r {
                     Ok(watcher::Event::Apply(fr) | watcher::Event::InitApply(fr)) => {
-                        self.rollout_changed(fr).await?;
-                        if !targets_watched && let Some(targets) = self.targets() {
-                            changes.push(targets.map(Change::Target).boxed());
-                            targets_watched = true;
+                        if self.rollout_changed(fr).await? == Planned::Anew {
+                            return Ok(Ended::Replanned);
+                        }
+                        // The targets and the events, once the rollout (its kind, selector, uid) is known.
+                        if !watching && let Some(fr) = &self.rollout {
+                            watching = true;
+                            changes.push(
+                                events_of(&self.dash.client, fr).map(|e| Change::Event(Box::new(e))).boxed(),
+                            );
+                            if let Some(targets) = targets_of(&self.dash.client, fr) {
+                                changes.push(targets.map(Change::Target).boxed());
+                            }
                         }
                     }
                     Ok(watcher::Event::Delete(_)) => {
@@ -194,27 +219,29 @@ impl Watching {
 
     fn target_changed(&mut self, change: Result<watcher::Event<(String, Seen)>, watcher::Error>) {
         match change {
-            Ok(watcher::Event::Apply((k, s)) | watcher::Event::InitApply((k, s))) => {
+            // Only the plan's targets are kept: a watch across the cluster sees every workload of the kind.
+            Ok(watcher::Event::Apply((k, s)) | watcher::Event::InitApply((k, s)))
+                if self.keys.contains(&k) =>
+            {
                 self.seen.insert(k, s);
                 self.targets_dirty = true;
             }
             Ok(watcher::Event::Delete((k, _))) => {
-                self.seen.remove(&k);
-                self.targets_dirty = true;
+                self.targets_dirty |= self.seen.remove(&k).is_some();
             }
             // The targets are an extra: a user who may not read them still sees the rollout.
-            Ok(watcher::Event::Init | watcher::Event::InitDone) | Err(_) => {}
+            Ok(_) | Err(_) => {}
         }
     }
 
     fn event_changed(&mut self, change: Result<watcher::Event<KubeEvent>, watcher::Error>) {
         match change {
             Ok(watcher::Event::Apply(e) | watcher::Event::InitApply(e)) => {
-                self.events.insert(e.uid().unwrap_or_default(), timeline_event(&e));
+                self.events.apply(&e);
                 self.events_dirty = true;
             }
             Ok(watcher::Event::Delete(e)) => {
-                self.events.remove(&e.uid().unwrap_or_default());
+                self.events.remove(&e);
                 self.events_dirty = true;
             }
             // Events are an extra too.
@@ -222,47 +249,84 @@ impl Watching {
         }
     }
 
-    /// Sends the rollout, and the whole grid when its plan is new.
-    async fn rollout_changed(&mut self, fr: FleetRollout) -> Result<(), Gone> {
-        let may_approve = control::may_approve(&self.dash.client, &fr).await.unwrap_or(false);
+    /// Sends the rollout, and the whole grid when its plan is new; says whether it was planned anew
+    /// (another plan than the one this session loaded).
+    async fn rollout_changed(&mut self, fr: FleetRollout) -> Result<Planned, Gone> {
+        let may_approve = self.may_approve(&fr).await;
         let mut object = serde_json::to_value(&fr).unwrap_or_default();
         if let Some(meta) = object.get_mut("metadata").and_then(|m| m.as_object_mut()) {
             meta.remove("managedFields");
         }
+        let summary = view::summary(&fr);
         self.send(event(
             "rollout",
-            &json!({"summary": view::summary(&fr), "object": object, "mayApprove": may_approve}),
+            &json!({"summary": summary, "object": object, "mayApprove": may_approve}),
         ))
         .await?;
         let plan_ref = fr.status.as_ref().and_then(|s| s.plan.clone());
-        let new_plan =
-            plan_ref.as_ref().is_some_and(|p| self.plan.as_ref().is_none_or(|known| known.hash != p.hash));
         self.rollout = Some(fr);
-        if new_plan && let (Some(plan_ref), Some(fr)) = (plan_ref, self.rollout.as_ref()) {
-            // A plan the user may not read (its ConfigMaps) leaves the grid empty, and the rest shown.
-            if let Ok(Ok(loaded)) = self.plans.load(&self.dash.client, fr, &plan_ref).await {
-                self.plan = Some(Arc::new(loaded.plan.clone()));
-                let grid = self.grid();
-                self.sent = grid.states.clone();
-                self.send(event("grid", &grid)).await?;
+        let (Some(plan_ref), Some(fr)) = (plan_ref, self.rollout.as_ref()) else { return Ok(Planned::Same) };
+        match &self.plan {
+            Some(known) if known.hash == plan_ref.hash => {
+                self.targets_dirty = true;
+                return Ok(Planned::Same);
             }
-        } else {
-            self.targets_dirty = true;
+            Some(_) => return Ok(Planned::Anew),
+            None => {}
         }
-        Ok(())
+        let grid = match self.plans.load(&self.dash.client, fr, &plan_ref).await {
+            Ok(Ok(loaded)) => {
+                self.keys = loaded
+                    .plan
+                    .batches
+                    .iter()
+                    .flatten()
+                    .filter(|t| t.cluster.is_empty())
+                    .map(|t| t.key())
+                    .collect();
+                self.plan = Some(Arc::new(loaded.plan.clone()));
+                self.grid()
+            }
+            // A plan the user may not read (its ConfigMaps), or one that is not what was frozen: the grid
+            // says why, and the rest of the rollout is shown.
+            Ok(Err(blocked)) => view::Grid::unread(&format!("the plan cannot be shown: {}", blocked.message)),
+            Err(e) => view::Grid::unread(&format!("the plan could not be read: {e}")),
+        };
+        self.sent = grid.states.clone();
+        self.send(event("grid", &grid)).await?;
+        Ok(Planned::Same)
+    }
+
+    /// Whether the user may give the approval the rollout waits for: the API server's dry run, asked again
+    /// only when what is awaited (batch, plan, gates) or the spec changes.
+    async fn may_approve(&mut self, fr: &FleetRollout) -> bool {
+        let Some(pending) = crate::core::task::awaited_approval(fr) else { return false };
+        let asked = format!(
+            "{}/{}/{}/{:?}",
+            pending.batch, pending.plan_hash, pending.gates_hash, fr.metadata.generation
+        );
+        if let Some((known, answer)) = &self.may_approve
+            && *known == asked
+        {
+            return *answer;
+        }
+        match control::may_approve(&self.dash.client, fr).await {
+            Ok(answer) => {
+                self.may_approve = Some((asked, answer));
+                answer
+            }
+            // Not known now: not cached, asked again at the next change.
+            Err(_) => false,
+        }
     }
 
     fn grid(&self) -> view::Grid {
-        let (Some(fr), Some(plan)) = (&self.rollout, &self.plan) else {
-            return view::Grid {
-                plan_hash: String::new(),
-                groups: vec![],
-                targets: vec![],
-                previous_images: vec![],
-                states: vec![],
-            };
-        };
-        view::grid(fr, plan, &|t| if t.cluster.is_empty() { self.seen.get(&t.key()).cloned() } else { None })
+        match (&self.rollout, &self.plan) {
+            (Some(fr), Some(plan)) => view::grid(fr, plan, &|t| {
+                if t.cluster.is_empty() { self.seen.get(&t.key()).cloned() } else { None }
+            }),
+            _ => view::Grid::unread(""),
+        }
     }
 
     async fn flush(&mut self) -> Result<(), Gone> {
@@ -275,31 +339,44 @@ impl Watching {
             self.sent = states;
         }
         if std::mem::take(&mut self.events_dirty) {
-            let mut events: Vec<_> = self.events.values().cloned().collect();
-            events.sort_by(|a, b| a["time"].as_str().cmp(&b["time"].as_str()));
-            let newest = events.split_off(events.len().saturating_sub(EVENTS_SHOWN));
-            self.send(event("events", &json!({"events": newest}))).await?;
+            self.send(event("events", &json!({"events": self.events.newest()}))).await?;
         }
         Ok(())
     }
-
-    /// A watch of the rollout's targets in this cluster, as the user, in its namespace or across the
-    /// cluster when its selector reaches others; None for nodes and for targets in member clusters only.
-    fn targets(&self) -> Option<SeenEvents> {
-        let fr = self.rollout.as_ref()?;
-        let across = fr.spec.targets.namespace_selector.is_some();
-        let client = self.dash.client.clone();
-        let ns = self.ns.clone();
-        Some(match fr.spec.targets.kind {
-            TargetKind::Deployment => seen::<Deployment>(client, across, &ns, workload::deployment_facts),
-            TargetKind::StatefulSet => seen::<StatefulSet>(client, across, &ns, workload::statefulset_facts),
-            TargetKind::DaemonSet => seen::<DaemonSet>(client, across, &ns, workload::daemonset_facts),
-            TargetKind::Node => return None,
-        })
-    }
 }
 
-fn seen<K>(client: kube::Client, across: bool, ns: &str, facts: fn(&K) -> WorkloadFacts) -> SeenEvents
+/// Whether a rollout's plan is still the one a session loaded.
+#[derive(PartialEq)]
+enum Planned {
+    Same,
+    Anew,
+}
+
+/// A watch of the rollout's own Events (by its uid: others' Events that name it are not its own).
+fn events_of(
+    client: &kube::Client,
+    fr: &FleetRollout,
+) -> impl Stream<Item = Result<watcher::Event<KubeEvent>, watcher::Error>> + Send + 'static {
+    let about = format!("involvedObject.uid={}", fr.uid().unwrap_or_default());
+    let api = Api::<KubeEvent>::namespaced(client.clone(), &fr.namespace().unwrap_or_default());
+    watcher(api, watcher::Config::default().fields(&about)).default_backoff()
+}
+
+/// A watch of the rollout's targets in this cluster, as the user: in its namespace, or across the cluster
+/// when its selector reaches others and the user may list them there (else in its namespace still). None
+/// for nodes.
+fn targets_of(client: &kube::Client, fr: &FleetRollout) -> Option<SeenEvents> {
+    let across = fr.spec.targets.namespace_selector.is_some();
+    let (client, ns) = (client.clone(), fr.namespace().unwrap_or_default());
+    Some(match fr.spec.targets.kind {
+        TargetKind::Deployment => seen::<Deployment>(client, across, ns, workload::deployment_facts),
+        TargetKind::StatefulSet => seen::<StatefulSet>(client, across, ns, workload::statefulset_facts),
+        TargetKind::DaemonSet => seen::<DaemonSet>(client, across, ns, workload::daemonset_facts),
+        TargetKind::Node => return None,
+    })
+}
+
+fn seen<K>(client: kube::Client, across: bool, ns: String, facts: fn(&K) -> WorkloadFacts) -> SeenEvents
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -308,10 +385,13 @@ where
         + Send
         + 'static,
 {
-    let api = if across { Api::<K>::all(client) } else { Api::<K>::namespaced(client, ns) };
-    watcher(api, watcher::Config::default())
-        .default_backoff()
-        .map_ok(move |e| {
+    futures::stream::once(async move {
+        let all = Api::<K>::all(client.clone());
+        let api = match across && all.list_metadata(&ListParams::default().limit(1)).await.is_ok() {
+            true => all,
+            false => Api::<K>::namespaced(client, &ns),
+        };
+        watcher(api, watcher::Config::default()).default_backoff().map_ok(move |e| {
             let seen = |o: &K| {
                 let f = facts(o);
                 (f.key(), Seen { applied: f.applied.clone(), readiness: f.readiness() })
@@ -324,19 +404,7 @@ where
                 watcher::Event::InitDone => watcher::Event::InitDone,
             }
         })
-        .boxed()
-}
-
-/// An event as the timeline shows it.
-fn timeline_event(e: &KubeEvent) -> serde_json::Value {
-    let time = e
-        .last_timestamp
-        .as_ref()
-        .map(|t| t.0.to_string())
-        .or_else(|| e.event_time.as_ref().map(|t| t.0.to_string()))
-        .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()));
-    json!({
-        "time": time, "type": e.type_, "reason": e.reason, "message": e.message,
-        "count": e.count.unwrap_or(1),
     })
+    .flatten()
+    .boxed()
 }

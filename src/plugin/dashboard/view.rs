@@ -163,6 +163,23 @@ pub struct Grid {
     /// Each target's image before the rollout (as the plan froze it), beside `targets`.
     pub previous_images: Vec<String>,
     pub states: Vec<Cell>,
+    /// Why there is no grid, when there is none to show.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl Grid {
+    /// No grid, and why (nothing said when `why` is empty).
+    pub fn unread(why: &str) -> Self {
+        Grid {
+            plan_hash: String::new(),
+            groups: Vec::new(),
+            targets: Vec::new(),
+            previous_images: Vec::new(),
+            states: Vec::new(),
+            note: (!why.is_empty()).then(|| why.to_string()),
+        }
+    }
 }
 
 /// Failures that refuse a target rather than fail it (see `TargetFailure::reason`).
@@ -180,7 +197,8 @@ pub fn target_name(t: &PlannedTarget) -> String {
 /// The grid of `fr`'s plan, each target's state from its batch's checkpoint, its failure if any, and
 /// `seen(target)` where the user could read it.
 pub fn grid(fr: &FleetRollout, plan: &Plan, seen: &dyn Fn(&PlannedTarget) -> Option<Seen>) -> Grid {
-    let status = fr.status.clone().unwrap_or_default();
+    let none = crate::api::FleetRolloutStatus::default();
+    let status = fr.status.as_ref().unwrap_or(&none);
     let failed: HashMap<(u32, String), bool> = status
         .failures
         .iter()
@@ -195,13 +213,7 @@ pub fn grid(fr: &FleetRollout, plan: &Plan, seen: &dyn Fn(&PlannedTarget) -> Opt
         })
         .collect();
     let waves = status.clusters.as_ref().map(|c| c.waves.clone()).unwrap_or_default();
-    let mut grid = Grid {
-        plan_hash: plan.hash.clone(),
-        groups: Vec::new(),
-        targets: Vec::new(),
-        previous_images: Vec::new(),
-        states: Vec::new(),
-    };
+    let mut grid = Grid { plan_hash: plan.hash.clone(), ..Grid::unread("") };
     for (index, batch) in plan.batches.iter().enumerate() {
         let index = index as u32;
         let wave =
@@ -216,7 +228,7 @@ pub fn grid(fr: &FleetRollout, plan: &Plan, seen: &dyn Fn(&PlannedTarget) -> Opt
                 let cell = match failed.get(&(index, name.clone())) {
                     Some(true) => Cell::Refused,
                     Some(false) => Cell::Failed,
-                    None => cell(&status, index, seen(t)),
+                    None => cell(status, index, seen(t)),
                 };
                 grid.targets.push(name);
                 grid.previous_images.push(t.previous_image.clone());
@@ -250,7 +262,10 @@ fn cell(status: &crate::api::FleetRolloutStatus, batch: u32, seen: Option<Seen>)
         BatchState::Applying => Cell::Changing,
         BatchState::Verifying if carries == Some(true) && ready => Cell::Soaking,
         BatchState::Verifying => Cell::Changing,
-        BatchState::Succeeded | BatchState::Failed => Cell::Healthy,
+        BatchState::Succeeded => Cell::Healthy,
+        // Status lists the first failures only: one not listed is judged by what was seen of it.
+        BatchState::Failed if seen.is_some() && !ready => Cell::Failed,
+        BatchState::Failed => Cell::Healthy,
     }
 }
 

@@ -75,6 +75,8 @@ async fn an_approver_approves_from_her_inbox_and_a_developer_is_refused_with_the
         let row = format!("return document.querySelector('#rollouts tr[data-rollout=\"{key}\"]') !== null");
         browser.wait_js("bob's list to show the rollout", &row, DEADLINE).await;
         let in_inbox = format!("return document.querySelector('#inbox li[data-rollout=\"{key}\"]') !== null");
+        // The inbox is said after the list, once the API server has judged each waiting rollout.
+        browser.wait_js("bob's inbox", "return document.querySelector('#inbox')?.dataset.received === 'true'", DEADLINE).await;
         assert_eq!(browser.js(&in_inbox, vec![]).await, Value::Bool(false), "not in bob's inbox");
         open(&browser, &bobs, &format!("#/r/{key}")).await;
         let (outcome, said) = press(&browser, "#rollout button[data-action=\"approve\"]").await;

@@ -16,6 +16,8 @@ const MESSAGE: &str =
     r#""><script>window.pwned = 'message'</script><img src=x onerror="window.pwned='message-img'">"#;
 const IMAGE: &str = r#"registry.example/app:1"><img src=x onerror="window.pwned='image'">"#;
 const FAILURE: &str = r#"<img src=x onerror="window.pwned='failure'"> never became ready"#;
+const EVENT: &str =
+    r#"</li><script>window.pwned = 'event'</script><a href="javascript:window.pwned='link'">click</a>"#;
 
 #[tokio::test]
 async fn tenant_text_renders_as_text_and_foreign_actions_are_refused() {
@@ -26,6 +28,16 @@ async fn tenant_text_renders_as_text_and_foreign_actions_are_refused() {
         let status = json!({"message": MESSAGE, "currentBatch": 0, "failures": [failure],
             "batches": [{"index": 0, "size": 3, "state": "Verifying", "idempotencyKey": "k/1/0"}]});
         let fr = frozen(&fleet.client, &ns, "evil", vec![targets], status).await;
+        // An Event about the rollout, as anyone who may create Events in the namespace can write one.
+        let injected: k8s_openapi::api::core::v1::Event = serde_json::from_value(json!({
+            "metadata": {"name": "evil-injected", "namespace": ns},
+            "involvedObject": {"apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "name": "evil",
+                               "namespace": ns, "uid": fr.uid()},
+            "type": "Warning", "reason": "Injected", "message": EVENT,
+            "lastTimestamp": k8s_openapi::jiff::Timestamp::now().to_string(), "source": {"component": "tenant"},
+        }))
+        .unwrap();
+        kube::Api::namespaced(fleet.client.clone(), &ns).create(&Default::default(), &injected).await.unwrap();
         let dash = Dashboard::start(&testkit::cluster().kubeconfig, &[]).await;
         let browser = Browser::start().await;
         open(&browser, &dash, &format!("#/r/{ns}/evil")).await;
@@ -38,8 +50,12 @@ async fn tenant_text_renders_as_text_and_foreign_actions_are_refused() {
         let detail = detail.as_str().unwrap_or_default();
         assert!(detail.contains(IMAGE), "the previous image, as text: {detail}");
         assert!(detail.contains(FAILURE), "the failure's message, as text: {detail}");
+        let timeline = format!("return document.querySelector('#timeline')?.textContent.includes({})", Value::from(EVENT));
+        browser.wait_js("the event in the timeline, as text", &timeline, DEADLINE).await;
         let page = browser.js("return document.body.textContent", vec![]).await;
         assert!(page.as_str().unwrap_or_default().contains(MESSAGE), "the message, as text");
+        let links = "return [...document.querySelectorAll('a[href]')].filter(a => !a.getAttribute('href').startsWith('#')).length";
+        assert_eq!(browser.js(links, vec![]).await, json!(0), "no link but the page's own routes");
         assert_eq!(browser.js("return window.pwned === undefined", vec![]).await, Value::Bool(true), "no script ran");
         let injected = "return document.querySelectorAll('img[src=\"x\"], script:not([src])').length";
         assert_eq!(browser.js(injected, vec![]).await, json!(0), "no element was made of tenant text");
@@ -64,14 +80,20 @@ async fn tenant_text_renders_as_text_and_foreign_actions_are_refused() {
         // (the browser drops the token header such a post may not carry, and the Origin gives it away).
         let attacker = serve_attacker().await;
         browser.goto(&format!("http://{attacker}/")).await;
-        let posted = browser
-            .js(
-                "return fetch(arguments[0], {method: 'POST', mode: 'no-cors', body: '{}', \
-                   headers: {'Authorization': 'Bearer ' + arguments[1]}}).then(() => 'sent', (e) => 'blocked: ' + e)",
-                vec![Value::from(pause.clone()), Value::from(dash.token.clone())],
+        let post = |mode: &str| {
+            format!(
+                "return fetch(arguments[0], {{method: 'POST', mode: '{mode}', body: '{{}}', \
+                   headers: {{'Authorization': 'Bearer ' + arguments[1], 'Content-Type': 'application/json'}}}}) \
+                   .then(() => 'sent', (e) => 'blocked: ' + e)"
             )
-            .await;
-        eprintln!("the attacker's post: {posted}");
+        };
+        let args = || vec![Value::from(pause.clone()), Value::from(dash.token.clone())];
+        // As a script may send it with the token: the browser asks first (a preflight), and is refused.
+        let cors = browser.js(&post("cors"), args()).await;
+        assert!(cors.as_str().is_some_and(|p| p.starts_with("blocked")), "the browser sent it: {cors}");
+        // As a form may send it: it goes, without the token, and the server refuses it.
+        let no_cors = browser.js(&post("no-cors"), args()).await;
+        eprintln!("the attacker's posts: {cors}, {no_cors}");
         let after = fleet.rollouts().get("evil").await.unwrap();
         assert_eq!(after.spec.paused, fr.spec.paused, "not paused by a foreign page");
         assert_eq!(after.resource_version(), fr.resource_version(), "nothing changed");

@@ -135,7 +135,7 @@ export class GridView {
             }
         }
         if (n === 0)
-            frag.append(h("p", { class: "empty" }, "No targets planned yet."));
+            frag.append(h("p", { class: "empty" }, grid.note || "No targets planned yet."));
         this.el.replaceChildren(frag);
         const kept = keepTarget === undefined ? -1 : this.labels.indexOf(keepTarget);
         this.active = kept >= 0 ? kept : 0;

@@ -22,6 +22,8 @@ export class Inbox {
         });
     }
     set(waiting) {
+        // Told apart from "not heard yet": an empty inbox is an answer once this is set.
+        this.el.dataset["received"] = "true";
         // Rebuilt whole (it is short), but a focused Approve button keeps the focus when its entry stays.
         const focused = document.activeElement?.closest("li")?.dataset["rollout"];
         this.items = new Map(waiting.map((w) => [`${w.namespace}/${w.name}`, w]));
