@@ -21,6 +21,10 @@ use fleetroll::api::Phase;
 /// Presses the action button `css`, confirms it, and returns the answer the page shows: (outcome, text).
 async fn press(browser: &Browser, css: &str) -> (String, String) {
     browser.js("window.previousResult = document.querySelector('#action-result')?.textContent", vec![]).await;
+    // The view's buttons wait for the rollout itself (its first event) to know what they may do.
+    let enabled =
+        format!("const b = document.querySelector({}); return b !== null && !b.disabled", Value::from(css));
+    browser.wait_js("the button to be enabled", &enabled, DEADLINE).await;
     browser.click(css).await;
     browser
         .wait_js("the confirmation", "return document.querySelector('#confirm')?.open === true", DEADLINE)

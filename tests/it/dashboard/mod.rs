@@ -1,12 +1,14 @@
 //! `kubectl fleetroll dashboard` in a real browser (headless Chromium through chromedriver), against the real
 //! control plane and operator: a rollout watched live from start to end, approvals as the user from the
 //! inbox, tenant-controlled text rendered as text under the CSP, a watch cut and resumed without a reload,
-//! and the 10,000-target grid and the 100-rollout list rendered within a second.
+//! the 10,000-target grid and the 100-rollout list rendered within a second, and the grid by keyboard, the
+//! analysis charts and a previewed plan.
 
 mod approvals;
 mod hostile;
 mod reconnect;
 mod scale;
+mod views;
 mod watch;
 
 use std::{path::PathBuf, time::Duration};

@@ -1,0 +1,96 @@
+//! The rest of one rollout's view, used as a person would: the grid by keyboard alone (one cell in the tab
+//! order, arrows and Home/End moving it, each state told by its sign and its word), the batch's analysis
+//! measurements as charts, and the plan a pasted manifest would get, from the same planning as
+//! `kubectl fleetroll plan -f` against the Deployments in the namespace.
+
+use serde_json::{Value, json};
+use testkit::{
+    browser::{Browser, Key},
+    dashboard::Dashboard,
+    fleet::{READY_IMAGE, with_fleet},
+    frozen::{frozen, planned},
+};
+
+use super::{DEADLINE, open};
+
+fn measurement(value: &str, phase: &str, at: &str) -> Value {
+    json!({"phase": phase, "value": value, "at": at})
+}
+
+#[tokio::test]
+async fn the_grid_by_keyboard_the_analysis_charts_and_a_previewed_plan() {
+    with_fleet("dash-views", 0, |fleet| async move {
+        let ns = fleet.ns.clone();
+        fleet.deployments(&ns, 3, READY_IMAGE).await;
+        let measurements = [
+            measurement("0.010", "Successful", "2026-12-05T10:00:00Z"),
+            measurement("0.020", "Successful", "2026-12-05T10:00:30Z"),
+            measurement("0.300", "Failed", "2026-12-05T10:01:00Z"),
+        ];
+        let analysis = json!({"startedAt": "2026-12-05T10:00:00Z", "metrics": [
+            {"name": "error-rate", "phase": "Failed", "successful": 2, "failed": 1, "measurements": measurements}]});
+        let status = json!({"currentBatch": 0, "batches": [
+            {"index": 0, "size": 4, "state": "Verifying", "idempotencyKey": "k/1/0", "analysis": analysis}]});
+        let batches = planned(&ns, "cell", 8, "app:1").chunks(4).map(<[_]>::to_vec).collect();
+        frozen(&fleet.client, &ns, "views", batches, status).await;
+        let dash = Dashboard::start(&testkit::cluster().kubeconfig, &[]).await;
+        let browser = Browser::start().await;
+        open(&browser, &dash, &format!("#/r/{ns}/views")).await;
+        browser.wait_js("the grid", "return document.querySelectorAll('#grid [data-target]').length === 8", DEADLINE).await;
+
+        // One cell in the tab order; the arrows and Home/End move it, and focus follows.
+        let tabbable = "return document.querySelectorAll('#grid [tabindex=\"0\"]').length";
+        assert_eq!(browser.js(tabbable, vec![]).await, json!(1));
+        browser.click(&format!("#grid [data-target=\"{ns}/cell-00000\"]")).await;
+        let focused = "return document.activeElement?.dataset.target";
+        for (key, expected) in [(Key::Right, "cell-00001"), (Key::End, "cell-00003"), (Key::Home, "cell-00000")] {
+            browser.press(key).await;
+            assert_eq!(browser.js(focused, vec![]).await, json!(format!("{ns}/{expected}")), "after {key:?}");
+        }
+        assert_eq!(browser.js(tabbable, vec![]).await, json!(1), "still one cell in the tab order");
+        // Each state by its sign and its word, not by colour alone: in the cell's own text, and its label.
+        let told = "const c = document.activeElement; return [c.textContent, c.getAttribute('aria-label')]";
+        let told = browser.js(told, vec![]).await;
+        assert!(told[0].as_str().is_some_and(|t| t.contains("changing")), "{told}");
+        assert!(told[1].as_str().is_some_and(|t| t.ends_with(": changing")), "{told}");
+        let legend = browser.text("#legend").await;
+        for word in ["pending", "changing", "soaking", "healthy", "failed", "refused"] {
+            assert!(legend.contains(word), "the legend names {word}: {legend}");
+        }
+
+        // The batch's measurements as a chart: one mark per measurement, the metric named.
+        let chart = browser
+            .wait_js("the analysis chart", "const a = document.querySelector('#analysis'); return a && a.querySelector('svg') ? a.textContent : null", DEADLINE)
+            .await;
+        assert!(chart.as_str().is_some_and(|t| t.contains("error-rate")), "{chart}");
+        let marks = "return document.querySelectorAll('#analysis svg .pt').length";
+        assert_eq!(browser.js(marks, vec![]).await, json!(3), "one mark per measurement");
+
+        // A pasted manifest's plan: the namespace's three Deployments, two at a time.
+        let manifest = format!(
+            "apiVersion: fleetroll.dev/v1alpha1\nkind: FleetRollout\nmetadata: {{name: preview, namespace: {ns}}}\n\
+             spec: {{image: registry.k8s.io/pause:3.9, targets: {{kind: Deployment, selector: {{matchLabels: {{fleet: web}}}}}}, strategy: {{batchSize: 2}}}}\n"
+        );
+        let paste = "const t = document.querySelector('#preview-manifest'); t.value = arguments[0]; \
+                     t.dispatchEvent(new Event('input', {bubbles: true}));";
+        browser.js(paste, vec![Value::from(manifest)]).await;
+        browser.click("#preview-run").await;
+        let answered = "const o = document.querySelector('#preview-result')?.dataset.outcome; \
+                        return o && o !== 'pending' ? o : null";
+        let outcome = browser.wait_js("the preview's answer", answered, DEADLINE).await;
+        assert_eq!(outcome, json!("ok"), "{}", browser.text("#preview-result").await);
+        // Its batches' targets are listed once opened, as a person opens them.
+        browser.js("for (const d of document.querySelectorAll('#preview-result details')) d.open = true", vec![]).await;
+        let shown = browser
+            .wait_js("the preview", "const r = document.querySelector('#preview-result'); return r && r.textContent.includes('web-02') ? r.textContent : null", DEADLINE)
+            .await;
+        let shown = shown.as_str().unwrap_or_default();
+        for name in ["web-00", "web-01", "web-02"] {
+            assert!(shown.contains(&format!("{ns}/{name}")), "{name} in the preview: {shown}");
+        }
+        let nothing = fleet.rollouts().get_opt("preview").await.unwrap();
+        assert!(nothing.is_none(), "a preview writes nothing");
+        assert!(shown.contains("3 targets in 2 batches"), "{shown}");
+    })
+    .await;
+}
