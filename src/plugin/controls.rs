@@ -91,9 +91,15 @@ fn approved(name: &str, fr: &FleetRollout, who: Option<&str>) -> String {
 /// Who the API server says the kubeconfig's user is (SelfSubjectReview), for the approval record; None
 /// when it will not say, and the approval then names no one.
 async fn whoami(client: &Client) -> Option<String> {
+    user_info(client).await?.username
+}
+
+/// The user and groups the API server says the kubeconfig's user is (SelfSubjectReview); None when it will
+/// not say.
+pub(super) async fn user_info(client: &Client) -> Option<k8s_openapi::api::authentication::v1::UserInfo> {
     let api: Api<SelfSubjectReview> = Api::all(client.clone());
     let reviewed = api.create(&PostParams::default(), &SelfSubjectReview::default()).await.ok()?;
-    reviewed.status?.user_info?.username
+    reviewed.status?.user_info
 }
 
 #[cfg(test)]

@@ -16,9 +16,9 @@ use crate::{
 };
 
 /// One rollout waiting for the user.
-#[derive(Serialize, Debug, PartialEq)]
+#[derive(Serialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-struct Waiting {
+pub(super) struct Waiting {
     namespace: String,
     name: String,
     /// 1-based, as `status` shows batches.
@@ -57,7 +57,7 @@ pub(super) async fn inbox(
     Ok(Exit::Done.into())
 }
 
-fn entry(fr: &FleetRollout) -> Option<Waiting> {
+pub(super) fn entry(fr: &FleetRollout) -> Option<Waiting> {
     let pending = awaited_approval(fr)?;
     let s = fr.status.as_ref()?;
     Some(Waiting {

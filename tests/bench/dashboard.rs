@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use testkit::{
     bench::percentile,
     browser::{Browser, Key},
-    dashboard::Dashboard,
+    dashboard::{Dashboard, render_time},
     frozen::{frozen, planned},
 };
 
@@ -43,22 +43,6 @@ new PerformanceObserver((l) => { for (const e of l.getEntries()) window.bench.lo
 
 fn now_ms() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1e3)
-}
-
-/// Asks for `route`; once `done` holds, how long the page took from its data arriving, and from asking.
-async fn render_time(browser: &Browser, route: &str, done: &str) -> (f64, f64) {
-    let asked = browser
-        .js(
-            "window.fleetrollDashboard.renderedAt = 0; const t = Date.now(); location.hash = arguments[0]; return t",
-            vec![Value::from(route)],
-        )
-        .await;
-    let ready = format!("return window.fleetrollDashboard.renderedAt > 0 && ({done})");
-    browser.wait_js("the view to render", &ready, LONG).await;
-    let stamps =
-        browser.js("const d = window.fleetrollDashboard; return [d.receivedAt, d.renderedAt]", vec![]).await;
-    let at = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
-    (at(&stamps[1]) - at(&stamps[0]), at(&stamps[1]) - at(&asked))
 }
 
 pub async fn views(client: &Client, sizes: &Sizes, report: &mut Report, namespaces: &mut Vec<String>) {
@@ -87,8 +71,8 @@ pub async fn views(client: &Client, sizes: &Sizes, report: &mut Report, namespac
     let grid_done = format!("document.querySelectorAll('#grid [data-target]').length === {n}");
     let (mut lists, mut grids) = (Vec::new(), Vec::new());
     for _ in 0..RENDERS {
-        grids.push(render_time(&browser, &format!("#/r/{ns}/big"), &grid_done).await);
-        lists.push(render_time(&browser, "#/", &list_done).await);
+        grids.push(render_time(&browser, &format!("#/r/{ns}/big"), &grid_done, LONG).await);
+        lists.push(render_time(&browser, "#/", &list_done, LONG).await);
     }
     let median = |v: &[(f64, f64)], pick: fn(&(f64, f64)) -> f64| {
         let mut x: Vec<f64> = v.iter().map(pick).collect();
@@ -120,7 +104,7 @@ async fn live(
 ) {
     let grid_done =
         format!("document.querySelectorAll('#grid [data-target]').length === {}", sizes.dashboard_targets);
-    render_time(browser, &format!("#/r/{ns}/big"), &grid_done).await;
+    render_time(browser, &format!("#/r/{ns}/big"), &grid_done, LONG).await;
     browser.js(RECORDER, vec![]).await;
     browser.click("#grid [data-target]").await;
     let api: Api<FleetRollout> = Api::namespaced(client.clone(), ns);

@@ -124,6 +124,29 @@ impl Drop for Dashboard {
     }
 }
 
+/// Asks the page in `browser` for `route` and, once `done` (a script's expression) holds, says how long it
+/// took to render: from its data arriving in the page, and from the view being asked for (ms, the page's
+/// clock: `window.fleetrollDashboard`'s stamps).
+pub async fn render_time(
+    browser: &crate::browser::Browser,
+    route: &str,
+    done: &str,
+    deadline: Duration,
+) -> (f64, f64) {
+    let asked = browser
+        .js(
+            "window.fleetrollDashboard.renderedAt = 0; const t = Date.now(); location.hash = arguments[0]; return t",
+            vec![serde_json::Value::from(route)],
+        )
+        .await;
+    let ready = format!("return window.fleetrollDashboard.renderedAt > 0 && ({done})");
+    browser.wait_js("the view to render", &ready, deadline).await;
+    let stamps =
+        browser.js("const d = window.fleetrollDashboard; return [d.receivedAt, d.renderedAt]", vec![]).await;
+    let at = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    (at(&stamps[1]) - at(&stamps[0]), at(&stamps[1]) - at(&asked))
+}
+
 /// `http://127.0.0.1:PORT/#token=TOKEN` → (`http://127.0.0.1:PORT`, `TOKEN`).
 fn parse(url: &str) -> (String, String) {
     let (page, fragment) = url.split_once("/#").unwrap_or_else(|| panic!("no fragment in {url:?}"));

@@ -26,12 +26,9 @@ pub async fn me(State(dash): State<Dash>) -> Json<Value> {
     Json(json!({"user": user, "groups": groups}))
 }
 
-/// Who the API server says the kubeconfig's user is (SelfSubjectReview): None when it will not say.
+/// Who the API server says the kubeconfig's user is: None when it will not say.
 async fn whoami(client: &kube::Client) -> Option<(String, Vec<String>)> {
-    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
-    let api: kube::Api<SelfSubjectReview> = kube::Api::all(client.clone());
-    let reviewed = api.create(&Default::default(), &SelfSubjectReview::default()).await.ok()?;
-    let info = reviewed.status?.user_info?;
+    let info = super::super::controls::user_info(client).await?;
     Some((info.username.unwrap_or_default(), info.groups.unwrap_or_default()))
 }
 

@@ -5,63 +5,27 @@
 use std::{
     collections::{BTreeMap, HashMap},
     convert::Infallible,
-    time::Duration,
 };
 
 use axum::{
     extract::State,
-    response::sse::{Event, KeepAlive, Sse},
+    response::sse::{Event, Sse},
 };
 use futures::{Stream, StreamExt};
 use kube::{Api, ResourceExt, api::ListParams, runtime::watcher};
-use serde::Serialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 
+use super::super::inbox::{Waiting, entry};
 use super::{
     Dash,
-    rollout::{RETRY_FIRST, RETRY_MAX},
+    sse::{self, Gone, RETRY_FIRST, RETRY_MAX, connection, event, send},
     view,
 };
 use crate::{api::FleetRollout, core::task::awaited_approval, edge::control};
 
-/// Events queued for a page that reads slowly before the watch waits for it.
-const QUEUED: usize = 256;
-pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
-
 pub async fn stream(State(dash): State<Dash>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let (tx, rx) = mpsc::channel(QUEUED);
-    let page = tx.clone();
-    tokio::spawn(async move {
-        // Ends when the page goes, even when nothing changes for hours.
-        tokio::select! {
-            _ = watch(dash, tx) => {}
-            () = page.closed() => {}
-        }
-    });
-    Sse::new(received(rx)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
-}
-
-/// What a task sends, as the page's stream.
-pub fn received(rx: mpsc::Receiver<Event>) -> impl Stream<Item = Result<Event, Infallible>> {
-    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) })
-}
-
-/// An SSE event named `name` carrying `data` as JSON.
-pub fn event(name: &str, data: &impl Serialize) -> Event {
-    Event::default().event(name).data(serde_json::to_string(data).unwrap_or_else(|_| "null".into()))
-}
-
-pub fn connection(live: bool, message: &str) -> Event {
-    let state = if live { "live" } else { "reconnecting" };
-    event("connection", &json!({"state": state, "message": message}))
-}
-
-/// A page that has gone: stop.
-struct Gone;
-
-async fn send(tx: &mpsc::Sender<Event>, e: Event) -> Result<(), Gone> {
-    tx.send(e).await.map_err(|_| Gone)
+    sse::serve(|tx| watch(dash, tx))
 }
 
 /// Watches until the page goes. A lost watch is said at once; a new one (a full list: the page replaces
@@ -141,7 +105,7 @@ fn key(fr: &FleetRollout) -> (String, String) {
 #[derive(Default)]
 struct Inbox {
     judged: HashMap<(String, String), (String, bool)>,
-    last: Option<Vec<serde_json::Value>>,
+    last: Option<Vec<Waiting>>,
 }
 
 impl Inbox {
@@ -150,14 +114,14 @@ impl Inbox {
         &mut self,
         client: &kube::Client,
         known: &BTreeMap<(String, String), FleetRollout>,
-    ) -> Option<Vec<serde_json::Value>> {
+    ) -> Option<Vec<Waiting>> {
         self.judged.retain(|k, _| known.contains_key(k));
         let mut waiting = Vec::new();
         for (k, fr) in known {
-            let Some(pending) = awaited_approval(fr) else {
+            if awaited_approval(fr).is_none() {
                 self.judged.remove(k);
                 continue;
-            };
+            }
             let version = fr.resource_version().unwrap_or_default();
             let may = match self.judged.get(k) {
                 Some((v, may)) if *v == version => *may,
@@ -172,15 +136,7 @@ impl Inbox {
                 },
             };
             if may {
-                let s = fr.status.as_ref();
-                waiting.push(json!({
-                    "namespace": k.0, "name": k.1,
-                    "batch": pending.batch + 1,
-                    "batches": s.and_then(|s| s.plan.as_ref()).map_or(0, |p| p.total_batches),
-                    "planHash": pending.plan_hash, "gatesHash": pending.gates_hash,
-                    "creator": fr.spec.creator.as_ref().map(|c| &c.username),
-                    "since": pending.since.0.to_string(),
-                }));
+                waiting.extend(entry(fr));
             }
         }
         (self.last.as_ref() != Some(&waiting)).then(|| {

@@ -8,6 +8,7 @@ mod assets;
 mod guard;
 mod list;
 mod rollout;
+mod sse;
 mod timeline;
 mod view;
 

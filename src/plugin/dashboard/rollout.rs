@@ -12,7 +12,7 @@ use std::{
 
 use axum::{
     extract::{Path, State},
-    response::sse::{Event, KeepAlive, Sse},
+    response::sse::{Event, Sse},
 };
 use futures::{Stream, StreamExt, TryStreamExt, stream::BoxStream};
 use k8s_openapi::api::{
@@ -30,7 +30,7 @@ use tokio::sync::mpsc;
 
 use super::{
     Dash,
-    list::{KEEP_ALIVE, connection, event, received},
+    sse::{self, Gone, RETRY_FIRST, RETRY_MAX, connection, event},
     timeline::Timeline,
     view::{self, Cell, Seen},
 };
@@ -45,28 +45,13 @@ use crate::{
 
 /// How often changed cells and events are sent at most.
 const TICK: Duration = Duration::from_millis(100);
-/// The first wait before a lost watch is tried again, and the longest.
-pub const RETRY_FIRST: Duration = Duration::from_secs(1);
-pub const RETRY_MAX: Duration = Duration::from_secs(10);
 
 pub async fn stream(
     State(dash): State<Dash>,
     Path((ns, name)): Path<(String, String)>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let (tx, rx) = mpsc::channel(256);
-    let page = tx.clone();
-    tokio::spawn(async move {
-        // A quiet rollout sends nothing for hours: its watches stop when the page goes, not at the next send.
-        tokio::select! {
-            _ = Watching::new(dash, ns, name, tx).run() => {}
-            () = page.closed() => {}
-        }
-    });
-    Sse::new(received(rx)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+    sse::serve(|tx| Watching::new(dash, ns, name, tx).run())
 }
-
-/// A page that has gone: stop.
-struct Gone;
 
 /// What one rollout's stream has seen, and what it last sent.
 struct Watching {
@@ -130,7 +115,7 @@ impl Watching {
     }
 
     async fn send(&self, e: Event) -> Result<(), Gone> {
-        self.tx.send(e).await.map_err(|_| Gone)
+        sse::send(&self.tx, e).await
     }
 
     /// Watches until the page goes or the rollout is deleted; a lost watch of the rollout is said at once,
