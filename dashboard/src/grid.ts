@@ -5,9 +5,9 @@
 import { fill, h, setAttrs, setText } from "./dom.js";
 import type { BatchStatus, CellState, Failure, Grid, GridGroup } from "./types.js";
 
-export const STATES: readonly CellState[] = ["pending", "changing", "soaking", "healthy", "failed", "refused", "skipped"];
+export const STATES: readonly CellState[] = ["pending", "changing", "soaking", "healthy", "failed", "refused", "skipped", "restored"];
 const ICONS: Record<CellState, string> = {
-  pending: "○", changing: "◐", soaking: "◷", healthy: "✓", failed: "✗", refused: "⊘", skipped: "–",
+  pending: "○", changing: "◐", soaking: "◷", healthy: "✓", failed: "✗", refused: "⊘", skipped: "–", restored: "↺",
 };
 // Up to this many targets each cell has room for the target's name and its state as visible words.
 const ROOMY_MAX = 200;
@@ -55,7 +55,7 @@ export class GridView {
 
   get size(): number { return this.cells.length; }
 
-  /** A cell's target as shown (`<cluster>:<ns>/<name>` for a member cluster's). */
+  /** A cell's target as shown (`<ns>/<name>`, or `<cluster>/<ns>/<name>` in a member cluster). */
   label(i: number): string { return this.labels[i] ?? ""; }
 
   /** The whole grid (first, and whenever the plan changes). */
@@ -123,9 +123,7 @@ export class GridView {
         box);
       const end = Math.min(g.start + g.count, n);
       for (let i = g.start; i < end; i++) {
-        const raw = targets[i] ?? "";
-        // Targets of a member cluster carry its name, unless the server already put it there.
-        const label = g.cluster && !raw.includes(":") ? `${g.cluster}:${raw}` : raw;
+        const label = targets[i] ?? "";
         const st = norm(grid.states?.[i] ?? "pending");
         const c = tpl.cloneNode(true) as Cell;
         c.idx = i;

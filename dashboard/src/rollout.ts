@@ -69,7 +69,9 @@ export function rolloutView(main: HTMLElement, namespace: string, name: string):
     buttons.get("pause")!.disabled = off || final || paused;
     buttons.get("resume")!.disabled = off || final || !paused;
     buttons.get("abort")!.disabled = off || final;
-    buttons.get("rollback")!.disabled = off || final;
+    // A finished rollout can still be rolled back (the operator restores what it changed), once.
+    const restorable = (last?.summary?.counts?.updated ?? 0) > 0 && ph !== "RolledBack" && ph !== "RollingBack";
+    buttons.get("rollback")!.disabled = off || last?.object?.spec?.rollback === true || (final && !restorable);
   };
 
   section.querySelector(".actions")!.addEventListener("click", (e) => {

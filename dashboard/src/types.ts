@@ -36,7 +36,7 @@ export interface Waiting {
 export interface Connection { state: "live" | "reconnecting"; message?: string }
 export interface Snapshot { scope: string; rollouts: Summary[] }
 
-export type CellState = "pending" | "changing" | "soaking" | "healthy" | "failed" | "refused" | "skipped";
+export type CellState = "pending" | "changing" | "soaking" | "healthy" | "failed" | "refused" | "skipped" | "restored";
 
 export interface GridGroup { wave: string | null; cluster: string; batch: number; start: number; count: number }
 /** `previousImages[i]`: target i's image before the rollout, as the plan froze it. */

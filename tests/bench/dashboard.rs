@@ -18,7 +18,7 @@ use testkit::{
     bench::percentile,
     browser::{Browser, Key},
     dashboard::{Dashboard, render_time},
-    frozen::{frozen, planned},
+    frozen::{frozen, planned, unwatched},
 };
 
 use crate::{LONG, Report, Sizes, row};
@@ -50,15 +50,22 @@ pub async fn views(client: &Client, sizes: &Sizes, report: &mut Report, namespac
     eprintln!("dashboard: a {n}-target rollout and {rollouts} rollouts in the list");
     let ns = testkit::create_namespace(client, "bench-dashboard", &[]).await;
     namespaces.push(ns.clone());
-    let batches: Vec<_> = planned(&ns, "t", n, "app:1").chunks(BATCH).map(<[_]>::to_vec).collect();
+    let batches: Vec<_> =
+        planned(&unwatched(&ns), "t", n, "app:1").chunks(BATCH).map(<[_]>::to_vec).collect();
     let first = json!({"currentBatch": 0, "batches": [{"index": 0, "size": BATCH, "state": "Verifying", "idempotencyKey": "k/1/0"}]});
     frozen(client, &ns, "big", batches.clone(), first).await;
     futures::stream::iter(1..rollouts)
         .for_each_concurrent(16, |i| {
             let ns = ns.clone();
             async move {
-                frozen(client, &ns, &format!("r-{i:03}"), vec![planned(&ns, "w", 2, "app:1")], json!({}))
-                    .await;
+                frozen(
+                    client,
+                    &ns,
+                    &format!("r-{i:03}"),
+                    vec![planned(&unwatched(&ns), "w", 2, "app:1")],
+                    json!({}),
+                )
+                .await;
             }
         })
         .await;

@@ -5,7 +5,7 @@
 //! opted in; a member frozen mid-batch; a token rotated and the old one revoked mid-rollout; the operator
 //! SIGKILLed 20 times; a member answering without end; exec plugins asked for what they may not do.
 
-mod support;
+pub(crate) mod support;
 
 use fleetroll::api::{APPLIED_ANNOTATION, FleetRollout, Phase};
 use kube::{Api, ResourceExt};

@@ -57,6 +57,13 @@ pub fn json_merge(into: &mut Value, from: Value) {
     }
 }
 
+/// The namespace for a fixture's planned targets, which are never made. It is not the rollout's own, which
+/// is where the dashboard watches the targets of a rollout without a namespaceSelector: their cells then
+/// follow the status alone, as a member cluster's do, rather than show as deleted since planning (skipped).
+pub fn unwatched(ns: &str) -> String {
+    format!("{ns}-targets")
+}
+
 /// `n` planned targets `<ns>/<prefix>-NNNNN`, each with `previous` as its image before.
 pub fn planned(ns: &str, prefix: &str, n: usize, previous: &str) -> Vec<PlannedTarget> {
     (0..n)

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use super::{ApiError, Dash};
 use crate::{
-    api::FleetRollout,
+    api::{FleetRollout, PlannedTarget},
     edge::{control, discovery},
 };
 
@@ -130,7 +130,7 @@ pub async fn preview(
         .map(|(i, b)| {
             let index = i as u32;
             let wave = waves.iter().find(|w| (w.first_batch..=w.last_batch).contains(&index)).map(|w| &w.name);
-            json!({"index": index, "wave": wave, "targets": b.iter().map(super::view::target_name).collect::<Vec<_>>()})
+            json!({"index": index, "wave": wave, "targets": b.iter().map(PlannedTarget::key).collect::<Vec<_>>()})
         })
         .collect();
     Ok(Json(json!({

@@ -32,10 +32,10 @@ use super::{
     Dash,
     sse::{self, Gone, RETRY_FIRST, RETRY_MAX, connection, event},
     timeline::Timeline,
-    view::{self, Cell, Seen},
+    view::{self, Cell, Seen, Sight},
 };
 use crate::{
-    api::{FleetRollout, TargetKind},
+    api::{FleetRollout, PlannedTarget, TargetKind},
     core::{
         plan::Plan,
         workload::{self, WorkloadFacts},
@@ -65,6 +65,12 @@ struct Watching {
     /// The plan's targets in this cluster (`namespace/name`): the only ones whose state is kept.
     keys: HashSet<String>,
     seen: HashMap<String, Seen>,
+    /// Where the targets are watched: one namespace, or (None) across the cluster.
+    targets_in: Option<String>,
+    /// Whether a complete list of the targets has arrived: until then, one not seen is not known gone.
+    listed: bool,
+    /// The targets a list in progress has found: those seen before and not found again are gone.
+    relisting: Option<HashSet<String>>,
     sent: Vec<Cell>,
     events: Timeline,
     /// The last dry run of the approval the rollout waits for: what it was asked of, and its answer.
@@ -106,6 +112,9 @@ impl Watching {
             plans: PlanStore::default(),
             keys: HashSet::new(),
             seen: HashMap::new(),
+            targets_in: None,
+            listed: false,
+            relisting: None,
             sent: Vec::new(),
             events: Timeline::default(),
             may_approve: None,
@@ -158,8 +167,10 @@ impl Watching {
         self.plan = None;
         self.sent.clear();
         self.seen.clear();
+        self.listed = false;
+        self.relisting = None;
         self.events.clear();
-        let mut watching = false;
+        let (mut events_watched, mut targets_watched) = (false, false);
         let mut live = false;
         while let Some(change) = changes.next().await {
             match change {
@@ -168,13 +179,18 @@ impl Watching {
                         if self.rollout_changed(fr).await? == Planned::Anew {
                             return Ok(Ended::Replanned);
                         }
-                        // The targets and the events, once the rollout (its kind, selector, uid) is known.
-                        if !watching && let Some(fr) = &self.rollout {
-                            watching = true;
+                        // The events once the rollout (its uid) is known; its targets once its plan (which
+                        // of them to keep) is.
+                        if !events_watched && let Some(fr) = &self.rollout {
+                            events_watched = true;
                             changes.push(
                                 events_of(&self.dash.client, fr).map(|e| Change::Event(Box::new(e))).boxed(),
                             );
-                            if let Some(targets) = targets_of(&self.dash.client, fr) {
+                        }
+                        if !targets_watched && let (Some(fr), Some(_)) = (&self.rollout, &self.plan) {
+                            targets_watched = true;
+                            if let Some((targets, within)) = targets_of(&self.dash.client, fr).await {
+                                self.targets_in = within;
                                 changes.push(targets.map(Change::Target).boxed());
                             }
                         }
@@ -208,14 +224,25 @@ impl Watching {
             Ok(watcher::Event::Apply((k, s)) | watcher::Event::InitApply((k, s)))
                 if self.keys.contains(&k) =>
             {
+                if let Some(found) = self.relisting.as_mut() {
+                    found.insert(k.clone());
+                }
                 self.seen.insert(k, s);
                 self.targets_dirty = true;
             }
             Ok(watcher::Event::Delete((k, _))) => {
                 self.targets_dirty |= self.seen.remove(&k).is_some();
             }
+            // A list again (the watch was lost): what it does not find was deleted meanwhile.
+            Ok(watcher::Event::Init) => self.relisting = Some(HashSet::new()),
+            Ok(watcher::Event::InitDone) => {
+                let found = self.relisting.take().unwrap_or_default();
+                self.seen.retain(|k, _| found.contains(k));
+                self.listed = true;
+                self.targets_dirty = true;
+            }
             // The targets are an extra: a user who may not read them still sees the rollout.
-            Ok(_) | Err(_) => {}
+            Ok(watcher::Event::Apply(_) | watcher::Event::InitApply(_)) | Err(_) => {}
         }
     }
 
@@ -307,11 +334,22 @@ impl Watching {
 
     fn grid(&self) -> view::Grid {
         match (&self.rollout, &self.plan) {
-            (Some(fr), Some(plan)) => view::grid(fr, plan, &|t| {
-                if t.cluster.is_empty() { self.seen.get(&t.key()).cloned() } else { None }
-            }),
+            (Some(fr), Some(plan)) => view::grid(fr, plan, &|t| self.sight(t)),
             _ => view::Grid::unread(""),
         }
+    }
+
+    /// What the user's watch says of a target: seen, gone (a complete list of where it lives lacks it), or
+    /// nothing (not watched: a member cluster's, or not readable, or not listed yet).
+    fn sight(&self, t: &PlannedTarget) -> Sight {
+        if !t.cluster.is_empty() {
+            return Sight::Unread;
+        }
+        if let Some(seen) = self.seen.get(&t.key()) {
+            return Sight::Seen(seen.clone());
+        }
+        let covered = self.targets_in.as_ref().is_none_or(|ns| *ns == t.namespace);
+        if self.listed && covered { Sight::Gone } else { Sight::Unread }
     }
 
     async fn flush(&mut self) -> Result<(), Gone> {
@@ -347,21 +385,26 @@ fn events_of(
     watcher(api, watcher::Config::default().fields(&about)).default_backoff()
 }
 
-/// A watch of the rollout's targets in this cluster, as the user: in its namespace, or across the cluster
-/// when its selector reaches others and the user may list them there (else in its namespace still). None
-/// for nodes.
-fn targets_of(client: &kube::Client, fr: &FleetRollout) -> Option<SeenEvents> {
+/// A watch of the rollout's targets in this cluster, as the user, and the namespace it covers: the
+/// rollout's, or (None) the whole cluster when its selector reaches others and the user may list them there.
+/// None for nodes.
+async fn targets_of(client: &kube::Client, fr: &FleetRollout) -> Option<(SeenEvents, Option<String>)> {
     let across = fr.spec.targets.namespace_selector.is_some();
     let (client, ns) = (client.clone(), fr.namespace().unwrap_or_default());
     Some(match fr.spec.targets.kind {
-        TargetKind::Deployment => seen::<Deployment>(client, across, ns, workload::deployment_facts),
-        TargetKind::StatefulSet => seen::<StatefulSet>(client, across, ns, workload::statefulset_facts),
-        TargetKind::DaemonSet => seen::<DaemonSet>(client, across, ns, workload::daemonset_facts),
+        TargetKind::Deployment => seen::<Deployment>(client, across, ns, workload::deployment_facts).await,
+        TargetKind::StatefulSet => seen::<StatefulSet>(client, across, ns, workload::statefulset_facts).await,
+        TargetKind::DaemonSet => seen::<DaemonSet>(client, across, ns, workload::daemonset_facts).await,
         TargetKind::Node => return None,
     })
 }
 
-fn seen<K>(client: kube::Client, across: bool, ns: String, facts: fn(&K) -> WorkloadFacts) -> SeenEvents
+async fn seen<K>(
+    client: kube::Client,
+    across: bool,
+    ns: String,
+    facts: fn(&K) -> WorkloadFacts,
+) -> (SeenEvents, Option<String>)
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -370,26 +413,23 @@ where
         + Send
         + 'static,
 {
-    futures::stream::once(async move {
-        let all = Api::<K>::all(client.clone());
-        let api = match across && all.list_metadata(&ListParams::default().limit(1)).await.is_ok() {
-            true => all,
-            false => Api::<K>::namespaced(client, &ns),
+    let all = Api::<K>::all(client.clone());
+    let (api, within) = match across && all.list_metadata(&ListParams::default().limit(1)).await.is_ok() {
+        true => (all, None),
+        false => (Api::<K>::namespaced(client, &ns), Some(ns)),
+    };
+    let events = watcher(api, watcher::Config::default()).default_backoff().map_ok(move |e| {
+        let seen = |o: &K| {
+            let f = facts(o);
+            (f.key(), Seen { applied: f.applied.clone(), readiness: f.readiness() })
         };
-        watcher(api, watcher::Config::default()).default_backoff().map_ok(move |e| {
-            let seen = |o: &K| {
-                let f = facts(o);
-                (f.key(), Seen { applied: f.applied.clone(), readiness: f.readiness() })
-            };
-            match e {
-                watcher::Event::Apply(o) => watcher::Event::Apply(seen(&o)),
-                watcher::Event::InitApply(o) => watcher::Event::InitApply(seen(&o)),
-                watcher::Event::Delete(o) => watcher::Event::Delete(seen(&o)),
-                watcher::Event::Init => watcher::Event::Init,
-                watcher::Event::InitDone => watcher::Event::InitDone,
-            }
-        })
-    })
-    .flatten()
-    .boxed()
+        match e {
+            watcher::Event::Apply(o) => watcher::Event::Apply(seen(&o)),
+            watcher::Event::InitApply(o) => watcher::Event::InitApply(seen(&o)),
+            watcher::Event::Delete(o) => watcher::Event::Delete(seen(&o)),
+            watcher::Event::Init => watcher::Event::Init,
+            watcher::Event::InitDone => watcher::Event::InitDone,
+        }
+    });
+    (events.boxed(), within)
 }

@@ -2,14 +2,16 @@
 //! waits for, in one word and a sentence), and the grid of its targets (each one's state from the
 //! rollout's checkpoints and, where the user can read them, the targets themselves).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use kube::ResourceExt;
 use serde::Serialize;
 
 use crate::{
-    api::{BatchState, Counts, FleetRollout, Phase, PlannedTarget, WindowKind},
-    core::{plan::Plan, reason, workload::Readiness},
+    api::{
+        BatchState, Counts, FleetRollout, FleetRolloutStatus, Phase, PlannedTarget, RollbackState, WindowKind,
+    },
+    core::{plan::Plan, reason, rollout::owed, workload::Readiness},
 };
 
 /// A rollout's line in the list.
@@ -134,6 +136,10 @@ pub enum Cell {
     Healthy,
     Failed,
     Refused,
+    /// Gone since it was planned: the operator skips it, and it does not count as a failure.
+    Skipped,
+    /// Its previous image put back by a rollback.
+    Restored,
 }
 
 /// Where the user's own reads found a target: whether it carries the batch's key, and how ready it is.
@@ -141,6 +147,24 @@ pub enum Cell {
 pub struct Seen {
     pub applied: Option<String>,
     pub readiness: Readiness,
+}
+
+/// What the user's own reads say of a target.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Sight {
+    /// Not read: the user may not, not yet, or it is in a member cluster or a node.
+    Unread,
+    /// A complete read of where it lives has no such target: it was deleted since it was planned.
+    Gone,
+    Seen(Seen),
+}
+
+/// How a target's failure record counts in the grid.
+#[derive(Clone, Copy)]
+enum Recorded {
+    Failed,
+    Refused,
+    Skipped,
 }
 
 /// A run of the grid's targets: one batch in one cluster (in one wave, across member clusters).
@@ -186,32 +210,30 @@ impl Grid {
 const REFUSALS: [&str; 4] =
     ["NamespaceNotOptedIn", "OutOfScope", "TargetProtected", "TargetHeldByAnotherRollout"];
 
-/// A target's name in the grid: `namespace/name`, with `cluster:` in front in a member cluster.
-pub fn target_name(t: &PlannedTarget) -> String {
-    match t.cluster.as_str() {
-        "" => t.key(),
-        cluster => format!("{cluster}:{}", t.key()),
-    }
-}
-
-/// The grid of `fr`'s plan, each target's state from its batch's checkpoint, its failure if any, and
-/// `seen(target)` where the user could read it.
-pub fn grid(fr: &FleetRollout, plan: &Plan, seen: &dyn Fn(&PlannedTarget) -> Option<Seen>) -> Grid {
-    let none = crate::api::FleetRolloutStatus::default();
+/// The grid of `fr`'s plan, each target's state from its batch's checkpoint, its failure if any, the
+/// rollback if there is one, and `seen(target)`.
+pub fn grid(fr: &FleetRollout, plan: &Plan, seen: &dyn Fn(&PlannedTarget) -> Sight) -> Grid {
+    let none = FleetRolloutStatus::default();
     let status = fr.status.as_ref().unwrap_or(&none);
-    let failed: HashMap<(u32, String), bool> = status
+    let recorded: HashMap<(u32, String), Recorded> = status
         .failures
         .iter()
         .map(|f| {
-            let t = PlannedTarget {
-                cluster: f.cluster.clone(),
-                namespace: f.namespace.clone(),
-                name: f.name.clone(),
-                previous_image: String::new(),
+            let how = match f.reason.as_str() {
+                reason::TARGET_MISSING => Recorded::Skipped,
+                r if REFUSALS.contains(&r) => Recorded::Refused,
+                _ => Recorded::Failed,
             };
-            ((f.batch, target_name(&t)), REFUSALS.contains(&f.reason.as_str()))
+            ((f.batch, f.key()), how)
         })
         .collect();
+    // Once a rollback is done, the targets it owed a restore were restored, as far as the status tells.
+    let restored: HashSet<String> = match &status.rollback {
+        Some(rb) if rb.state == RollbackState::Done => {
+            owed(status, plan).into_iter().map(PlannedTarget::key).collect()
+        }
+        _ => HashSet::new(),
+    };
     let waves = status.clusters.as_ref().map(|c| c.waves.clone()).unwrap_or_default();
     let mut grid = Grid { plan_hash: plan.hash.clone(), ..Grid::unread("") };
     for (index, batch) in plan.batches.iter().enumerate() {
@@ -224,12 +246,13 @@ pub fn grid(fr: &FleetRollout, plan: &Plan, seen: &dyn Fn(&PlannedTarget) -> Opt
         for cluster in clusters {
             let start = grid.targets.len();
             for t in batch.iter().filter(|t| t.cluster == cluster) {
-                let name = target_name(t);
-                let cell = match failed.get(&(index, name.clone())) {
-                    Some(true) => Cell::Refused,
-                    Some(false) => Cell::Failed,
-                    None => cell(status, index, seen(t)),
+                let name = t.key();
+                let fact = Fact {
+                    recorded: recorded.get(&(index, name.clone())).copied(),
+                    restored: restored.contains(&name),
+                    sight: seen(t),
                 };
+                let cell = cell(status, index, fact);
                 grid.targets.push(name);
                 grid.previous_images.push(t.previous_image.clone());
                 grid.states.push(cell);
@@ -247,8 +270,46 @@ pub fn grid(fr: &FleetRollout, plan: &Plan, seen: &dyn Fn(&PlannedTarget) -> Opt
     grid
 }
 
+/// What is known of one target besides its batch's checkpoint.
+struct Fact {
+    recorded: Option<Recorded>,
+    /// Owed a restore by a rollback that is done.
+    restored: bool,
+    sight: Sight,
+}
+
+/// A target's state: put back by a rollback when it carries the rollback's key; else its failure as the
+/// operator recorded it; else skipped when it is gone, restored when a rollback done owed it a restore
+/// (and it was not read), or as its batch's checkpoint says.
+fn cell(status: &FleetRolloutStatus, batch: u32, fact: Fact) -> Cell {
+    let rollback_key = status.rollback.as_ref().map(|rb| rb.idempotency_key.as_str());
+    if let Sight::Seen(s) = &fact.sight
+        && rollback_key.is_some()
+        && s.applied.as_deref() == rollback_key
+    {
+        return Cell::Restored;
+    }
+    match fact.recorded {
+        Some(Recorded::Skipped) => return Cell::Skipped,
+        Some(Recorded::Refused) => return Cell::Refused,
+        Some(Recorded::Failed) => return Cell::Failed,
+        None => {}
+    }
+    let seen = match fact.sight {
+        Sight::Seen(s) => Some(s),
+        Sight::Gone => return Cell::Skipped,
+        Sight::Unread if fact.restored => return Cell::Restored,
+        Sight::Unread => None,
+    };
+    match checkpoint(status, batch, seen) {
+        // Nothing soaks once the rollout has ended.
+        Cell::Soaking if status.phase.is_terminal() => Cell::Healthy,
+        cell => cell,
+    }
+}
+
 /// A target's state from its batch's checkpoint and what was seen of it.
-fn cell(status: &crate::api::FleetRolloutStatus, batch: u32, seen: Option<Seen>) -> Cell {
+fn checkpoint(status: &FleetRolloutStatus, batch: u32, seen: Option<Seen>) -> Cell {
     let Some(checkpoint) = status.batch(batch) else {
         // Status keeps the latest batches only: one before them is done (its failures are listed apart).
         let behind = status.current_batch.is_some_and(|c| batch < c) || status.phase == Phase::Succeeded;

@@ -15,31 +15,8 @@ use testkit::{
     tenant::{self, APPROVER_ROLE},
 };
 
-use super::{DEADLINE, open};
+use super::{DEADLINE, open, press};
 use fleetroll::api::Phase;
-
-/// Presses the action button `css`, confirms it, and returns the answer the page shows: (outcome, text).
-async fn press(browser: &Browser, css: &str) -> (String, String) {
-    browser.js("window.previousResult = document.querySelector('#action-result')?.textContent", vec![]).await;
-    // The view's buttons wait for the rollout itself (its first event) to know what they may do.
-    let enabled =
-        format!("const b = document.querySelector({}); return b !== null && !b.disabled", Value::from(css));
-    browser.wait_js("the button to be enabled", &enabled, DEADLINE).await;
-    browser.click(css).await;
-    browser
-        .wait_js("the confirmation", "return document.querySelector('#confirm')?.open === true", DEADLINE)
-        .await;
-    browser.click("#confirm-ok").await;
-    let shown = browser
-        .wait_js(
-            "the action's answer",
-            "const r = document.querySelector('#action-result'); \
-             return r && ['ok', 'refused'].includes(r.dataset.outcome) && r.textContent !== window.previousResult ? [r.dataset.outcome, r.textContent] : null",
-            DEADLINE,
-        )
-        .await;
-    (shown[0].as_str().unwrap_or_default().into(), shown[1].as_str().unwrap_or_default().into())
-}
 
 #[tokio::test]
 async fn an_approver_approves_from_her_inbox_and_a_developer_is_refused_with_the_reason() {

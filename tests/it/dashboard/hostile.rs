@@ -8,7 +8,7 @@ use kube::ResourceExt;
 use serde_json::{Value, json};
 use testkit::{browser::Browser, dashboard::Dashboard, fleet::with_fleet};
 
-use testkit::frozen::{frozen, planned};
+use testkit::frozen::{frozen, planned, unwatched};
 
 use super::{DEADLINE, open};
 
@@ -23,8 +23,9 @@ const EVENT: &str =
 async fn tenant_text_renders_as_text_and_foreign_actions_are_refused() {
     with_fleet("dash-hostile", 0, |fleet| async move {
         let ns = fleet.ns.clone();
-        let targets = planned(&ns, "evil", 3, IMAGE);
-        let failure = json!({"cluster": "", "namespace": ns, "name": "evil-00001", "batch": 0, "reason": "Timeout", "message": FAILURE});
+        let tns = unwatched(&ns);
+        let targets = planned(&tns, "evil", 3, IMAGE);
+        let failure = json!({"cluster": "", "namespace": tns, "name": "evil-00001", "batch": 0, "reason": "Timeout", "message": FAILURE});
         let status = json!({"message": MESSAGE, "currentBatch": 0, "failures": [failure],
             "batches": [{"index": 0, "size": 3, "state": "Verifying", "idempotencyKey": "k/1/0"}]});
         let fr = frozen(&fleet.client, &ns, "evil", vec![targets], status).await;
@@ -42,7 +43,7 @@ async fn tenant_text_renders_as_text_and_foreign_actions_are_refused() {
         let browser = Browser::start().await;
         open(&browser, &dash, &format!("#/r/{ns}/evil")).await;
         browser.wait_js("the grid", "return document.querySelectorAll('#grid [data-target]').length === 3", DEADLINE).await;
-        let key = format!("{ns}/evil-00001");
+        let key = format!("{tns}/evil-00001");
         browser.click(&format!("#grid [data-target=\"{key}\"]")).await;
         let detail = browser
             .wait_js("the target's detail", "const d = document.querySelector('#cell-detail'); return d && d.textContent.length > 0 ? d.textContent : null", DEADLINE)

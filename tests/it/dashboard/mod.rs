@@ -4,8 +4,10 @@
 //! the 10,000-target grid and the 100-rollout list rendered within a second, and the grid by keyboard, the
 //! analysis charts and a previewed plan.
 
+mod actions;
 mod approvals;
 mod hostile;
+mod members;
 mod reconnect;
 mod scale;
 mod views;
@@ -38,6 +40,29 @@ async fn open(browser: &Browser, dash: &Dashboard, route: &str) {
     }
 }
 
+/// Presses the action button `css`, confirms it, and returns the answer the page shows: (outcome, text).
+async fn press(browser: &Browser, css: &str) -> (String, String) {
+    browser.js("window.previousResult = document.querySelector('#action-result')?.textContent", vec![]).await;
+    // The view's buttons wait for the rollout itself (its first event) to know what they may do.
+    let enabled =
+        format!("const b = document.querySelector({}); return b !== null && !b.disabled", Value::from(css));
+    browser.wait_js("the button to be enabled", &enabled, DEADLINE).await;
+    browser.click(css).await;
+    browser
+        .wait_js("the confirmation", "return document.querySelector('#confirm')?.open === true", DEADLINE)
+        .await;
+    browser.click("#confirm-ok").await;
+    let shown = browser
+        .wait_js(
+            "the action's answer",
+            "const r = document.querySelector('#action-result'); \
+             return r && ['ok', 'refused'].includes(r.dataset.outcome) && r.textContent !== window.previousResult ? [r.dataset.outcome, r.textContent] : null",
+            DEADLINE,
+        )
+        .await;
+    (shown[0].as_str().unwrap_or_default().into(), shown[1].as_str().unwrap_or_default().into())
+}
+
 /// The state of every cell on the page, by target.
 async fn cells(browser: &Browser) -> serde_json::Map<String, Value> {
     let script = "const out = {}; for (const c of document.querySelectorAll('#grid [data-target]')) \
@@ -46,6 +71,29 @@ async fn cells(browser: &Browser) -> serde_json::Map<String, Value> {
         Value::Object(m) => m,
         other => panic!("cells: {other}"),
     }
+}
+
+/// Waits until every target of `expected` shows its state in the grid; panics with the grid as it is at the
+/// deadline.
+async fn wait_cells(browser: &Browser, what: &str, expected: &[(String, &str)]) {
+    let end = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let shown = cells(browser).await;
+        if expected.iter().all(|(target, state)| shown.get(target).and_then(Value::as_str) == Some(*state)) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "timed out waiting for {what}: want {expected:?}, the grid shows {shown:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The page's phase of the rollout it shows.
+async fn wait_phase(browser: &Browser, phase: &str) {
+    let script = format!("return document.querySelector('#phase')?.dataset.phase === {}", Value::from(phase));
+    browser.wait_js(&format!("the page to show the phase {phase}"), &script, DEADLINE).await;
 }
 
 /// Where a test's screenshots go.

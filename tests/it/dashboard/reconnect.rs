@@ -7,7 +7,7 @@ use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 use testkit::{browser::Browser, dashboard::Dashboard, fleet::with_fleet, proxy::Proxy};
 
-use testkit::frozen::{frozen, planned};
+use testkit::frozen::{frozen, planned, unwatched};
 
 use super::{DEADLINE, open};
 
@@ -17,7 +17,7 @@ async fn a_cut_watch_shows_reconnecting_and_recovers_without_a_reload() {
         let ns = fleet.ns.clone();
         let status = json!({"message": "before the cut", "currentBatch": 0,
             "batches": [{"index": 0, "size": 2, "state": "Verifying", "idempotencyKey": "k/1/0"}]});
-        frozen(&fleet.client, &ns, "web", vec![planned(&ns, "web", 2, "app:1")], status).await;
+        frozen(&fleet.client, &ns, "web", vec![planned(&unwatched(&ns), "web", 2, "app:1")], status).await;
         let admin = &testkit::cluster().kubeconfig;
         let proxy = Proxy::to_cluster(admin).await;
         let dash = Dashboard::start(&proxy.kubeconfig_through(admin), &[]).await;

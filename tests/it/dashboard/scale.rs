@@ -9,7 +9,7 @@ use testkit::{
     browser::Browser,
     dashboard::{Dashboard, render_time},
     fleet::with_fleet,
-    frozen::{frozen, planned},
+    frozen::{frozen, planned, unwatched},
 };
 
 use super::{DEADLINE, open};
@@ -24,14 +24,14 @@ const ATTEMPTS: usize = 5;
 async fn a_10000_target_grid_and_a_100_rollout_list_render_within_a_second() {
     with_fleet("dash-scale", 0, |fleet| async move {
         let ns = fleet.ns.clone();
-        let targets = planned(&ns, "t", TARGETS, "app:1");
+        let targets = planned(&unwatched(&ns), "t", TARGETS, "app:1");
         let batches: Vec<_> = targets.chunks(BATCH).map(<[_]>::to_vec).collect();
         let status = json!({"currentBatch": 40, "batches": [
             {"index": 40, "size": BATCH, "state": "Verifying", "idempotencyKey": "k/1/40"}]});
         frozen(&fleet.client, &ns, "big", batches, status).await;
         let small = (1..ROLLOUTS).map(|i| {
             let (client, ns) = (fleet.client.clone(), ns.clone());
-            async move { frozen(&client, &ns, &format!("r-{i:03}"), vec![planned(&ns, "w", 2, "app:1")], json!({})).await }
+            async move { frozen(&client, &ns, &format!("r-{i:03}"), vec![planned(&unwatched(&ns), "w", 2, "app:1")], json!({})).await }
         });
         futures::future::join_all(small).await;
 

@@ -8,7 +8,7 @@ use testkit::{
     browser::{Browser, Key},
     dashboard::Dashboard,
     fleet::{READY_IMAGE, with_fleet},
-    frozen::{frozen, planned},
+    frozen::{frozen, planned, unwatched},
 };
 
 use super::{DEADLINE, open};
@@ -31,7 +31,8 @@ async fn the_grid_by_keyboard_the_analysis_charts_and_a_previewed_plan() {
             {"name": "error-rate", "phase": "Failed", "successful": 2, "failed": 1, "measurements": measurements}]});
         let status = json!({"currentBatch": 0, "batches": [
             {"index": 0, "size": 4, "state": "Verifying", "idempotencyKey": "k/1/0", "analysis": analysis}]});
-        let batches = planned(&ns, "cell", 8, "app:1").chunks(4).map(<[_]>::to_vec).collect();
+        let tns = unwatched(&ns);
+        let batches = planned(&tns, "cell", 8, "app:1").chunks(4).map(<[_]>::to_vec).collect();
         frozen(&fleet.client, &ns, "views", batches, status).await;
         let dash = Dashboard::start(&testkit::cluster().kubeconfig, &[]).await;
         let browser = Browser::start().await;
@@ -41,11 +42,11 @@ async fn the_grid_by_keyboard_the_analysis_charts_and_a_previewed_plan() {
         // One cell in the tab order; the arrows and Home/End move it, and focus follows.
         let tabbable = "return document.querySelectorAll('#grid [tabindex=\"0\"]').length";
         assert_eq!(browser.js(tabbable, vec![]).await, json!(1));
-        browser.click(&format!("#grid [data-target=\"{ns}/cell-00000\"]")).await;
+        browser.click(&format!("#grid [data-target=\"{tns}/cell-00000\"]")).await;
         let focused = "return document.activeElement?.dataset.target";
         for (key, expected) in [(Key::Right, "cell-00001"), (Key::End, "cell-00003"), (Key::Home, "cell-00000")] {
             browser.press(key).await;
-            assert_eq!(browser.js(focused, vec![]).await, json!(format!("{ns}/{expected}")), "after {key:?}");
+            assert_eq!(browser.js(focused, vec![]).await, json!(format!("{tns}/{expected}")), "after {key:?}");
         }
         assert_eq!(browser.js(tabbable, vec![]).await, json!(1), "still one cell in the tab order");
         // Each state by its sign and its word, not by colour alone: in the cell's own text, and its label.
@@ -54,7 +55,7 @@ async fn the_grid_by_keyboard_the_analysis_charts_and_a_previewed_plan() {
         assert!(told[0].as_str().is_some_and(|t| t.contains("changing")), "{told}");
         assert!(told[1].as_str().is_some_and(|t| t.ends_with(": changing")), "{told}");
         let legend = browser.text("#legend").await;
-        for word in ["pending", "changing", "soaking", "healthy", "failed", "refused"] {
+        for word in ["pending", "changing", "soaking", "healthy", "failed", "refused", "skipped", "restored"] {
             assert!(legend.contains(word), "the legend names {word}: {legend}");
         }
 

@@ -2,9 +2,9 @@
 // updates are coalesced per animation frame through an index→element array; one listener per kind of
 // event for the whole grid; a roving tabindex (one cell in the tab order, arrows move it).
 import { fill, h, setAttrs, setText } from "./dom.js";
-export const STATES = ["pending", "changing", "soaking", "healthy", "failed", "refused", "skipped"];
+export const STATES = ["pending", "changing", "soaking", "healthy", "failed", "refused", "skipped", "restored"];
 const ICONS = {
-    pending: "○", changing: "◐", soaking: "◷", healthy: "✓", failed: "✗", refused: "⊘", skipped: "–",
+    pending: "○", changing: "◐", soaking: "◷", healthy: "✓", failed: "✗", refused: "⊘", skipped: "–", restored: "↺",
 };
 // Up to this many targets each cell has room for the target's name and its state as visible words.
 const ROOMY_MAX = 200;
@@ -47,7 +47,7 @@ export class GridView {
         el.addEventListener("keydown", (e) => this.onKey(e));
     }
     get size() { return this.cells.length; }
-    /** A cell's target as shown (`<cluster>:<ns>/<name>` for a member cluster's). */
+    /** A cell's target as shown (`<ns>/<name>`, or `<cluster>/<ns>/<name>` in a member cluster). */
     label(i) { return this.labels[i] ?? ""; }
     /** The whole grid (first, and whenever the plan changes). */
     render(grid) {
@@ -107,9 +107,7 @@ export class GridView {
             const row = h("div", { role: "row", class: "batch", "data-batch": g.batch }, h("div", { role: "rowheader", class: "bh" }, h(level(depth), null, `Batch ${g.batch + 1}`), " ", meta, " ", h("span", { class: "muted" }, `${g.count} target${g.count === 1 ? "" : "s"}`)), box);
             const end = Math.min(g.start + g.count, n);
             for (let i = g.start; i < end; i++) {
-                const raw = targets[i] ?? "";
-                // Targets of a member cluster carry its name, unless the server already put it there.
-                const label = g.cluster && !raw.includes(":") ? `${g.cluster}:${raw}` : raw;
+                const label = targets[i] ?? "";
                 const st = norm(grid.states?.[i] ?? "pending");
                 const c = tpl.cloneNode(true);
                 c.idx = i;

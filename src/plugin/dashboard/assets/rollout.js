@@ -47,7 +47,9 @@ export function rolloutView(main, namespace, name) {
         buttons.get("pause").disabled = off || final || paused;
         buttons.get("resume").disabled = off || final || !paused;
         buttons.get("abort").disabled = off || final;
-        buttons.get("rollback").disabled = off || final;
+        // A finished rollout can still be rolled back (the operator restores what it changed), once.
+        const restorable = (last?.summary?.counts?.updated ?? 0) > 0 && ph !== "RolledBack" && ph !== "RollingBack";
+        buttons.get("rollback").disabled = off || last?.object?.spec?.rollback === true || (final && !restorable);
     };
     section.querySelector(".actions").addEventListener("click", (e) => {
         const btn = e.target.closest("button[data-action]");

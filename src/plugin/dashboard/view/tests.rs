@@ -34,8 +34,8 @@ fn rollout(status: serde_json::Value) -> FleetRollout {
     .expect("a rollout")
 }
 
-fn seen(applied: &str, readiness: Readiness) -> Option<Seen> {
-    Some(Seen { applied: Some(applied.into()), readiness })
+fn seen(applied: &str, readiness: Readiness) -> Sight {
+    Sight::Seen(Seen { applied: Some(applied.into()), readiness })
 }
 
 #[test]
@@ -52,7 +52,7 @@ fn each_cell_follows_its_batch_and_what_was_seen_of_its_target() {
     let grid = grid(&fr, &plan(), &|t| match t.name.as_str() {
         "c" => seen("u1/1/1", Readiness::Ready),
         "d" => seen("u1/1/1", Readiness::NotReady("rolling".into())),
-        _ => None,
+        _ => Sight::Unread,
     });
     assert_eq!(grid.targets, ["shop/a", "shop/b", "shop/c", "shop/d", "shop/e"]);
     assert_eq!(grid.states, [Cell::Healthy, Cell::Refused, Cell::Soaking, Cell::Changing, Cell::Pending]);
@@ -70,8 +70,8 @@ fn a_target_not_changed_yet_while_its_batch_applies_is_still_pending() {
     }));
     let grid = grid(&fr, &plan(), &|t| match t.name.as_str() {
         "a" => seen("u1/1/0", Readiness::NotReady("rolling".into())),
-        "b" => Some(Seen { applied: None, readiness: Readiness::Ready }),
-        _ => None,
+        "b" => Sight::Seen(Seen { applied: None, readiness: Readiness::Ready }),
+        _ => Sight::Unread,
     });
     assert_eq!(&grid.states[..2], [Cell::Changing, Cell::Pending]);
 }
@@ -80,14 +80,69 @@ fn a_target_not_changed_yet_while_its_batch_applies_is_still_pending() {
 fn batches_status_no_longer_holds_are_done_once_the_rollout_is_past_them() {
     let fr = rollout(json!({"phase": "Progressing", "currentBatch": 2, "batches": [
         {"index": 2, "size": 1, "state": "Applying", "idempotencyKey": "u1/1/2"}]}));
-    let grid = grid(&fr, &plan(), &|_| None);
+    let grid = grid(&fr, &plan(), &|_| Sight::Unread);
     assert_eq!(grid.states, [Cell::Healthy, Cell::Healthy, Cell::Healthy, Cell::Healthy, Cell::Changing]);
     let done = rollout(json!({"phase": "Succeeded", "currentBatch": 2}));
     assert!(grid_states(&done).iter().all(|c| *c == Cell::Healthy));
 }
 
 fn grid_states(fr: &FleetRollout) -> Vec<Cell> {
-    grid(fr, &plan(), &|_| None).states
+    grid(fr, &plan(), &|_| Sight::Unread).states
+}
+
+#[test]
+fn a_target_deleted_after_planning_is_skipped_whether_seen_gone_or_recorded() {
+    let fr = rollout(json!({
+        "phase": "Progressing", "currentBatch": 1,
+        "batches": [
+            {"index": 0, "size": 2, "state": "Succeeded", "idempotencyKey": "u1/1/0"},
+            {"index": 1, "size": 2, "state": "Verifying", "idempotencyKey": "u1/1/1"}],
+        "failures": [{"namespace": "shop", "name": "b", "batch": 0, "reason": "TargetMissing",
+                      "message": "the target was deleted during the rollout"},
+                     {"namespace": "shop", "name": "a", "batch": 0, "reason": "Timeout", "message": "slow"}],
+    }));
+    // b: recorded by the operator, unread here; e: gone from a complete list before its batch; a: failed,
+    // as the operator recorded it, and deleted since.
+    let grid = grid(&fr, &plan(), &|t| match t.name.as_str() {
+        "a" | "e" => Sight::Gone,
+        _ => Sight::Unread,
+    });
+    assert_eq!(grid.states, [Cell::Failed, Cell::Skipped, Cell::Changing, Cell::Changing, Cell::Skipped]);
+}
+
+fn rolled_back(state: &str) -> FleetRollout {
+    rollout(json!({
+        "phase": if state == "Done" { "RolledBack" } else { "RollingBack" }, "currentBatch": 1,
+        "batches": [
+            {"index": 0, "size": 2, "state": "Succeeded", "idempotencyKey": "u1/1/0"},
+            {"index": 1, "size": 2, "state": "Verifying", "idempotencyKey": "u1/1/1", "denied": ["shop/d"]}],
+        "failures": [{"namespace": "shop", "name": "b", "batch": 0, "reason": "TargetMissing", "message": "gone"},
+                     {"namespace": "shop", "name": "d", "batch": 1, "reason": "ChangeDenied", "message": "no"}],
+        "rollback": {"state": state, "idempotencyKey": "u1/1/rollback", "reason": "RollbackRequested",
+                     "startedAt": "2026-12-05T10:00:00Z", "restored": 2, "skipped": 1},
+    }))
+}
+
+#[test]
+fn a_rollback_restores_the_cells_it_put_back() {
+    // While restoring: a target that carries the rollback's key is restored; the others are as they were.
+    let restoring = grid(&rolled_back("Restoring"), &plan(), &|t| match t.name.as_str() {
+        "a" => seen("u1/1/rollback", Readiness::Ready),
+        "c" => seen("u1/1/1", Readiness::Ready),
+        _ => Sight::Unread,
+    });
+    assert_eq!(restoring.states, [Cell::Restored, Cell::Skipped, Cell::Soaking, Cell::Failed, Cell::Pending]);
+    // Done, nothing read: what it owed is restored (not d, whose change was denied; not e, never reached).
+    let done = grid(&rolled_back("Done"), &plan(), &|_| Sight::Unread);
+    assert_eq!(done.states, [Cell::Restored, Cell::Skipped, Cell::Restored, Cell::Failed, Cell::Pending]);
+    // Done, read: the targets say it themselves. c still carries the rollout's key (someone else changed it
+    // since, so the rollback left it): not restored, and not soaking in a rollout that has ended.
+    let read = grid(&rolled_back("Done"), &plan(), &|t| match t.name.as_str() {
+        "a" => seen("u1/1/rollback", Readiness::Ready),
+        "c" => seen("u1/1/1", Readiness::Ready),
+        _ => Sight::Unread,
+    });
+    assert_eq!(&read.states[..3], [Cell::Restored, Cell::Skipped, Cell::Healthy]);
 }
 
 #[test]
