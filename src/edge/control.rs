@@ -29,6 +29,10 @@ pub enum ControlError {
     /// impersonated, a rollout whose creator is recorded already).
     #[error("{0}")]
     Refused(String),
+    /// The API server did not accept the caller's credentials (an expired or revoked token, a certificate it
+    /// does not trust): logging in again, not retrying, helps.
+    #[error("{what}: the API server did not accept the credentials ({reason}); log in again or renew them")]
+    Unauthorized { what: String, reason: String },
     /// The API server could not be reached, or failed (transport, timeouts, 5xx, throttling): trying again
     /// may work; nothing the caller asked was refused.
     #[error("{what}: {source}")]
@@ -45,6 +49,7 @@ impl ControlError {
         let what = what.into();
         match e {
             kube::Error::Api(s) if s.code == 404 => ControlError::NotFound { what },
+            kube::Error::Api(s) if s.code == 401 => ControlError::Unauthorized { what, reason: s.message },
             kube::Error::Api(s) if s.code == 403 => ControlError::Forbidden { what, reason: s.message },
             kube::Error::Api(s) if matches!(s.code, 400 | 422) => {
                 ControlError::Invalid { what, reason: s.message }
@@ -66,10 +71,11 @@ impl ControlError {
     }
 
     /// The Kubernetes `Status` reason it stands for, for machines reading an answer: `NotFound`,
-    /// `Forbidden`, `Invalid`, `Conflict` or `ServiceUnavailable`.
+    /// `Unauthorized`, `Forbidden`, `Invalid`, `Conflict` or `ServiceUnavailable`.
     pub fn reason(&self) -> &'static str {
         match self {
             ControlError::NotFound { .. } => "NotFound",
+            ControlError::Unauthorized { .. } => "Unauthorized",
             ControlError::Forbidden { .. } | ControlError::Refused(_) => "Forbidden",
             ControlError::Invalid { .. } => "Invalid",
             ControlError::Changed(_) => "Conflict",

@@ -77,7 +77,10 @@ fn rpc_error(e: &ControlError) -> McpError {
         ControlError::Forbidden { .. } | ControlError::Refused(_) | ControlError::Changed(_) => {
             McpError::invalid_request(e.to_string(), data)
         }
-        ControlError::Unavailable { .. } => McpError::internal_error(e.to_string(), data),
+        // The operator's own credentials refused is no fault of the caller's.
+        ControlError::Unauthorized { .. } | ControlError::Unavailable { .. } => {
+            McpError::internal_error(e.to_string(), data)
+        }
     }
 }
 

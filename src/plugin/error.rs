@@ -57,7 +57,8 @@ impl PluginError {
                 | ControlError::Invalid { .. }
                 | ControlError::Changed(_)
                 | ControlError::Refused(_) => Exit::Refused,
-                ControlError::Unavailable { .. } => Exit::Unreachable,
+                // The kubeconfig's credentials, as a cluster that cannot be reached is the kubeconfig's too.
+                ControlError::Unauthorized { .. } | ControlError::Unavailable { .. } => Exit::Unreachable,
             },
             PluginError::NoCluster(_) => Exit::Unreachable,
             PluginError::Usage(_) => Exit::Usage,
@@ -87,6 +88,9 @@ mod tests {
         for unavailable in [500, 503, 429, 401] {
             assert_eq!(api(unavailable).exit(), Exit::Unreachable, "{unavailable}");
         }
+        let PluginError::Control(expired) = api(401) else { panic!("a control error") };
+        assert_eq!(expired.reason(), "Unauthorized");
+        assert!(expired.to_string().contains("did not accept the credentials"), "{expired}");
         assert_eq!(PluginError::NoCluster("no context".into()).exit(), Exit::Unreachable);
         assert_eq!(PluginError::Usage("batches are numbered from 1".into()).exit(), Exit::Usage);
         let codes = [Exit::Done, Exit::Failed, Exit::Usage, Exit::Refused, Exit::NotFound, Exit::Unreachable];

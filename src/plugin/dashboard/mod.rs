@@ -173,6 +173,7 @@ impl From<ControlError> for ApiError {
     fn from(e: ControlError) -> Self {
         let status = match &e {
             ControlError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ControlError::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             ControlError::Forbidden { .. } | ControlError::Refused(_) => StatusCode::FORBIDDEN,
             ControlError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ControlError::Changed(_) => StatusCode::CONFLICT,
@@ -191,5 +192,30 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.status, Json(json!({"error": {"reason": self.reason, "message": self.message}})))
             .into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::core::Status;
+
+    use super::*;
+
+    fn answer(code: u16, message: &str) -> ApiError {
+        let status = Status::failure(message, "Reason").with_code(code);
+        ControlError::from_kube(kube::Error::Api(Box::new(status)), "FleetRollout a/b").into()
+    }
+
+    #[test]
+    fn the_api_servers_answers_keep_their_meaning_and_words() {
+        let expired = answer(401, "Unauthorized");
+        assert_eq!((expired.status, expired.reason), (StatusCode::UNAUTHORIZED, "Unauthorized"));
+        assert!(expired.message.contains("log in again"), "{}", expired.message);
+        let refused = answer(403, "dash-bob may not approve fleetrollouts");
+        assert_eq!(
+            (refused.status, refused.message.as_str()),
+            (StatusCode::FORBIDDEN, "dash-bob may not approve fleetrollouts")
+        );
+        assert_eq!(answer(503, "busy").status, StatusCode::SERVICE_UNAVAILABLE);
     }
 }
