@@ -1,8 +1,10 @@
 //! `kubectl fleetroll dashboard` in a real browser (headless Chromium through chromedriver), against the real
 //! control plane and operator: a rollout watched live from start to end, approvals as the user from the
-//! inbox, tenant-controlled text rendered as text under the CSP, a watch cut and resumed without a reload,
-//! the 10,000-target grid and the 100-rollout list rendered within a second, and the grid by keyboard, the
-//! analysis charts and a previewed plan.
+//! inbox, every other action pressed on the page (skipped and restored cells among what they leave), a
+//! rollout across member clusters by wave and cluster, tenant-controlled text rendered as text under the
+//! CSP, watches cut and resumed without a reload (and ended when the page goes), the 10,000-target grid and
+//! the 100-rollout list rendered within a second, and the grid by keyboard, the analysis charts and a
+//! previewed plan.
 
 mod actions;
 mod approvals;
