@@ -2,9 +2,9 @@
 //! control plane and operator: a rollout watched live from start to end, approvals as the user from the
 //! inbox, every other action pressed on the page (skipped and restored cells among what they leave), a
 //! rollout across member clusters by wave and cluster, tenant-controlled text rendered as text under the
-//! CSP, watches cut and resumed without a reload (and ended when the page goes), the 10,000-target grid and
-//! the 100-rollout list rendered within a second, and the grid by keyboard, the analysis charts and a
-//! previewed plan.
+//! CSP, watches (and the page's own stream) cut and resumed without a reload, and ended when the page goes,
+//! the 10,000-target grid and the 100-rollout list rendered within a second, and the grid by keyboard, the
+//! analysis charts and a previewed plan.
 
 mod actions;
 mod approvals;

@@ -139,3 +139,37 @@ async fn a_closed_page_ends_its_watches() {
     })
     .await;
 }
+
+/// The page's own stream to the dashboard broken (by the network between them: a proxy in front of a
+/// dashboard that answers any Host, as `--allow-remote` makes it): the page says it lost the dashboard,
+/// tries again with a backoff, and is live again, with what changed meanwhile, without a reload.
+#[tokio::test]
+async fn a_broken_page_stream_is_opened_again() {
+    with_fleet("dash-pagecut", 0, |fleet| async move {
+        let ns = fleet.ns.clone();
+        let status = json!({"message": "before the page was cut off"});
+        frozen(&fleet.client, &ns, "web", vec![planned(&unwatched(&ns), "web", 2, "app:1")], status).await;
+        let dash = Dashboard::start(&testkit::cluster().kubeconfig, &["--allow-remote"]).await;
+        let served = dash.origin.trim_start_matches("http://").to_string();
+        let front = Proxy::start(&served).await;
+        let browser = Browser::start().await;
+        browser.goto(&dash.url.replace(&served, &front.addr().to_string())).await;
+        browser.wait_js("the list's stream to be live", &format!("{STATE} === 'live'"), DEADLINE).await;
+        open_route(&browser, &format!("#/r/{ns}/web")).await;
+        let shows = |text: &str| format!("return document.body.textContent.includes({})", Value::from(text));
+        browser.wait_js("the message", &shows("before the page was cut off"), DEADLINE).await;
+        browser.js("window.survivor = 7", vec![]).await;
+
+        front.cut().await;
+        let lost = format!(
+            "{STATE} === 'reconnecting' && document.querySelector('#connection-detail').textContent.includes('Lost the dashboard')"
+        );
+        browser.wait_js("the page to say it lost the dashboard", &lost, DEADLINE).await;
+        patch_status(&fleet, "web", json!({"message": "changed while the page was cut off"})).await;
+        front.restore();
+        browser.wait_js("the page to be live again", &format!("{STATE} === 'live'"), DEADLINE).await;
+        browser.wait_js("the change made meanwhile", &shows("changed while the page was cut off"), DEADLINE).await;
+        assert_eq!(browser.js("return window.survivor", vec![]).await, json!(7), "the same page: no reload");
+    })
+    .await;
+}
