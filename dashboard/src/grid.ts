@@ -225,9 +225,10 @@ export class GridView {
     const label = this.labels[i];
     if (i < 0 || !g || label === undefined) { this.detail.replaceChildren(); this.detail.hidden = true; return; }
     const st = this.states[i]!;
-    const bare = label.includes(":") ? label.slice(label.indexOf(":") + 1) : label;
-    const fail = this.failures.find((f) =>
-      `${f.namespace ? f.namespace + "/" : ""}${f.name ?? ""}` === bare && (f.cluster ?? "") === (g.cluster ?? ""));
+    // The newest record of this target, named as the server names it: [cluster/]namespace/name.
+    const key = (f: Failure): string => `${f.cluster ? f.cluster + "/" : ""}${f.namespace ? f.namespace + "/" : ""}${f.name ?? ""}`;
+    let fail: Failure | undefined;
+    for (let k = this.failures.length - 1; k >= 0 && !fail; k--) if (key(this.failures[k]!) === label) fail = this.failures[k];
     this.detail.hidden = false;
     fill(this.detail,
       h("strong", null, label), " ",

@@ -90,7 +90,7 @@ mod tests {
         }
         let PluginError::Control(expired) = api(401) else { panic!("a control error") };
         assert_eq!(expired.reason(), "Unauthorized");
-        assert!(expired.to_string().contains("did not accept the credentials"), "{expired}");
+        assert!(expired.to_string().contains("credentials were not accepted"), "{expired}");
         assert_eq!(PluginError::NoCluster("no context".into()).exit(), Exit::Unreachable);
         assert_eq!(PluginError::Usage("batches are numbered from 1".into()).exit(), Exit::Usage);
         let codes = [Exit::Done, Exit::Failed, Exit::Usage, Exit::Refused, Exit::NotFound, Exit::Unreachable];

@@ -9,6 +9,7 @@ mod guard;
 mod list;
 mod rollout;
 mod sse;
+mod targets;
 mod timeline;
 mod view;
 
@@ -210,7 +211,7 @@ mod tests {
     fn the_api_servers_answers_keep_their_meaning_and_words() {
         let expired = answer(401, "Unauthorized");
         assert_eq!((expired.status, expired.reason), (StatusCode::UNAUTHORIZED, "Unauthorized"));
-        assert!(expired.message.contains("log in again"), "{}", expired.message);
+        assert!(expired.message.contains("credentials were not accepted"), "{}", expired.message);
         let refused = answer(403, "dash-bob may not approve fleetrollouts");
         assert_eq!(
             (refused.status, refused.message.as_str()),

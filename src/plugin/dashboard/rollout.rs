@@ -3,43 +3,31 @@
 //! cluster the user may read, from a watch of the targets themselves; changes are sent as the cells that
 //! changed, at most every [`TICK`], so a page keeps up with thousands of targets changing.
 
-use std::{
-    collections::{HashMap, HashSet},
-    convert::Infallible,
-    sync::Arc,
-    time::Duration,
-};
+use std::{convert::Infallible, sync::Arc, time::Duration};
 
 use axum::{
     extract::{Path, State},
     response::sse::{Event, Sse},
 };
-use futures::{Stream, StreamExt, TryStreamExt, stream::BoxStream};
-use k8s_openapi::api::{
-    apps::v1::{DaemonSet, Deployment, StatefulSet},
-    core::v1::Event as KubeEvent,
-};
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Event as KubeEvent;
 use kube::{
-    Api, Resource, ResourceExt,
-    api::ListParams,
+    Api, ResourceExt,
     runtime::{WatchStreamExt, watcher},
 };
-use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::{
     Dash,
     sse::{self, Gone, RETRY_FIRST, RETRY_MAX, connection, event},
+    targets::{self, Targets},
     timeline::Timeline,
-    view::{self, Cell, Seen, Sight},
+    view::{self, Cell},
 };
 use crate::{
-    api::{FleetRollout, PlannedTarget, TargetKind},
-    core::{
-        plan::Plan,
-        workload::{self, WorkloadFacts},
-    },
+    api::FleetRollout,
+    core::plan::Plan,
     edge::{control, plans::PlanStore},
 };
 
@@ -62,15 +50,7 @@ struct Watching {
     rollout: Option<FleetRollout>,
     plan: Option<Arc<Plan>>,
     plans: PlanStore,
-    /// The plan's targets in this cluster (`namespace/name`): the only ones whose state is kept.
-    keys: HashSet<String>,
-    seen: HashMap<String, Seen>,
-    /// Where the targets are watched: one namespace, or (None) across the cluster.
-    targets_in: Option<String>,
-    /// Whether a complete list of the targets has arrived: until then, one not seen is not known gone.
-    listed: bool,
-    /// The targets a list in progress has found: those seen before and not found again are gone.
-    relisting: Option<HashSet<String>>,
+    targets: Targets,
     sent: Vec<Cell>,
     events: Timeline,
     /// The last dry run of the approval the rollout waits for: what it was asked of, and its answer.
@@ -90,12 +70,9 @@ enum Ended {
     Replanned,
 }
 
-/// Targets as the grid sees them: (`namespace/name`, what was seen).
-type SeenEvents = BoxStream<'static, Result<watcher::Event<(String, Seen)>, watcher::Error>>;
-
 enum Change {
     Rollout(Box<Result<watcher::Event<FleetRollout>, watcher::Error>>),
-    Target(Result<watcher::Event<(String, Seen)>, watcher::Error>),
+    Target(targets::Change),
     Event(Box<Result<watcher::Event<KubeEvent>, watcher::Error>>),
     Tick,
 }
@@ -110,11 +87,7 @@ impl Watching {
             rollout: None,
             plan: None,
             plans: PlanStore::default(),
-            keys: HashSet::new(),
-            seen: HashMap::new(),
-            targets_in: None,
-            listed: false,
-            relisting: None,
+            targets: Targets::default(),
             sent: Vec::new(),
             events: Timeline::default(),
             may_approve: None,
@@ -166,9 +139,7 @@ impl Watching {
         self.rollout = None;
         self.plan = None;
         self.sent.clear();
-        self.seen.clear();
-        self.listed = false;
-        self.relisting = None;
+        self.targets = Targets::default();
         self.events.clear();
         let (mut events_watched, mut targets_watched) = (false, false);
         let mut live = false;
@@ -189,9 +160,8 @@ impl Watching {
                         }
                         if !targets_watched && let (Some(fr), Some(_)) = (&self.rollout, &self.plan) {
                             targets_watched = true;
-                            if let Some((targets, within)) = targets_of(&self.dash.client, fr).await {
-                                self.targets_in = within;
-                                changes.push(targets.map(Change::Target).boxed());
+                            if let Some(watch) = targets::watch(&self.dash.client, fr) {
+                                changes.push(watch.map(Change::Target).boxed());
                             }
                         }
                     }
@@ -210,40 +180,12 @@ impl Watching {
                     Ok(watcher::Event::Init) => {}
                     Err(e) => return Ok(Ended::Lost { message: e.to_string(), was_live: live }),
                 },
-                Change::Target(t) => self.target_changed(t),
+                Change::Target(t) => self.targets_dirty |= self.targets.apply(t),
                 Change::Event(e) => self.event_changed(*e),
                 Change::Tick => self.flush().await?,
             }
         }
         Ok(Ended::Lost { message: "the watch ended".into(), was_live: live })
-    }
-
-    fn target_changed(&mut self, change: Result<watcher::Event<(String, Seen)>, watcher::Error>) {
-        match change {
-            // Only the plan's targets are kept: a watch across the cluster sees every workload of the kind.
-            Ok(watcher::Event::Apply((k, s)) | watcher::Event::InitApply((k, s)))
-                if self.keys.contains(&k) =>
-            {
-                if let Some(found) = self.relisting.as_mut() {
-                    found.insert(k.clone());
-                }
-                self.seen.insert(k, s);
-                self.targets_dirty = true;
-            }
-            Ok(watcher::Event::Delete((k, _))) => {
-                self.targets_dirty |= self.seen.remove(&k).is_some();
-            }
-            // A list again (the watch was lost): what it does not find was deleted meanwhile.
-            Ok(watcher::Event::Init) => self.relisting = Some(HashSet::new()),
-            Ok(watcher::Event::InitDone) => {
-                let found = self.relisting.take().unwrap_or_default();
-                self.seen.retain(|k, _| found.contains(k));
-                self.listed = true;
-                self.targets_dirty = true;
-            }
-            // The targets are an extra: a user who may not read them still sees the rollout.
-            Ok(watcher::Event::Apply(_) | watcher::Event::InitApply(_)) | Err(_) => {}
-        }
     }
 
     fn event_changed(&mut self, change: Result<watcher::Event<KubeEvent>, watcher::Error>) {
@@ -288,14 +230,7 @@ impl Watching {
         }
         let grid = match self.plans.load(&self.dash.client, fr, &plan_ref).await {
             Ok(Ok(loaded)) => {
-                self.keys = loaded
-                    .plan
-                    .batches
-                    .iter()
-                    .flatten()
-                    .filter(|t| t.cluster.is_empty())
-                    .map(|t| t.key())
-                    .collect();
+                self.targets = Targets::of(&loaded.plan);
                 self.plan = Some(Arc::new(loaded.plan.clone()));
                 self.grid()
             }
@@ -334,27 +269,16 @@ impl Watching {
 
     fn grid(&self) -> view::Grid {
         match (&self.rollout, &self.plan) {
-            (Some(fr), Some(plan)) => view::grid(fr, plan, &|t| self.sight(t)),
+            (Some(fr), Some(plan)) => view::grid(fr, plan, &|t| self.targets.sight(t)),
             _ => view::Grid::unread(""),
         }
     }
 
-    /// What the user's watch says of a target: seen, gone (a complete list of where it lives lacks it), or
-    /// nothing (not watched: a member cluster's, or not readable, or not listed yet).
-    fn sight(&self, t: &PlannedTarget) -> Sight {
-        if !t.cluster.is_empty() {
-            return Sight::Unread;
-        }
-        if let Some(seen) = self.seen.get(&t.key()) {
-            return Sight::Seen(seen.clone());
-        }
-        let covered = self.targets_in.as_ref().is_none_or(|ns| *ns == t.namespace);
-        if self.listed && covered { Sight::Gone } else { Sight::Unread }
-    }
-
     async fn flush(&mut self) -> Result<(), Gone> {
-        if std::mem::take(&mut self.targets_dirty) && self.plan.is_some() {
-            let states = self.grid().states;
+        if std::mem::take(&mut self.targets_dirty)
+            && let (Some(fr), Some(plan)) = (&self.rollout, &self.plan)
+        {
+            let states = view::states(fr, plan, &|t| self.targets.sight(t));
             let changes = view::changes(&self.sent, &states);
             if !changes.is_empty() {
                 self.send(event("cells", &json!({"changes": changes}))).await?;
@@ -383,53 +307,4 @@ fn events_of(
     let about = format!("involvedObject.uid={}", fr.uid().unwrap_or_default());
     let api = Api::<KubeEvent>::namespaced(client.clone(), &fr.namespace().unwrap_or_default());
     watcher(api, watcher::Config::default().fields(&about)).default_backoff()
-}
-
-/// A watch of the rollout's targets in this cluster, as the user, and the namespace it covers: the
-/// rollout's, or (None) the whole cluster when its selector reaches others and the user may list them there.
-/// None for nodes.
-async fn targets_of(client: &kube::Client, fr: &FleetRollout) -> Option<(SeenEvents, Option<String>)> {
-    let across = fr.spec.targets.namespace_selector.is_some();
-    let (client, ns) = (client.clone(), fr.namespace().unwrap_or_default());
-    Some(match fr.spec.targets.kind {
-        TargetKind::Deployment => seen::<Deployment>(client, across, ns, workload::deployment_facts).await,
-        TargetKind::StatefulSet => seen::<StatefulSet>(client, across, ns, workload::statefulset_facts).await,
-        TargetKind::DaemonSet => seen::<DaemonSet>(client, across, ns, workload::daemonset_facts).await,
-        TargetKind::Node => return None,
-    })
-}
-
-async fn seen<K>(
-    client: kube::Client,
-    across: bool,
-    ns: String,
-    facts: fn(&K) -> WorkloadFacts,
-) -> (SeenEvents, Option<String>)
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + 'static,
-{
-    let all = Api::<K>::all(client.clone());
-    let (api, within) = match across && all.list_metadata(&ListParams::default().limit(1)).await.is_ok() {
-        true => (all, None),
-        false => (Api::<K>::namespaced(client, &ns), Some(ns)),
-    };
-    let events = watcher(api, watcher::Config::default()).default_backoff().map_ok(move |e| {
-        let seen = |o: &K| {
-            let f = facts(o);
-            (f.key(), Seen { applied: f.applied.clone(), readiness: f.readiness() })
-        };
-        match e {
-            watcher::Event::Apply(o) => watcher::Event::Apply(seen(&o)),
-            watcher::Event::InitApply(o) => watcher::Event::InitApply(seen(&o)),
-            watcher::Event::Delete(o) => watcher::Event::Delete(seen(&o)),
-            watcher::Event::Init => watcher::Event::Init,
-            watcher::Event::InitDone => watcher::Event::InitDone,
-        }
-    });
-    (events.boxed(), within)
 }

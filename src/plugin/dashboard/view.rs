@@ -159,12 +159,27 @@ pub enum Sight {
     Seen(Seen),
 }
 
-/// How a target's failure record counts in the grid.
-#[derive(Clone, Copy)]
+/// What a target's newest failure record says of it.
+#[derive(Clone, Copy, PartialEq)]
 enum Recorded {
-    Failed,
+    /// Changed, then failed its health checks: a rollback puts it back.
+    Unhealthy,
+    /// Its change was refused by the API server, or someone else's change stands: nothing of this
+    /// rollout's to put back.
+    Unchanged,
     Refused,
     Skipped,
+}
+
+impl Recorded {
+    fn of(reason_: &str) -> Self {
+        match reason_ {
+            reason::TARGET_MISSING => Recorded::Skipped,
+            r if reason::REFUSALS.contains(&r) => Recorded::Refused,
+            reason::CHANGE_DENIED | reason::IMAGE_CHANGED => Recorded::Unchanged,
+            _ => Recorded::Unhealthy,
+        }
+    }
 }
 
 /// A run of the grid's targets: one batch in one cluster (in one wave, across member clusters).
@@ -206,105 +221,120 @@ impl Grid {
     }
 }
 
-/// Failures that refuse a target rather than fail it (see `TargetFailure::reason`).
-const REFUSALS: [&str; 4] =
-    ["NamespaceNotOptedIn", "OutOfScope", "TargetProtected", "TargetHeldByAnotherRollout"];
+/// The plan's targets in grid order: batch by batch, and within a batch cluster by cluster (by name).
+fn in_grid_order(plan: &Plan) -> impl Iterator<Item = (u32, &str, Vec<&PlannedTarget>)> {
+    plan.batches.iter().enumerate().flat_map(|(index, batch)| {
+        let mut clusters: Vec<&str> = batch.iter().map(|t| t.cluster.as_str()).collect();
+        clusters.sort_unstable();
+        clusters.dedup();
+        clusters.into_iter().map(move |cluster| {
+            (index as u32, cluster, batch.iter().filter(|t| t.cluster == cluster).collect())
+        })
+    })
+}
 
 /// The grid of `fr`'s plan, each target's state from its batch's checkpoint, its failure if any, the
 /// rollback if there is one, and `seen(target)`.
 pub fn grid(fr: &FleetRollout, plan: &Plan, seen: &dyn Fn(&PlannedTarget) -> Sight) -> Grid {
-    let none = FleetRolloutStatus::default();
-    let status = fr.status.as_ref().unwrap_or(&none);
-    let recorded: HashMap<(u32, String), Recorded> = status
-        .failures
-        .iter()
-        .map(|f| {
-            let how = match f.reason.as_str() {
-                reason::TARGET_MISSING => Recorded::Skipped,
-                r if REFUSALS.contains(&r) => Recorded::Refused,
-                _ => Recorded::Failed,
-            };
-            ((f.batch, f.key()), how)
-        })
-        .collect();
-    // Once a rollback is done, the targets it owed a restore were restored, as far as the status tells.
-    let restored: HashSet<String> = match &status.rollback {
-        Some(rb) if rb.state == RollbackState::Done => {
-            owed(status, plan).into_iter().map(PlannedTarget::key).collect()
-        }
-        _ => HashSet::new(),
-    };
-    let waves = status.clusters.as_ref().map(|c| c.waves.clone()).unwrap_or_default();
-    let mut grid = Grid { plan_hash: plan.hash.clone(), ..Grid::unread("") };
-    for (index, batch) in plan.batches.iter().enumerate() {
-        let index = index as u32;
+    let waves =
+        fr.status.as_ref().and_then(|s| s.clusters.as_ref()).map(|c| c.waves.as_slice()).unwrap_or_default();
+    let mut grid = Grid { plan_hash: plan.hash.clone(), states: states(fr, plan, seen), ..Grid::unread("") };
+    for (index, cluster, run) in in_grid_order(plan) {
         let wave =
             waves.iter().find(|w| (w.first_batch..=w.last_batch).contains(&index)).map(|w| w.name.clone());
-        let mut clusters: Vec<&str> = batch.iter().map(|t| t.cluster.as_str()).collect();
-        clusters.sort_unstable();
-        clusters.dedup();
-        for cluster in clusters {
-            let start = grid.targets.len();
-            for t in batch.iter().filter(|t| t.cluster == cluster) {
-                let name = t.key();
-                let fact = Fact {
-                    recorded: recorded.get(&(index, name.clone())).copied(),
-                    restored: restored.contains(&name),
-                    sight: seen(t),
-                };
-                let cell = cell(status, index, fact);
-                grid.targets.push(name);
-                grid.previous_images.push(t.previous_image.clone());
-                grid.states.push(cell);
-            }
-            let count = grid.targets.len() - start;
-            grid.groups.push(Group {
-                wave: wave.clone(),
-                cluster: cluster.to_string(),
-                batch: index,
-                start,
-                count,
-            });
-        }
+        let start = grid.targets.len();
+        grid.targets.extend(run.iter().map(|t| t.key()));
+        grid.previous_images.extend(run.iter().map(|t| t.previous_image.clone()));
+        grid.groups.push(Group { wave, cluster: cluster.to_string(), batch: index, start, count: run.len() });
     }
     grid
+}
+
+/// Each target's state, in grid order: what [`grid`] sends whole, and the stream compares tick by tick.
+pub fn states(fr: &FleetRollout, plan: &Plan, seen: &dyn Fn(&PlannedTarget) -> Sight) -> Vec<Cell> {
+    let none = FleetRolloutStatus::default();
+    let status = fr.status.as_ref().unwrap_or(&none);
+    // A target is in one batch of a plan, so its key alone finds its records: a rollback files what it
+    // could not restore under the batch in flight, not the target's own. The newest record says most.
+    let recorded: HashMap<String, Recorded> =
+        status.failures.iter().map(|f| (f.key(), Recorded::of(&f.reason))).collect();
+    let facts: Vec<(u32, Fact)> = in_grid_order(plan)
+        .flat_map(|(index, _, run)| run.into_iter().map(move |t| (index, t)))
+        .map(|(index, t)| {
+            let key = t.key();
+            (index, Fact { recorded: recorded.get(&key).copied(), restored: false, sight: seen(t) })
+        })
+        .collect();
+    let mut facts = facts;
+    restored_by_rollback(status, plan, &mut facts);
+    facts.into_iter().map(|(index, fact)| cell(status, index, fact)).collect()
+}
+
+/// Marks the targets a rollback that is done put back, as far as the status tells: those it owed a
+/// restore that were not read and have no record saying it could not; and only while there are no more
+/// of them than it counted restored (status keeps the newest failures only, so a record may be gone).
+fn restored_by_rollback(status: &FleetRolloutStatus, plan: &Plan, facts: &mut [(u32, Fact)]) {
+    let Some(rb) = status.rollback.as_ref().filter(|rb| rb.state == RollbackState::Done) else { return };
+    let owed: HashSet<String> = owed(status, plan).into_iter().map(PlannedTarget::key).collect();
+    let keys = in_grid_order(plan).flat_map(|(_, _, run)| run.into_iter().map(PlannedTarget::key));
+    let mut claimed = Vec::new();
+    let mut put_back = 0usize;
+    for (i, ((_, fact), key)) in facts.iter().zip(keys).enumerate() {
+        let restorable = matches!(fact.recorded, None | Some(Recorded::Unhealthy));
+        match &fact.sight {
+            Sight::Seen(s) if s.applied.as_deref() == Some(rb.idempotency_key.as_str()) => put_back += 1,
+            Sight::Unread if restorable && owed.contains(&key) => claimed.push(i),
+            _ => {}
+        }
+    }
+    if put_back + claimed.len() <= rb.restored as usize {
+        for i in claimed {
+            facts[i].1.restored = true;
+        }
+    }
 }
 
 /// What is known of one target besides its batch's checkpoint.
 struct Fact {
     recorded: Option<Recorded>,
-    /// Owed a restore by a rollback that is done.
+    /// Put back by a rollback that is done, as far as the status tells (it was not read).
     restored: bool,
     sight: Sight,
 }
 
-/// A target's state: put back by a rollback when it carries the rollback's key; else its failure as the
-/// operator recorded it; else skipped when it is gone, restored when a rollback done owed it a restore
-/// (and it was not read), or as its batch's checkpoint says.
+/// A target's state: put back by a rollback when it carries the rollback's key, or when the status says
+/// so of one not read; else its failure as the operator recorded it; else skipped when it is gone while
+/// its batch is still to settle; else as its batch's checkpoint says.
 fn cell(status: &FleetRolloutStatus, batch: u32, fact: Fact) -> Cell {
     let rollback_key = status.rollback.as_ref().map(|rb| rb.idempotency_key.as_str());
-    if let Sight::Seen(s) = &fact.sight
-        && rollback_key.is_some()
-        && s.applied.as_deref() == rollback_key
-    {
+    let carries_rollback = matches!(&fact.sight, Sight::Seen(s) if rollback_key.is_some() && s.applied.as_deref() == rollback_key);
+    if carries_rollback || fact.restored {
         return Cell::Restored;
     }
     match fact.recorded {
         Some(Recorded::Skipped) => return Cell::Skipped,
         Some(Recorded::Refused) => return Cell::Refused,
-        Some(Recorded::Failed) => return Cell::Failed,
+        Some(Recorded::Unchanged | Recorded::Unhealthy) => return Cell::Failed,
         None => {}
     }
     let seen = match fact.sight {
         Sight::Seen(s) => Some(s),
-        Sight::Gone => return Cell::Skipped,
-        Sight::Unread if fact.restored => return Cell::Restored,
-        Sight::Unread => None,
+        // The operator skips a target gone before its batch settles; one gone after, it counted already.
+        Sight::Gone if !status.phase.is_terminal() && !settled(status, batch) => return Cell::Skipped,
+        Sight::Gone | Sight::Unread => None,
     };
     match checkpoint(status, batch, seen) {
         // Nothing soaks once the rollout has ended.
         Cell::Soaking if status.phase.is_terminal() => Cell::Healthy,
         cell => cell,
+    }
+}
+
+/// Whether a batch is done with: succeeded or failed, or behind the one in flight.
+fn settled(status: &FleetRolloutStatus, batch: u32) -> bool {
+    match status.batch(batch) {
+        Some(b) => matches!(b.state, BatchState::Succeeded | BatchState::Failed),
+        None => status.current_batch.is_some_and(|c| batch < c),
     }
 }
 

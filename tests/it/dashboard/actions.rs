@@ -92,6 +92,9 @@ async fn pause_resume_approve_roll_back_and_abort_from_the_page() {
         assert_eq!((outcome.as_str(), said.contains("abort")), ("ok", true), "{said}");
         fleet.wait_rollout("again", "the abort", DEADLINE, |f| phase(f) == Phase::Aborted).await;
         wait_phase(&browser, "Aborted").await;
+        // Nothing it changed, so nothing to roll back: the operator would not, and the page does not offer it.
+        let enabled = browser.js(final_buttons, vec![]).await;
+        assert_eq!(enabled, json!([]), "an aborted rollout that changed nothing offers nothing");
         let untouched = ["web-00", "web-01", "web-02", "web-04", "web-05"].map(|n| (cell(n), "pending"));
         wait_cells(&browser, "the aborted grid", &untouched).await;
         for name in ["web-00", "web-05"] {

@@ -127,8 +127,10 @@ async fn a_closed_page_ends_its_watches() {
         let browser = Browser::start().await;
         open(&browser, &dash, &format!("#/r/{ns}/quiet")).await;
         browser.wait_js("the grid", "return document.querySelectorAll('#grid [data-target]').length === 2", DEADLINE).await;
-        // The rollout's watch, its Events' and its targets': three connections held open while the page is.
-        let watching = proxy.open_connections();
+        // The rollout's watch, its Events' and its targets': three connections held open while the page is,
+        // counted once no connection has opened or closed for a second (the list's, closing; a watch still
+        // opening).
+        let watching = settled_connections(&proxy).await;
         assert!(watching >= 3, "{watching} connections for three watches");
         browser.goto("about:blank").await;
         let end = tokio::time::Instant::now() + DEADLINE;
@@ -172,4 +174,20 @@ async fn a_broken_page_stream_is_opened_again() {
         assert_eq!(browser.js("return window.survivor", vec![]).await, json!(7), "the same page: no reload");
     })
     .await;
+}
+
+/// How many connections the proxy holds once that number has not changed for a second.
+async fn settled_connections(proxy: &Proxy) -> usize {
+    let end = tokio::time::Instant::now() + DEADLINE;
+    let (mut last, mut since) = (proxy.open_connections(), tokio::time::Instant::now());
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let now = proxy.open_connections();
+        if now != last {
+            (last, since) = (now, tokio::time::Instant::now());
+        } else if since.elapsed() >= std::time::Duration::from_secs(1) {
+            return now;
+        }
+        assert!(tokio::time::Instant::now() < end, "the proxy's connections never settled (last {last})");
+    }
 }

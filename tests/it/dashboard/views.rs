@@ -3,6 +3,7 @@
 //! measurements as charts, and the plan a pasted manifest would get, from the same planning as
 //! `kubectl fleetroll plan -f` against the Deployments in the namespace.
 
+use fleetroll::api::PlannedTarget;
 use serde_json::{Value, json};
 use testkit::{
     browser::{Browser, Key},
@@ -92,6 +93,41 @@ async fn the_grid_by_keyboard_the_analysis_charts_and_a_previewed_plan() {
         let nothing = fleet.rollouts().get_opt("preview").await.unwrap();
         assert!(nothing.is_none(), "a preview writes nothing");
         assert!(shown.contains("3 targets in 2 batches"), "{shown}");
+    })
+    .await;
+}
+
+/// A failed target in a member cluster, clicked: its detail names its cluster and wave, and carries the
+/// failure the operator recorded of it (filed, as the operator files it, under `cluster`, `namespace`, `name`).
+#[tokio::test]
+async fn a_member_clusters_failed_target_shows_its_failure() {
+    with_fleet("dash-member-fail", 0, |fleet| async move {
+        let ns = fleet.ns.clone();
+        let in_member = |cluster: &str, name: &str| PlannedTarget {
+            cluster: cluster.into(),
+            namespace: "shop".into(),
+            name: name.into(),
+            previous_image: "app:1".into(),
+        };
+        let batches = vec![vec![in_member("member-1", "web-00")], vec![in_member("member-2", "web-00")]];
+        let status = json!({"currentBatch": 1,
+            "batches": [{"index": 1, "size": 1, "state": "Verifying", "idempotencyKey": "k/1/1"}],
+            "failures": [{"cluster": "member-2", "namespace": "shop", "name": "web-00", "batch": 1,
+                          "reason": "Timeout", "message": "not ready within 5m"}],
+            "clusters": {"waves": [
+                {"name": "canary", "firstBatch": 0, "lastBatch": 0, "clusters": 1, "total": 1, "updated": 1, "failed": 0},
+                {"name": "prod", "firstBatch": 1, "lastBatch": 1, "clusters": 1, "total": 1, "updated": 1, "failed": 1}]}});
+        frozen(&fleet.client, &ns, "across", batches, status).await;
+        let dash = Dashboard::start(&testkit::cluster().kubeconfig, &[]).await;
+        let browser = Browser::start().await;
+        open(&browser, &dash, &format!("#/r/{ns}/across")).await;
+        let cell = "#grid [data-target=\"member-2/shop/web-00\"]";
+        browser.wait_js("the member's cell", &format!("return document.querySelector('{cell}')?.dataset.state === 'failed'"), DEADLINE).await;
+        browser.click(cell).await;
+        let detail = browser.text("#cell-detail").await;
+        for said in ["cluster member-2", "wave prod", "Timeout: not ready within 5m"] {
+            assert!(detail.contains(said), "{said} in the detail: {detail}");
+        }
     })
     .await;
 }

@@ -226,8 +226,12 @@ export class GridView {
             return;
         }
         const st = this.states[i];
-        const bare = label.includes(":") ? label.slice(label.indexOf(":") + 1) : label;
-        const fail = this.failures.find((f) => `${f.namespace ? f.namespace + "/" : ""}${f.name ?? ""}` === bare && (f.cluster ?? "") === (g.cluster ?? ""));
+        // The newest record of this target, named as the server names it: [cluster/]namespace/name.
+        const key = (f) => `${f.cluster ? f.cluster + "/" : ""}${f.namespace ? f.namespace + "/" : ""}${f.name ?? ""}`;
+        let fail;
+        for (let k = this.failures.length - 1; k >= 0 && !fail; k--)
+            if (key(this.failures[k]) === label)
+                fail = this.failures[k];
         this.detail.hidden = false;
         fill(this.detail, h("strong", null, label), " ", h("span", { class: "state", "data-state": st }, h("span", { class: "i", "aria-hidden": "true" }, ICONS[st]), " ", st), h("span", { class: "muted" }, ` · batch ${g.batch + 1}${g.cluster ? ` · cluster ${g.cluster}` : ""}${g.wave ? ` · wave ${g.wave}` : ""}`), this.previous[i] ? h("span", { class: "muted" }, " · was ", h("code", null, this.previous[i])) : null, fail ? h("span", { class: "fail" }, ` · ${fail.reason ?? "Failed"}: ${fail.message ?? ""}`) : null);
     }

@@ -145,6 +145,43 @@ fn a_rollback_restores_the_cells_it_put_back() {
     assert_eq!(&read.states[..3], [Cell::Restored, Cell::Skipped, Cell::Healthy]);
 }
 
+fn rolled_back_across(restored: u32) -> FleetRollout {
+    rollout(json!({
+        "phase": "RolledBack", "currentBatch": 2,
+        "batches": [
+            {"index": 0, "size": 2, "state": "Succeeded", "idempotencyKey": "u1/1/0"},
+            {"index": 1, "size": 2, "state": "Succeeded", "idempotencyKey": "u1/1/1"},
+            {"index": 2, "size": 1, "state": "Verifying", "idempotencyKey": "u1/1/2"}],
+        // a failed its health checks at its batch; c, of batch 1, was changed by someone else since, which
+        // the rollback files under the batch in flight.
+        "failures": [{"namespace": "shop", "name": "a", "batch": 0, "reason": "Timeout", "message": "slow"},
+                     {"namespace": "shop", "name": "c", "batch": 2, "reason": "ImageChangedByOthers",
+                      "message": "left as it is"}],
+        "rollback": {"state": "Done", "idempotencyKey": "u1/1/rollback", "reason": "RollbackRequested",
+                     "startedAt": "2026-12-05T10:00:00Z", "restored": restored, "skipped": 1},
+    }))
+}
+
+#[test]
+fn a_rollback_done_restores_what_it_owed_but_what_it_said_it_could_not() {
+    let done = grid(&rolled_back_across(4), &plan(), &|_| Sight::Unread);
+    assert_eq!(done.states, [Cell::Restored, Cell::Restored, Cell::Failed, Cell::Restored, Cell::Restored]);
+    // Fewer restored than the status would have it (a record trimmed away): nothing is claimed restored.
+    let unsure = grid(&rolled_back_across(3), &plan(), &|_| Sight::Unread);
+    assert!(!unsure.states.contains(&Cell::Restored), "{:?}", unsure.states);
+}
+
+#[test]
+fn a_target_deleted_once_its_batch_settled_is_not_skipped() {
+    let fr = rollout(json!({"phase": "Progressing", "currentBatch": 1, "batches": [
+        {"index": 0, "size": 2, "state": "Succeeded", "idempotencyKey": "u1/1/0"},
+        {"index": 1, "size": 2, "state": "Applying", "idempotencyKey": "u1/1/1"}]}));
+    let states =
+        grid(&fr, &plan(), &|t| if t.name == "a" || t.name == "c" { Sight::Gone } else { Sight::Unread })
+            .states;
+    assert_eq!(&states[..3], [Cell::Healthy, Cell::Healthy, Cell::Skipped]);
+}
+
 #[test]
 fn only_changed_cells_are_sent() {
     let before = [Cell::Pending, Cell::Changing, Cell::Healthy];
