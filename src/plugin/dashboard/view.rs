@@ -270,20 +270,33 @@ pub fn states(fr: &FleetRollout, plan: &Plan, seen: &dyn Fn(&PlannedTarget) -> S
     facts.into_iter().map(|(index, fact)| cell(status, index, fact)).collect()
 }
 
-/// Marks the targets a rollback that is done put back, as far as the status tells: those it owed a
-/// restore that were not read and have no record saying it could not; and only while there are no more
-/// of them than it counted restored (status keeps the newest failures only, so a record may be gone).
+/// Marks the targets a rollback put back, as far as the status tells: those it owed a restore, in the
+/// clusters it is done with, that were not read and have no record saying it could not; and only while
+/// there are no more of them than it counted restored (status keeps the newest failures only, so a record
+/// may be gone). It is done with every cluster once it is done, and, while it waits for member clusters
+/// that did not answer, with every other.
 fn restored_by_rollback(status: &FleetRolloutStatus, plan: &Plan, facts: &mut [(u32, Fact)]) {
-    let Some(rb) = status.rollback.as_ref().filter(|rb| rb.state == RollbackState::Done) else { return };
-    let owed: HashSet<String> = owed(status, plan).into_iter().map(PlannedTarget::key).collect();
-    let keys = in_grid_order(plan).flat_map(|(_, _, run)| run.into_iter().map(PlannedTarget::key));
+    let Some(rb) = status.rollback.as_ref() else { return };
+    let waiting = rb.state == RollbackState::Restoring && !rb.unreached.is_empty();
+    if rb.state != RollbackState::Done && !waiting {
+        return;
+    }
+    // What it owed across every cluster: `owed` says only what it still owes once a pass is done.
+    let mut all = status.clone();
+    if let Some(rb) = all.rollback.as_mut() {
+        rb.unreached.clear();
+    }
+    let owed: HashSet<String> = owed(&all, plan).into_iter().map(PlannedTarget::key).collect();
+    let targets = in_grid_order(plan).flat_map(|(_, _, run)| run);
     let mut claimed = Vec::new();
     let mut put_back = 0usize;
-    for (i, ((_, fact), key)) in facts.iter().zip(keys).enumerate() {
-        let restorable = matches!(fact.recorded, None | Some(Recorded::Unhealthy));
+    for (i, ((_, fact), t)) in facts.iter().zip(targets).enumerate() {
+        let restorable = matches!(fact.recorded, None | Some(Recorded::Unhealthy))
+            && !rb.unreached.contains(&t.cluster)
+            && owed.contains(&t.key());
         match &fact.sight {
             Sight::Seen(s) if s.applied.as_deref() == Some(rb.idempotency_key.as_str()) => put_back += 1,
-            Sight::Unread if restorable && owed.contains(&key) => claimed.push(i),
+            Sight::Unread if restorable => claimed.push(i),
             _ => {}
         }
     }
@@ -297,7 +310,7 @@ fn restored_by_rollback(status: &FleetRolloutStatus, plan: &Plan, facts: &mut [(
 /// What is known of one target besides its batch's checkpoint.
 struct Fact {
     recorded: Option<Recorded>,
-    /// Put back by a rollback that is done, as far as the status tells (it was not read).
+    /// Put back by a rollback, as far as the status tells (it was not read).
     restored: bool,
     sight: Sight,
 }

@@ -172,6 +172,26 @@ fn a_rollback_done_restores_what_it_owed_but_what_it_said_it_could_not() {
 }
 
 #[test]
+fn a_rollback_waiting_for_a_member_shows_the_others_restored() {
+    let member =
+        |cluster: &str, name: &str| PlannedTarget { cluster: cluster.into(), ..target("shop", name) };
+    let plan = Plan {
+        hash: "h1".into(),
+        batches: vec![vec![member("member-1", "a"), member("member-1", "b")], vec![member("member-2", "c")]],
+    };
+    let fr = rollout(json!({
+        "phase": "RollingBack", "currentBatch": 1,
+        "batches": [
+            {"index": 0, "size": 2, "state": "Succeeded", "idempotencyKey": "u1/1/0"},
+            {"index": 1, "size": 1, "state": "Succeeded", "idempotencyKey": "u1/1/1"}],
+        "rollback": {"state": "Restoring", "idempotencyKey": "u1/1/rollback", "reason": "RollbackRequested",
+                     "startedAt": "2026-12-05T10:00:00Z", "restored": 2, "unreached": ["member-2"]},
+    }));
+    let states = grid(&fr, &plan, &|_| Sight::Unread).states;
+    assert_eq!(states, [Cell::Restored, Cell::Restored, Cell::Healthy], "member-2 still runs the new image");
+}
+
+#[test]
 fn a_target_deleted_once_its_batch_settled_is_not_skipped() {
     let fr = rollout(json!({"phase": "Progressing", "currentBatch": 1, "batches": [
         {"index": 0, "size": 2, "state": "Succeeded", "idempotencyKey": "u1/1/0"},
