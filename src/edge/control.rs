@@ -30,8 +30,9 @@ pub enum ControlError {
     #[error("{0}")]
     Refused(String),
     /// The credentials were not accepted by the API server (an expired or revoked token, a certificate it
-    /// does not trust), or could not be had (an exec plugin that failed): new ones, not a retry, help.
-    #[error("{what}: the credentials were not accepted or could not be had ({reason})")]
+    /// does not trust): new ones, not a retry, help. (Credentials that could not be had, an exec plugin
+    /// failing, may come with a retry: those are Unavailable.)
+    #[error("{what}: the credentials were not accepted ({reason})")]
     Unauthorized { what: String, reason: String },
     /// The API server could not be reached, or failed (transport, timeouts, 5xx, throttling): trying again
     /// may work; nothing the caller asked was refused.
@@ -50,7 +51,6 @@ impl ControlError {
         match e {
             kube::Error::Api(s) if s.code == 404 => ControlError::NotFound { what },
             kube::Error::Api(s) if s.code == 401 => ControlError::Unauthorized { what, reason: s.message },
-            kube::Error::Auth(e) => ControlError::Unauthorized { what, reason: e.to_string() },
             kube::Error::Api(s) if s.code == 403 => ControlError::Forbidden { what, reason: s.message },
             kube::Error::Api(s) if matches!(s.code, 400 | 422) => {
                 ControlError::Invalid { what, reason: s.message }

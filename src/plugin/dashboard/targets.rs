@@ -135,7 +135,11 @@ where
 {
     futures::stream::once(async move {
         let all = Api::<K>::all(client.clone());
-        let (api, within) = match across && all.list_metadata(&ListParams::default().limit(1)).await.is_ok() {
+        // Only a refusal keeps the watch to the rollout's namespace: one failing for a passing reason
+        // (across, the watch retries) would keep it there for the whole session.
+        let refused = |r: Result<_, kube::Error>| matches!(r, Err(kube::Error::Api(s)) if s.code == 403);
+        let (api, within) = match across && !refused(all.list_metadata(&ListParams::default().limit(1)).await)
+        {
             true => (all, None),
             false => (Api::<K>::namespaced(client, &ns), Some(ns)),
         };

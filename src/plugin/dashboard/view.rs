@@ -164,8 +164,8 @@ pub enum Sight {
 enum Recorded {
     /// Changed, then failed its health checks: a rollback puts it back.
     Unhealthy,
-    /// Its change was refused by the API server, or someone else's change stands: nothing of this
-    /// rollout's to put back.
+    /// Its change was refused by the API server, someone else's change stands, or a rollback passes it over
+    /// (a node not ready, no container to set): not known to be put back.
     Unchanged,
     Refused,
     Skipped,
@@ -176,7 +176,12 @@ impl Recorded {
         match reason_ {
             reason::TARGET_MISSING => Recorded::Skipped,
             r if reason::REFUSALS.contains(&r) => Recorded::Refused,
-            reason::CHANGE_DENIED | reason::IMAGE_CHANGED => Recorded::Unchanged,
+            // A node still not ready, or a workload without the container, is passed over by a rollback too.
+            reason::CHANGE_DENIED
+            | reason::IMAGE_CHANGED
+            | reason::NODE_NOT_READY
+            | reason::INVALID_SPEC
+            | reason::CONTAINER_NOT_FOUND => Recorded::Unchanged,
             _ => Recorded::Unhealthy,
         }
     }
@@ -270,40 +275,34 @@ pub fn states(fr: &FleetRollout, plan: &Plan, seen: &dyn Fn(&PlannedTarget) -> S
     facts.into_iter().map(|(index, fact)| cell(status, index, fact)).collect()
 }
 
-/// Marks the targets a rollback put back, as far as the status tells: those it owed a restore, in the
-/// clusters it is done with, that were not read and have no record saying it could not; and only while
-/// there are no more of them than it counted restored (status keeps the newest failures only, so a record
-/// may be gone). It is done with every cluster once it is done, and, while it waits for member clusters
-/// that did not answer, with every other.
+/// Marks the targets a rollback put back, as far as the status tells of those not read: those it owed a
+/// restore, in the clusters it is done with, that no record says it could not put back (their change
+/// refused, someone else's since, gone, or no container to set). It is done with every cluster once it is
+/// done, and, while it waits for member clusters that did not answer, with every other. Status keeps the
+/// newest failures only: the rollback's own counts, shown beside the grid, are exact.
 fn restored_by_rollback(status: &FleetRolloutStatus, plan: &Plan, facts: &mut [(u32, Fact)]) {
     let Some(rb) = status.rollback.as_ref() else { return };
     let waiting = rb.state == RollbackState::Restoring && !rb.unreached.is_empty();
     if rb.state != RollbackState::Done && !waiting {
         return;
     }
-    // What it owed across every cluster: `owed` says only what it still owes once a pass is done.
-    let mut all = status.clone();
-    if let Some(rb) = all.rollback.as_mut() {
-        rb.unreached.clear();
-    }
-    let owed: HashSet<String> = owed(&all, plan).into_iter().map(PlannedTarget::key).collect();
-    let targets = in_grid_order(plan).flat_map(|(_, _, run)| run);
-    let mut claimed = Vec::new();
-    let mut put_back = 0usize;
-    for (i, ((_, fact), t)) in facts.iter().zip(targets).enumerate() {
-        let restorable = matches!(fact.recorded, None | Some(Recorded::Unhealthy))
+    // What it owed across every cluster: while it waits, `owed` says only what it still owes.
+    let owed: HashSet<String> = if rb.unreached.is_empty() {
+        owed(status, plan).into_iter().map(PlannedTarget::key).collect()
+    } else {
+        let mut all = status.clone();
+        all.rollback.iter_mut().for_each(|rb| rb.unreached.clear());
+        owed(&all, plan).into_iter().map(PlannedTarget::key).collect()
+    };
+    let targets = in_grid_order(plan).flat_map(|(index, _, run)| run.into_iter().map(move |t| (index, t)));
+    for ((_, fact), (index, t)) in facts.iter_mut().zip(targets) {
+        let key = t.key();
+        let refused_at_its_batch = status.batch(index).is_some_and(|b| b.refused.contains(&key));
+        fact.restored = fact.sight == Sight::Unread
+            && matches!(fact.recorded, None | Some(Recorded::Unhealthy))
             && !rb.unreached.contains(&t.cluster)
-            && owed.contains(&t.key());
-        match &fact.sight {
-            Sight::Seen(s) if s.applied.as_deref() == Some(rb.idempotency_key.as_str()) => put_back += 1,
-            Sight::Unread if restorable => claimed.push(i),
-            _ => {}
-        }
-    }
-    if put_back + claimed.len() <= rb.restored as usize {
-        for i in claimed {
-            facts[i].1.restored = true;
-        }
+            && !refused_at_its_batch
+            && owed.contains(&key);
     }
 }
 
@@ -315,24 +314,30 @@ struct Fact {
     sight: Sight,
 }
 
-/// A target's state: put back by a rollback when it carries the rollback's key, or when the status says
-/// so of one not read; else its failure as the operator recorded it; else skipped when it is gone while
-/// its batch is still to settle; else as its batch's checkpoint says.
+/// A target's state: what a record says the operator could not do (skipped, refused, its change refused
+/// or undone by others); else put back by a rollback (it carries the rollback's key, or the status says so
+/// of one not read); else failed, as recorded; else skipped when it is gone while its batch is still to
+/// settle or a rollback passed over it; else as its batch's checkpoint says.
 fn cell(status: &FleetRolloutStatus, batch: u32, fact: Fact) -> Cell {
+    match fact.recorded {
+        Some(Recorded::Skipped) => return Cell::Skipped,
+        Some(Recorded::Refused) => return Cell::Refused,
+        Some(Recorded::Unchanged) => return Cell::Failed,
+        Some(Recorded::Unhealthy) | None => {}
+    }
     let rollback_key = status.rollback.as_ref().map(|rb| rb.idempotency_key.as_str());
     let carries_rollback = matches!(&fact.sight, Sight::Seen(s) if rollback_key.is_some() && s.applied.as_deref() == rollback_key);
     if carries_rollback || fact.restored {
         return Cell::Restored;
     }
-    match fact.recorded {
-        Some(Recorded::Skipped) => return Cell::Skipped,
-        Some(Recorded::Refused) => return Cell::Refused,
-        Some(Recorded::Unchanged | Recorded::Unhealthy) => return Cell::Failed,
-        None => {}
+    if fact.recorded == Some(Recorded::Unhealthy) {
+        return Cell::Failed;
     }
     let seen = match fact.sight {
         Sight::Seen(s) => Some(s),
-        // The operator skips a target gone before its batch settles; one gone after, it counted already.
+        // The operator skips a target gone before its batch settles, and a rollback one gone before it; one
+        // gone after its batch settled was counted as it was then.
+        Sight::Gone if status.rollback.is_some() => return Cell::Skipped,
         Sight::Gone if !status.phase.is_terminal() && !settled(status, batch) => return Cell::Skipped,
         Sight::Gone | Sight::Unread => None,
     };

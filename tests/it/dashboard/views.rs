@@ -112,7 +112,12 @@ async fn a_member_clusters_failed_target_shows_its_failure() {
         let batches = vec![vec![in_member("member-1", "web-00")], vec![in_member("member-2", "web-00")]];
         let status = json!({"currentBatch": 1,
             "batches": [{"index": 1, "size": 1, "state": "Verifying", "idempotencyKey": "k/1/1"}],
-            "failures": [{"cluster": "member-2", "namespace": "shop", "name": "web-00", "batch": 1,
+            // The same name in the other cluster, and an older record of this target: neither is its detail.
+            "failures": [{"cluster": "member-1", "namespace": "shop", "name": "web-00", "batch": 0,
+                          "reason": "HttpCheckFailed", "message": "the other cluster's"},
+                         {"cluster": "member-2", "namespace": "shop", "name": "web-00", "batch": 1,
+                          "reason": "PodFailed", "message": "an older record"},
+                         {"cluster": "member-2", "namespace": "shop", "name": "web-00", "batch": 1,
                           "reason": "Timeout", "message": "not ready within 5m"}],
             "clusters": {"waves": [
                 {"name": "canary", "firstBatch": 0, "lastBatch": 0, "clusters": 1, "total": 1, "updated": 1, "failed": 0},
@@ -127,6 +132,9 @@ async fn a_member_clusters_failed_target_shows_its_failure() {
         let detail = browser.text("#cell-detail").await;
         for said in ["cluster member-2", "wave prod", "Timeout: not ready within 5m"] {
             assert!(detail.contains(said), "{said} in the detail: {detail}");
+        }
+        for other in ["the other cluster's", "an older record"] {
+            assert!(!detail.contains(other), "{other} not in the detail: {detail}");
         }
     })
     .await;
