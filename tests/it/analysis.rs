@@ -37,11 +37,7 @@ async fn a_batch_whose_error_rate_rises_fails_and_rolls_back() {
             "initialDelay": "3s", "interval": "1s", "count": 2,
         }]});
         fleet.rollout("bad-release", spec(2, "Rollback", analysis)).await;
-        let fr = fleet
-            .wait_rollout("bad-release", "planned", DEADLINE, |fr| {
-                fr.status.as_ref().is_some_and(|s| s.plan.is_some())
-            })
-            .await;
+        let fr = fleet.wait_rollout("bad-release", "planned", DEADLINE, testkit::fleet::has_plan).await;
         let plan = fleet.plan(&fr).await;
         let second: Vec<&str> = plan.batch(1).iter().map(|t| t.name.as_str()).collect();
         let deployments = Api::namespaced(fleet.client.clone(), &fleet.ns);

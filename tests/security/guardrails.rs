@@ -199,8 +199,7 @@ pub(super) async fn approval_given_before_a_policy_named_approvers(env: &'static
                                       "strategy": {"approval": "FirstBatch", "batchSize": 1}})
     };
     create_as(&agent, &ns, "early", gated(true)).await.ok();
-    let planned = |f: &FleetRollout| f.status.as_ref().is_some_and(|s| s.plan.is_some());
-    let fr = fleet.wait_rollout("early", "a plan", Duration::from_secs(120), planned).await;
+    let fr = fleet.wait_rollout("early", "a plan", Duration::from_secs(120), testkit::fleet::has_plan).await;
     let (plan, gates) = (fr.status.unwrap().plan.unwrap().hash, fleet.gates("early").await);
     // erin holds the approve verb and approves it while no policy names approvers: admitted.
     let erin = Person::x509(&env.admin, "erin", &["developers"]).await;

@@ -281,6 +281,11 @@ pub fn phase(fr: &FleetRollout) -> fleetroll::api::Phase {
     fr.status.as_ref().map(|s| s.phase).unwrap_or_default()
 }
 
+/// Whether the rollout's plan is frozen (status names it).
+pub fn has_plan(fr: &FleetRollout) -> bool {
+    fr.status.as_ref().is_some_and(|s| s.plan.is_some())
+}
+
 pub fn condition<'a>(
     fr: &'a FleetRollout,
     type_: &str,

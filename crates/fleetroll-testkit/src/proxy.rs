@@ -84,6 +84,32 @@ impl Proxy {
         *self.open.borrow()
     }
 
+    /// Waits until the number of open connections satisfies `ok`; panics after `deadline`, naming `what`.
+    pub async fn wait_connections(&self, what: &str, deadline: Duration, ok: impl FnMut(&usize) -> bool) {
+        let mut open = self.open.subscribe();
+        let reached = tokio::time::timeout(deadline, open.wait_for(ok)).await;
+        assert!(
+            matches!(reached, Ok(Ok(_))),
+            "timed out after {deadline:?} waiting for {what}: {} connections open",
+            *self.open.borrow()
+        );
+    }
+
+    /// How many connections are open once none has opened or closed for `quiet`; panics if that never
+    /// happens within `deadline`.
+    pub async fn settled_connections(&self, quiet: Duration, deadline: Duration) -> usize {
+        let mut open = self.open.subscribe();
+        let end = tokio::time::Instant::now() + deadline;
+        loop {
+            let seen = *open.borrow_and_update();
+            // The quiet spell is what is waited for: no change within it is the answer.
+            if tokio::time::timeout(quiet, open.changed()).await.is_err() {
+                return seen;
+            }
+            assert!(tokio::time::Instant::now() < end, "the proxy's connections never settled (last {seen})");
+        }
+    }
+
     /// A copy of `original` whose current cluster's server is this proxy (`target/test-logs/proxy-<n>.
     /// kubeconfig`). TLS still verifies the API server's certificate: when its server's host is not 127.0.0.1
     /// (which the test API server's certificate names), `tls-server-name` keeps naming that host.

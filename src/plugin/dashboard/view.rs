@@ -172,8 +172,8 @@ enum Recorded {
 }
 
 impl Recorded {
-    fn of(reason_: &str) -> Self {
-        match reason_ {
+    fn of(why: &str) -> Self {
+        match why {
             reason::TARGET_MISSING => Recorded::Skipped,
             r if reason::REFUSALS.contains(&r) => Recorded::Refused,
             // A node still not ready, or a workload without the container, is passed over by a rollback too.

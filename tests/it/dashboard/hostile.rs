@@ -10,7 +10,7 @@ use testkit::{browser::Browser, dashboard::Dashboard, fleet::with_fleet};
 
 use testkit::frozen::{frozen, planned, unwatched};
 
-use super::{DEADLINE, open};
+use super::{DEADLINE, open_grid};
 
 const MESSAGE: &str =
     r#""><script>window.pwned = 'message'</script><img src=x onerror="window.pwned='message-img'">"#;
@@ -41,8 +41,7 @@ async fn tenant_text_renders_as_text_and_foreign_actions_are_refused() {
         kube::Api::namespaced(fleet.client.clone(), &ns).create(&Default::default(), &injected).await.unwrap();
         let dash = Dashboard::start(&testkit::cluster().kubeconfig, &[]).await;
         let browser = Browser::start().await;
-        open(&browser, &dash, &format!("#/r/{ns}/evil")).await;
-        browser.wait_js("the grid", "return document.querySelectorAll('#grid [data-target]').length === 3", DEADLINE).await;
+        open_grid(&browser, &dash, &format!("#/r/{ns}/evil"), 3).await;
         let key = format!("{tns}/evil-00001");
         browser.click(&format!("#grid [data-target=\"{key}\"]")).await;
         let detail = browser

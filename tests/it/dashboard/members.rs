@@ -7,11 +7,11 @@ use serde_json::{Value, json};
 use testkit::{
     browser::Browser,
     dashboard::Dashboard,
-    fleet::{NEXT_IMAGE, READY_IMAGE, phase, with_fleet},
+    fleet::{NEXT_IMAGE, READY_IMAGE, has_plan, phase, with_fleet},
     operator::Operator,
 };
 
-use super::{DEADLINE, open, press, wait_cells, wait_phase};
+use super::{DEADLINE, open_grid, press, wait_cells, wait_phase};
 use crate::members::support::{self, OPERATOR_ACCOUNT, register, site, spec, tidy, unique};
 use fleetroll::api::Phase;
 
@@ -44,13 +44,11 @@ async fn a_rollout_across_members_is_shown_by_wave_and_cluster_and_rolled_back_f
         let mut spec = spec(NEXT_IMAGE, &team, 2);
         spec["paused"] = json!(true);
         fleet.rollout("across", spec).await;
-        let planned = |f: &fleetroll::api::FleetRollout| f.status.as_ref().is_some_and(|s| s.plan.is_some());
-        fleet.wait_rollout("across", "a plan", DEADLINE, planned).await;
+        fleet.wait_rollout("across", "a plan", DEADLINE, has_plan).await;
 
         let dash = Dashboard::start(&testkit::cluster().kubeconfig, &[]).await;
         let browser = Browser::start().await;
-        open(&browser, &dash, &format!("#/r/{}/across", fleet.ns)).await;
-        browser.wait_js("the grid's 6 cells", "return document.querySelectorAll('#grid [data-target]').length === 6", DEADLINE).await;
+        open_grid(&browser, &dash, &format!("#/r/{}/across", fleet.ns), 6).await;
         let target = |member: &str, i: usize| format!("{member}/{team}/web-{i:02}");
         let names = |member: &str| (0..3).map(|i| Value::from(target(member, i))).collect::<Vec<_>>();
         let expected = json!([

@@ -75,21 +75,23 @@ async fn cells(browser: &Browser) -> serde_json::Map<String, Value> {
     }
 }
 
-/// Waits until every target of `expected` shows its state in the grid; panics with the grid as it is at the
-/// deadline.
+/// Opens the rollout's view at `route` (as [`open`] does) and waits for its grid's `cells` cells.
+async fn open_grid(browser: &Browser, dash: &Dashboard, route: &str, cells: usize) {
+    open(browser, dash, route).await;
+    let shown = format!("return document.querySelectorAll('#grid [data-target]').length === {cells}");
+    browser.wait_js(&format!("the grid's {cells} cells"), &shown, DEADLINE).await;
+}
+
+/// Waits until every target of `expected` shows its state in the grid.
 async fn wait_cells(browser: &Browser, what: &str, expected: &[(String, &str)]) {
-    let end = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let shown = cells(browser).await;
-        if expected.iter().all(|(target, state)| shown.get(target).and_then(Value::as_str) == Some(*state)) {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < end,
-            "timed out waiting for {what}: want {expected:?}, the grid shows {shown:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let want: serde_json::Map<String, Value> =
+        expected.iter().map(|(target, state)| (target.clone(), Value::from(*state))).collect();
+    let script = format!(
+        "const want = {}; return Object.entries(want).every(([t, s]) => \
+         document.querySelector(`#grid [data-target=\"${{CSS.escape(t)}}\"]`)?.dataset.state === s)",
+        Value::Object(want)
+    );
+    browser.wait_js(what, &script, DEADLINE).await;
 }
 
 /// The page's phase of the rollout it shows.

@@ -5,6 +5,8 @@
 //! changed and another deleted; in one rollout's view, a change; then that rollout deleted.
 
 use kube::api::{Patch, PatchParams};
+use std::time::Duration;
+
 use serde_json::{Value, json};
 use testkit::{
     browser::Browser,
@@ -14,7 +16,7 @@ use testkit::{
     proxy::Proxy,
 };
 
-use super::{DEADLINE, open};
+use super::{DEADLINE, open, open_grid};
 
 const STATE: &str = "return document.querySelector('#connection')?.dataset.state";
 
@@ -125,19 +127,15 @@ async fn a_closed_page_ends_its_watches() {
         let proxy = Proxy::to_cluster(admin).await;
         let dash = Dashboard::start(&proxy.kubeconfig_through(admin), &[]).await;
         let browser = Browser::start().await;
-        open(&browser, &dash, &format!("#/r/{ns}/quiet")).await;
-        browser.wait_js("the grid", "return document.querySelectorAll('#grid [data-target]').length === 2", DEADLINE).await;
+        open_grid(&browser, &dash, &format!("#/r/{ns}/quiet"), 2).await;
         // The rollout's watch, its Events' and its targets': three connections held open while the page is,
         // counted once no connection has opened or closed for a second (the list's, closing; a watch still
         // opening).
-        let watching = settled_connections(&proxy).await;
+        let watching = proxy.settled_connections(Duration::from_secs(1), DEADLINE).await;
         assert!(watching >= 3, "{watching} connections for three watches");
         browser.goto("about:blank").await;
-        let end = tokio::time::Instant::now() + DEADLINE;
-        while proxy.open_connections() > watching - 3 {
-            assert!(tokio::time::Instant::now() < end, "the watches outlived the page: {} connections of {watching} still open", proxy.open_connections());
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
+        let what = format!("the watches to end with the page (of {watching} connections, 3 fewer)");
+        proxy.wait_connections(&what, DEADLINE, |open| *open <= watching - 3).await;
     })
     .await;
 }
@@ -174,20 +172,4 @@ async fn a_broken_page_stream_is_opened_again() {
         assert_eq!(browser.js("return window.survivor", vec![]).await, json!(7), "the same page: no reload");
     })
     .await;
-}
-
-/// How many connections the proxy holds once that number has not changed for a second.
-async fn settled_connections(proxy: &Proxy) -> usize {
-    let end = tokio::time::Instant::now() + DEADLINE;
-    let (mut last, mut since) = (proxy.open_connections(), tokio::time::Instant::now());
-    loop {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        let now = proxy.open_connections();
-        if now != last {
-            (last, since) = (now, tokio::time::Instant::now());
-        } else if since.elapsed() >= std::time::Duration::from_secs(1) {
-            return now;
-        }
-        assert!(tokio::time::Instant::now() < end, "the proxy's connections never settled (last {last})");
-    }
 }

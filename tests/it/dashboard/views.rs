@@ -12,7 +12,7 @@ use testkit::{
     frozen::{frozen, planned, unwatched},
 };
 
-use super::{DEADLINE, open};
+use super::{DEADLINE, open, open_grid};
 
 fn measurement(value: &str, phase: &str, at: &str) -> Value {
     json!({"phase": phase, "value": value, "at": at})
@@ -37,8 +37,7 @@ async fn the_grid_by_keyboard_the_analysis_charts_and_a_previewed_plan() {
         frozen(&fleet.client, &ns, "views", batches, status).await;
         let dash = Dashboard::start(&testkit::cluster().kubeconfig, &[]).await;
         let browser = Browser::start().await;
-        open(&browser, &dash, &format!("#/r/{ns}/views")).await;
-        browser.wait_js("the grid", "return document.querySelectorAll('#grid [data-target]').length === 8", DEADLINE).await;
+        open_grid(&browser, &dash, &format!("#/r/{ns}/views"), 8).await;
 
         // One cell in the tab order; the arrows and Home/End move it, and focus follows.
         let tabbable = "return document.querySelectorAll('#grid [tabindex=\"0\"]').length";

@@ -15,11 +15,11 @@ use serde_json::{Value, json};
 use testkit::{
     browser::Browser,
     dashboard::Dashboard,
-    fleet::{FLEET_LABEL, NEXT_IMAGE, phase, with_fleet},
+    fleet::{FLEET_LABEL, NEXT_IMAGE, has_plan, phase, with_fleet},
     operator::Operator,
 };
 
-use super::{DEADLINE, cells, open, screenshot_path};
+use super::{DEADLINE, cells, open_grid, screenshot_path};
 use fleetroll::api::{BatchState, Phase};
 
 /// Logs `[target, state, Date.now()]` for every cell added to the grid and every change of its state.
@@ -49,13 +49,11 @@ async fn the_demos_rollout_is_watched_from_start_to_end() {
         let spec = json!({"image": NEXT_IMAGE, "targets": targets, "paused": true,
                           "strategy": {"batchSize": 10, "pauseBetweenBatches": "2s"}, "health": {"soak": "2s"}});
         fleet.rollout("tenants", spec).await;
-        let planned = |f: &fleetroll::api::FleetRollout| f.status.as_ref().is_some_and(|s| s.plan.is_some());
-        fleet.wait_rollout("tenants", "a plan", DEADLINE, planned).await;
+        fleet.wait_rollout("tenants", "a plan", DEADLINE, has_plan).await;
 
         let dash = Dashboard::start(&testkit::cluster().kubeconfig, &[]).await;
         let browser = Browser::start().await;
-        open(&browser, &dash, &format!("#/r/{}/tenants", fleet.ns)).await;
-        browser.wait_js("the grid's 40 cells", "return document.querySelectorAll('#grid [data-target]').length === 40", DEADLINE).await;
+        open_grid(&browser, &dash, &format!("#/r/{}/tenants", fleet.ns), 40).await;
         assert!(cells(&browser).await.values().all(|s| s == "pending"), "before it starts, every cell is pending");
         browser.js(RECORDER, vec![]).await;
 
