@@ -5,36 +5,33 @@
 #   hack/demo.sh operator    (re)start the operator in the background (after killing it, say)
 #   hack/demo.sh down        stop the operator and the cluster
 #
-# FLEETROLL_DEMO_DIR (target/demo), FLEETROLL_DEMO_PORT (18080), FLEETROLL_DEMO_SCOPE (a namespace to
-# restrict the operator to; empty: all), FLEETROLL_DEMO_PREFIX (prefixed to its namespaces) and
-# FLEETROLL_DEMO_KUBECONFIG (a cluster of your own instead of the local control plane) and FLEETROLL_DEMO_BIN
-# (a fleetroll binary to run instead of building one) adjust it; the tests run it that way next to other tests.
+# FLEETROLL_DEMO_DIR (target/demo), FLEETROLL_DEMO_PORT (18080),
+# FLEETROLL_DEMO_KUBECONFIG (a cluster of your own, with the chart installed, instead of the local control
+# plane), FLEETROLL_DEMO_BIN (a fleetroll binary to run instead of building one) and FLEETROLL_TESTENV (where
+# the local control plane lives: target/testenv) adjust it.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 D=${FLEETROLL_DEMO_DIR:-$root/target/demo}
 PORT=${FLEETROLL_DEMO_PORT:-18080}
-SCOPE=${FLEETROLL_DEMO_SCOPE:-}
-PREFIX=${FLEETROLL_DEMO_PREFIX:-}
-FLEET_NS=${PREFIX}fleetroll-system
-TENANTS=("${PREFIX}tenant-1" "${PREFIX}tenant-2" "${PREFIX}tenant-3" "${PREFIX}tenant-4")
-TENANT_LABEL=${PREFIX}tenant
-BIN=$root/target/testenv/bin
+FLEET_NS=fleetroll-system
+TENANTS=(tenant-1 tenant-2 tenant-3 tenant-4)
+TENANT_LABEL=tenant
+TESTENV=${FLEETROLL_TESTENV:-$root/target/testenv}
+BIN=$TESTENV/bin
 # The fleetroll binary: built below, unless the caller brings its own (the demo test runs the one cargo built
 # for the tests, which a build here would replace with one of other features).
 FLEETROLL=${FLEETROLL_DEMO_BIN:-$root/target/debug/fleetroll}
 mkdir -p "$D/bin"
 
 bold() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
-export KUBECONFIG=${FLEETROLL_DEMO_KUBECONFIG:-$root/target/testenv/kubeconfig}
+export KUBECONFIG=${FLEETROLL_DEMO_KUBECONFIG:-$TESTENV/kubeconfig}
 export PATH=$D/bin:$BIN:$PATH
 
 start_operator() {
   stop_operator
-  local scope=()
-  [ -z "$SCOPE" ] || scope=(--namespace "$SCOPE")
   setsid "$FLEETROLL" operator --listen "127.0.0.1:$PORT" --fleet-namespace "$FLEET_NS" \
-    --lease-namespace "$FLEET_NS" --identity "demo-operator" --auth none "${scope[@]}" \
+    --lease-namespace "$FLEET_NS" --identity "demo-operator" --auth none \
     >"$D/operator.log" 2>&1 </dev/null &
   echo $! >"$D/operator.pid"
   local deadline=$((SECONDS + 60))
@@ -74,16 +71,18 @@ ln -sf "$FLEETROLL" "$D/bin/kubectl-fleetroll"
 
 if [ -z "${FLEETROLL_DEMO_KUBECONFIG:-}" ]; then
   bold "Starting a local Kubernetes control plane (the first run builds it from source: about 15 minutes)"
+  echo "  with fleetroll's chart installed, as on a real cluster: the CRDs, the admission policies that record"
+  echo "  who created each rollout (the operator acts as that person), the roles; the operator runs here"
   tests/testenv/cluster.sh up 10 >/dev/null
 else
   bold "Using the cluster of $FLEETROLL_DEMO_KUBECONFIG"
 fi
 kubectl get nodes --no-headers | awk '{print "  " $1, $2}' | head -3 && echo "  ..."
 
-bold "Installing the FleetRollout CRD"
-kubectl apply --server-side -f crds/ >/dev/null
+kubectl get crd fleetrollouts.fleetroll.dev >/dev/null 2>&1 ||
+  { echo "no FleetRollout CRD on this cluster: install the chart first (docs/src/helm.md)" >&2; exit 1; }
 kubectl wait --for=condition=Established crd/fleetrollouts.fleetroll.dev --timeout=60s >/dev/null
-echo "  kubectl get fleetrollouts works now (short name: fro)"
+echo "  kubectl get fleetrollouts works (short name: fro)"
 
 bold "Creating 40 tenant Deployments in 4 namespaces opted in to fleet rollouts"
 {
@@ -156,7 +155,7 @@ cat <<EOF
 
 Done. fleetroll is running on a local cluster. Try:
 
-  export KUBECONFIG=$KUBECONFIG PATH=$D/bin:$BIN:\$PATH
+  export KUBECONFIG=$KUBECONFIG PATH=$D/bin:$BIN:\$PATH${FLEETROLL_TESTENV:+ FLEETROLL_TESTENV=$FLEETROLL_TESTENV}${FLEETROLL_DEMO_DIR:+ FLEETROLL_DEMO_DIR=$FLEETROLL_DEMO_DIR}
 
   # Every rollout, its batch and progress; the frozen plan; conditions and one event per transition:
   kubectl get fro -A -o wide

@@ -1,48 +1,36 @@
-//! `make demo` keeps working: the script runs end to end (next to the other tests, so with its operator
-//! scoped to the fleet namespace) and the rollout it starts over MCP completes.
+//! `make demo` works from nothing: run as a newcomer runs it, on a fresh cluster of its own (started by the
+//! demo itself, with nothing installed beforehand but what the demo installs) and in a new user's
+//! environment, the rollout it starts over MCP completes.
 
 use std::time::Duration;
 
+use testkit::fresh::FreshCluster;
+
 #[tokio::test]
-async fn the_demo_runs_end_to_end() {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let dir = format!("{root}/target/demo-test");
+async fn the_demo_runs_end_to_end_on_a_fresh_cluster() {
+    let fresh = FreshCluster::new("demo");
     let port = testkit::operator::free_port().to_string();
-    let kubeconfig = testkit::cluster().kubeconfig.display().to_string();
-    let run = |arg: Option<&'static str>| {
-        let mut cmd = tokio::process::Command::new("bash");
-        cmd.arg(format!("{root}/hack/demo.sh"))
-            .args(arg)
-            .env("FLEETROLL_DEMO_DIR", &dir)
+    let run = |target: &str| {
+        let mut cmd = fresh.command("make");
+        cmd.args(["--no-print-directory", target])
+            .env("FLEETROLL_DEMO_DIR", fresh.path("demo"))
             .env("FLEETROLL_DEMO_PORT", &port)
-            .env("FLEETROLL_DEMO_PREFIX", "demotest-")
-            .env("FLEETROLL_DEMO_SCOPE", "demotest-fleetroll-system")
-            .env("FLEETROLL_DEMO_KUBECONFIG", &kubeconfig)
             // The binary cargo built for the tests: a build by the script would replace it with one without
             // the test-only features the other tests run with.
-            .env("FLEETROLL_DEMO_BIN", env!("CARGO_BIN_EXE_fleetroll"))
-            .kill_on_drop(true);
+            .env("FLEETROLL_DEMO_BIN", env!("CARGO_BIN_EXE_fleetroll"));
         cmd
     };
-    let out = tokio::time::timeout(Duration::from_secs(900), run(None).output())
+    let out = tokio::time::timeout(Duration::from_secs(900), run("demo").output())
         .await
         .expect("the demo took over 15 minutes")
-        .unwrap();
-    let _ = run(Some("stop-operator")).output().await;
-    let client = testkit::client().await;
-    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client);
-    for ns in [
-        "demotest-fleetroll-system",
-        "demotest-tenant-1",
-        "demotest-tenant-2",
-        "demotest-tenant-3",
-        "demotest-tenant-4",
-    ] {
-        let _ = namespaces.delete(ns, &Default::default()).await;
-    }
+        .expect("run make demo");
+    let down = run("demo-down").output().await.expect("run make demo-down");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "the demo failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("created by fleetroll-admin"), "the chart's policy recorded the creator: {stdout}");
     assert!(stdout.contains("status: completed | isError: False"), "{stdout}");
     assert!(stdout.contains("Succeeded: succeeded: 40/40 updated, 40 healthy, 0 failed"), "{stdout}");
     assert!(stdout.contains("make demo-operator"), "it says what to try next");
+    assert!(down.status.success(), "make demo-down: {}", String::from_utf8_lossy(&down.stderr));
+    assert!(!fresh.testenv().exists(), "make demo-down removes the cluster");
 }

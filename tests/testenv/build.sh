@@ -45,15 +45,28 @@ EOF
   stamp "$out" "etcd Version: ${ETCD_VERSION#v}" './etcd --version'
 }
 
+# The version the kube binaries report (what the release's own build stamps in), from the module's info.
+kube_ldflags() {
+  local src=$1 info minor=${K8S_VERSION#v1.} date commit pkg ldf=""
+  minor=${minor%%.*}
+  info=$(cd "$src" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | mod_field Info)
+  date=$(sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "$info")
+  commit=$(sed -n 's/.*"Hash":"\([^"]*\)".*/\1/p' "$info")
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldf+=" -X '$pkg.gitVersion=$K8S_VERSION' -X '$pkg.gitMajor=1' -X '$pkg.gitMinor=$minor'"
+    ldf+=" -X '$pkg.gitTreeState=clean' -X '$pkg.buildDate=${date:-unknown}' -X '$pkg.gitCommit=${commit:-unknown}'"
+  done
+  printf '%s' "$ldf"
+}
+
 build_kubernetes() {
   local out=$CACHE/bin/kubernetes-$K8S_VERSION src=$CACHE/src/kubernetes-$K8S_VERSION
   [ -f "$out/.complete" ] && return 0
   log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl $K8S_VERSION (the long one)"
   mkdir -p "$src" "$out"
   local staging=v0.${K8S_VERSION#v1.}
-  local upstream_mod info
+  local upstream_mod
   upstream_mod=$(cd "$src" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | mod_field GoMod)
-  info=$(cd "$src" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | mod_field Info)
   [ -f "$upstream_mod" ] || die "could not download k8s.io/kubernetes@$K8S_VERSION"
   {
     echo "module fleetroll.invalid/kube-bins"
@@ -63,7 +76,7 @@ build_kubernetes() {
     echo "require k8s.io/kubernetes $K8S_VERSION"
     echo
     echo "tool ("
-    for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do echo "	k8s.io/kubernetes/cmd/$c"; done
+    for c in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet; do echo "	k8s.io/kubernetes/cmd/$c"; done
     echo ")"
     echo
     # Upstream maps every staging module to ./staging/src; point each at its published release instead.
@@ -74,20 +87,26 @@ build_kubernetes() {
   } >"$src/go.mod"
   (cd "$src" && go mod tidy)
 
-  local minor=${K8S_VERSION#v1.}
-  minor=${minor%%.*}
-  local date commit ldf=""
-  date=$(sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "$info")
-  commit=$(sed -n 's/.*"Hash":"\([^"]*\)".*/\1/p' "$info")
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldf+=" -X '$pkg.gitVersion=$K8S_VERSION' -X '$pkg.gitMajor=1' -X '$pkg.gitMinor=$minor'"
-    ldf+=" -X '$pkg.gitTreeState=clean' -X '$pkg.buildDate=${date:-unknown}' -X '$pkg.gitCommit=${commit:-unknown}'"
-  done
-  (cd "$src" && go build -trimpath -tags selinux,notest -ldflags "-s -w $ldf" -o "$out/" \
+  (cd "$src" && go build -trimpath -tags selinux,notest -ldflags "-s -w $(kube_ldflags "$src")" -o "$out/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
   stamp "$out" "Kubernetes $K8S_VERSION Kubernetes $K8S_VERSION Kubernetes $K8S_VERSION Client Version: $K8S_VERSION" \
     './kube-apiserver --version; ./kube-controller-manager --version; ./kube-scheduler --version; ./kubectl version --client'
+}
+
+# The kubelet of the real node (tests/testenv/node.sh), from the same wrapper module and flags as the control
+# plane (so a second, small build: the packages are in Go's cache), with its own stamp: the control plane does
+# not need it, and a cache from before it was added is not rebuilt.
+build_kubelet() {
+  local out=$CACHE/bin/kubelet-$K8S_VERSION src=$CACHE/src/kubernetes-$K8S_VERSION
+  [ -f "$out/.complete" ] && return 0
+  [ -f "$CACHE/bin/kubernetes-$K8S_VERSION/.complete" ] || die "build the control plane first"
+  log "building kubelet $K8S_VERSION"
+  mkdir -p "$out"
+  grep -q 'k8s.io/kubernetes/cmd/kubelet' "$src/go.mod" || (cd "$src" && go get -tool k8s.io/kubernetes/cmd/kubelet)
+  (cd "$src" && go build -trimpath -tags selinux,notest -ldflags "-s -w $(kube_ldflags "$src")" -o "$out/" \
+    k8s.io/kubernetes/cmd/kubelet)
+  stamp "$out" "Kubernetes $K8S_VERSION" './kubelet --version'
 }
 
 # `go install`s a command once into $CACHE/bin/<name>-<version>; the stamp checks that `check`, run there,
@@ -210,4 +229,6 @@ build_gitops_judge
 build_krew_validator
 build_prometheus
 build_alertmanager
+# `build.sh kubelet`: the real node's kubelet as well (tests/testenv/node.sh asks for it).
+[ "${1:-}" != kubelet ] || build_kubelet
 log "control-plane binaries and test tools ready in $CACHE/bin ($(($(date +%s) - start))s)"

@@ -331,6 +331,38 @@ EOF
     sh -c "[ \"\$('$BIN/kubectl' --kubeconfig='$KCFG' get nodes -l type=kwok -o jsonpath='{range .items[*]}{.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}' | grep -c True)\" -ge $n ]"
 }
 
+# What the chart gives a real cluster, through the chart itself: the CRDs, the admission policies that record
+# each rollout's creator and hold the platform's guardrails, and the roles, as release `fleetroll` in
+# fleetroll-system with no operator pods (replicaCount=0): the operator runs on this machine (make demo,
+# cargo run -- operator), or in the cluster on the real node once `helm upgrade` sets an image
+# (docs/src/helm.md). A release that is there already is left as it is, whoever installed it.
+install_chart() {
+  local h="$BIN/helm" ns=fleetroll-system
+  if ! "$h" --kubeconfig="$KCFG" status fleetroll --namespace "$ns" >/dev/null 2>&1; then
+    "$h" --kubeconfig="$KCFG" install fleetroll "$root/charts/fleetroll" --namespace "$ns" --create-namespace \
+      --set replicaCount=0 >"$D/logs/chart.log" 2>&1 || { cat "$D/logs/chart.log" >&2; die "helm install of charts/fleetroll failed"; }
+    log "chart installed as release fleetroll in $ns (CRDs, admission policies, roles; no operator pods)"
+  fi
+  # The admission plugin picks new policies up from its informers within a second or so: until then a
+  # rollout created by hand would get no recorded creator, and be held.
+  wait_for "the admission policy to record creators" 60 kube-apiserver creator_recorded
+}
+
+# A server-side dry run of a FleetRollout comes back with spec.creator filled in.
+creator_recorded() {
+  local got
+  got=$(kubectl create --dry-run=server -o jsonpath='{.spec.creator.username}' -f - <<'EOF'
+apiVersion: fleetroll.dev/v1alpha1
+kind: FleetRollout
+metadata: {name: creator-probe, namespace: default}
+spec:
+  image: registry.k8s.io/pause:3.10
+  targets: {kind: Deployment, selector: {matchLabels: {probe: x}}}
+EOF
+  ) || return 1
+  [ -n "$got" ]
+}
+
 # True when every component of the current plane runs and its apiserver is ready.
 is_up() {
   [ -f "$D/ports/apiserver" ] && [ -f "$KCFG" ] || return 1
@@ -380,6 +412,7 @@ up() {
     start_plane "$nodes"
     log "cluster up in $((SECONDS - t0))s"
   fi
+  install_chart
   [ "${FLEETROLL_PROMETHEUS:-}" != 1 ] || start_prometheus
   up_members "${FLEETROLL_MEMBERS:-0}"
   plane hub

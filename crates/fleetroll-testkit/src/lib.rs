@@ -227,6 +227,7 @@ pub mod cli;
 pub mod dashboard;
 pub mod fleet;
 pub mod flood;
+pub mod fresh;
 pub mod frozen;
 pub mod mcp;
 pub mod members;

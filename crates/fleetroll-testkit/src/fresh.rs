@@ -1,0 +1,80 @@
+//! A newcomer's machine, as far as a test can make one: a local cluster of the test's own (tests/testenv with
+//! a state directory of its own, so nothing another test or fixture installed is there), and commands run
+//! with only what a new user's shell has in its environment. A shared, prepared cluster would hide what the
+//! user's path fails to install.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+};
+
+use super::repo_root;
+
+/// What a user's shell has, and the caches a fresh machine builds once (Go's, Cargo's, the test
+/// environment's): every other variable of the test process (KUBECONFIG, FLEETROLL_*, MEMBERS) is left out.
+const USER_ENV: &[&str] = &[
+    "PATH", "HOME", "USER", "LANG", "TERM", "TMPDIR", "CARGO_HOME", "RUSTUP_HOME", "RUSTUP_TOOLCHAIN",
+    "CARGO_INCREMENTAL", "GOPATH", "GOCACHE", "GOMODCACHE", "XDG_CACHE_HOME", "FLEETROLL_CACHE",
+];
+
+/// A fresh local cluster's state directory, `target/fresh/<name>`: started by what the test runs
+/// (`make cluster`, the demo), stopped and removed on drop, pass or fail.
+pub struct FreshCluster {
+    pub dir: PathBuf,
+}
+
+impl FreshCluster {
+    /// A clean `target/fresh/<name>`; a cluster a killed earlier run left there is stopped first.
+    pub fn new(name: &str) -> FreshCluster {
+        let fresh = FreshCluster { dir: repo_root().join("target/fresh").join(name) };
+        fresh.down();
+        std::fs::create_dir_all(&fresh.dir).unwrap_or_else(|e| panic!("create {}: {e}", fresh.dir.display()));
+        fresh
+    }
+
+    /// The local control plane's directory (FLEETROLL_TESTENV) for this cluster.
+    pub fn testenv(&self) -> PathBuf {
+        self.dir.join("testenv")
+    }
+
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.testenv().join("kubeconfig")
+    }
+
+    /// `program` in the repository, with a new user's environment pointed at this cluster's directory.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.current_dir(repo_root()).env_clear().stdin(Stdio::null()).kill_on_drop(true);
+        for key in USER_ENV {
+            if let Some(value) = std::env::var_os(key) {
+                cmd.env(key, value);
+            }
+        }
+        cmd.env("FLEETROLL_TESTENV", self.testenv());
+        cmd
+    }
+
+    fn down(&self) {
+        if self.testenv().join("pids").is_dir() {
+            let _ = std::process::Command::new("bash")
+                .arg(repo_root().join("tests/testenv/cluster.sh"))
+                .arg("down")
+                .env("FLEETROLL_TESTENV", self.testenv())
+                .stdout(Stdio::null())
+                .status();
+        }
+        if self.dir.exists() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    pub fn path(&self, relative: &str) -> PathBuf {
+        Path::new(&self.dir).join(relative)
+    }
+}
+
+impl Drop for FreshCluster {
+    fn drop(&mut self) {
+        self.down();
+    }
+}
