@@ -98,8 +98,26 @@ testenv: ## build the control-plane binaries and test tools into the cache (once
 
 # PROMETHEUS=1 (or FLEETROLL_PROMETHEUS=1 in the environment) also starts a Prometheus on 127.0.0.1:9090.
 PROMETHEUS ?= $(FLEETROLL_PROMETHEUS)
-cluster: ## start the local control plane (NODES=10 kwok nodes, MEMBERS=2 member clusters) or reuse the one that is up; PROMETHEUS=1 adds Prometheus on :9090
-	@FLEETROLL_PROMETHEUS=$(PROMETHEUS) FLEETROLL_MEMBERS=$(MEMBERS) $(TESTENV)/cluster.sh up $(NODES)
+# NODE=1 (or FLEETROLL_NODE=1) adds a real node (containerd + kubelet, as root) and a local OCI registry.
+NODE ?= $(FLEETROLL_NODE)
+cluster: ## start the local control plane (NODES=10 kwok nodes, MEMBERS=2 member clusters) or reuse the one that is up; PROMETHEUS=1 adds Prometheus on :9090, NODE=1 a real node and a registry
+	@FLEETROLL_NODE=$(NODE) FLEETROLL_PROMETHEUS=$(PROMETHEUS) FLEETROLL_MEMBERS=$(MEMBERS) $(TESTENV)/cluster.sh up $(NODES)
+
+# The image's binary: static (musl), release, symbols stripped and build paths remapped, so it is the same
+# for the same commit wherever it is built.
+IMAGE_TARGET := x86_64-unknown-linux-musl
+.PHONY: image image-binary chart-push
+image-binary: ## the static (musl) release binary the image holds
+	CARGO_TARGET_X86_64_UNKNOWN_LINUX_MUSL_RUSTFLAGS="-C strip=symbols --remap-path-prefix=$(CURDIR)=/fleetroll --remap-path-prefix=$(or $(CARGO_HOME),$(HOME)/.cargo)=/cargo" \
+	  $(CARGO) build --release --locked --target $(IMAGE_TARGET) --bin fleetroll
+
+image: image-binary ## the operator's image without a container engine (target/image/fleetroll); pushed to $$REGISTRY when set
+	@hack/image.sh
+
+chart-push: ## the chart as an OCI artifact in $$REGISTRY (oci://$$REGISTRY/charts/fleetroll)
+	@test -n "$$REGISTRY" || { echo "set REGISTRY (make cluster NODE=1 prints it)"; exit 1; }
+	rm -rf target/chart && $(TESTENV)/bin/helm package charts/fleetroll -d target/chart >/dev/null
+	$(TESTENV)/bin/helm push target/chart/fleetroll-*.tgz oci://$$REGISTRY/charts --plain-http
 
 cluster-down: ## stop the local control plane (its members and Prometheus too) and remove its state
 	@$(TESTENV)/cluster.sh down

@@ -27,7 +27,10 @@ async fn the_demo_runs_end_to_end_on_a_fresh_cluster() {
     let down = run("demo-down").output().await.expect("run make demo-down");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "the demo failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("created by fleetroll-admin"), "the chart's policy recorded the creator: {stdout}");
+    assert!(
+        stdout.contains("created by fleetroll-admin"),
+        "the chart's policy recorded the creator: {stdout}"
+    );
     assert!(stdout.contains("status: completed | isError: False"), "{stdout}");
     assert!(stdout.contains("Succeeded: succeeded: 40/40 updated, 40 healthy, 0 failed"), "{stdout}");
     assert!(stdout.contains("make demo-operator"), "it says what to try next");

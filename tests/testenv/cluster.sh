@@ -94,6 +94,21 @@ link_binaries() {
   ln -sf "$CACHE/bin/alertmanager-$ALERTMANAGER_VERSION/alertmanager" "$BIN/alertmanager"
 }
 
+# cert NAME SUBJECT EKU [SAN]: a key and a certificate signed by the current plane's CA, in its pki/.
+cert() {
+  local p=$D/pki ext="$D/pki/$1.ext"
+  {
+    echo "basicConstraints=CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=$3"
+    [ -z "${4:-}" ] || echo "subjectAltName=$4"
+  } >"$ext"
+  openssl req -newkey rsa:2048 -nodes -keyout "$p/$1.key" -out "$p/$1.csr" -subj "$2" 2>/dev/null
+  openssl x509 -req -in "$p/$1.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial -days 3650 \
+    -extfile "$ext" -out "$p/$1.crt" 2>/dev/null
+  rm -f "$p/$1.csr" "$ext"
+}
+
 # One CA per plane (so no credential of one works on another); a serving cert for the apiserver on the
 # plane's address; client certs whose CN/O the bootstrap RBAC policy knows; the ServiceAccount signing key.
 make_pki() {
@@ -101,20 +116,6 @@ make_pki() {
   mkdir -p "$p"
   openssl req -x509 -newkey rsa:2048 -nodes -keyout "$p/ca.key" -out "$p/ca.crt" -days 3650 \
     -subj "/CN=fleetroll-testenv-$PLANE-ca" 2>/dev/null
-  # cert NAME SUBJECT EKU [SAN]
-  cert() {
-    local ext="$p/$1.ext"
-    {
-      echo "basicConstraints=CA:FALSE"
-      echo "keyUsage=critical,digitalSignature,keyEncipherment"
-      echo "extendedKeyUsage=$3"
-      [ -z "${4:-}" ] || echo "subjectAltName=$4"
-    } >"$ext"
-    openssl req -newkey rsa:2048 -nodes -keyout "$p/$1.key" -out "$p/$1.csr" -subj "$2" 2>/dev/null
-    openssl x509 -req -in "$p/$1.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial -days 3650 \
-      -extfile "$ext" -out "$p/$1.crt" 2>/dev/null
-    rm -f "$p/$1.csr" "$ext"
-  }
   cert apiserver /CN=kube-apiserver serverAuth \
     "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:$IP,IP:10.96.0.1"
   # The admin is a cluster-admin by a ClusterRoleBinding, not a member of system:masters (as kubeadm's
@@ -125,6 +126,8 @@ make_pki() {
   cert kcm /CN=system:kube-controller-manager clientAuth
   cert scheduler /CN=system:kube-scheduler clientAuth
   cert kwok "/O=system:masters/CN=kwok" clientAuth
+  # The API server's client certificate for kubelets (logs, exec): a real node's kubelet authorizes it.
+  cert kubelet-client /CN=kube-apiserver-kubelet-client clientAuth
   openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$p/sa.key" 2>/dev/null
   openssl pkey -in "$p/sa.key" -pubout -out "$p/sa.pub"
   if [ "$PLANE" = hub ]; then
@@ -202,6 +205,8 @@ start_apiserver() {
     --bind-address="$IP" --secure-port="$(port apiserver)" \
     --tls-cert-file="$D/pki/apiserver.crt" --tls-private-key-file="$D/pki/apiserver.key" \
     --client-ca-file="$D/pki/ca.crt" \
+    --kubelet-client-certificate="$D/pki/kubelet-client.crt" --kubelet-client-key="$D/pki/kubelet-client.key" \
+    --kubelet-preferred-address-types=InternalIP,Hostname \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$D/pki/sa.pub" --service-account-signing-key-file="$D/pki/sa.key" \
     --service-cluster-ip-range=10.96.0.0/16 \
@@ -413,11 +418,20 @@ up() {
     log "cluster up in $((SECONDS - t0))s"
   fi
   install_chart
+  [ "${FLEETROLL_NODE:-}" != 1 ] || node_up
   [ "${FLEETROLL_PROMETHEUS:-}" != 1 ] || start_prometheus
   up_members "${FLEETROLL_MEMBERS:-0}"
   plane hub
   kubectl version 2>/dev/null | sed 's/^/[testenv] /' >&2 || true
-  echo "export KUBECONFIG=$KCFG PATH=$BIN:\$PATH"
+  env_exports
+}
+
+# What a shell needs to use the cluster: `eval "$(tests/testenv/cluster.sh env)"` (or of `make -s cluster`).
+env_exports() {
+  plane hub
+  local registry=""
+  ! node_pid_alive registry || registry=" REGISTRY=$(registry_addr)"
+  echo "export KUBECONFIG=$KCFG PATH=$BIN:\$PATH$registry"
 }
 
 # Stops one component of the current plane by its PID file: TERM to the process group, KILL after 10 s.
@@ -452,6 +466,7 @@ down() {
     jobs+=($!)
   done
   plane hub
+  node_down
   stop prometheus
   stop_plane
   for job in "${jobs[@]}"; do wait "$job" || true; done
@@ -492,6 +507,8 @@ status() {
 
 # shellcheck source=tests/testenv/members.sh
 . "$here/members.sh"
+# shellcheck source=tests/testenv/node.sh
+. "$here/node.sh"
 
 case "${1:-}" in
   up) up "${2:-10}" ;;
@@ -500,5 +517,8 @@ case "${1:-}" in
   status) status ;;
   restart) restart "${2:?component}" ;;
   member-secrets) member_secrets "${2:?namespace}" ;;
-  *) die "usage: $0 up [NODES] | down | status | tools | restart [member-N/]COMPONENT | member-secrets NAMESPACE" ;;
+  env) env_exports ;;
+  node-up) is_up || die "the cluster is not up"; node_up; env_exports ;;
+  node-down) plane hub; node_down ;;
+  *) die "usage: $0 up [NODES] | down | status | tools | env | node-up | node-down | restart [member-N/]COMPONENT | member-secrets NAMESPACE" ;;
 esac

@@ -108,3 +108,15 @@ topologySpreadConstraints:
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+The operator's image: repository@digest when a digest is set (what is pulled cannot change), else
+repository:tag (the chart's appVersion by default).
+*/}}
+{{- define "fleetroll.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end }}

@@ -13,8 +13,21 @@ use super::repo_root;
 /// What a user's shell has, and the caches a fresh machine builds once (Go's, Cargo's, the test
 /// environment's): every other variable of the test process (KUBECONFIG, FLEETROLL_*, MEMBERS) is left out.
 const USER_ENV: &[&str] = &[
-    "PATH", "HOME", "USER", "LANG", "TERM", "TMPDIR", "CARGO_HOME", "RUSTUP_HOME", "RUSTUP_TOOLCHAIN",
-    "CARGO_INCREMENTAL", "GOPATH", "GOCACHE", "GOMODCACHE", "XDG_CACHE_HOME", "FLEETROLL_CACHE",
+    "PATH",
+    "HOME",
+    "USER",
+    "LANG",
+    "TERM",
+    "TMPDIR",
+    "CARGO_HOME",
+    "RUSTUP_HOME",
+    "RUSTUP_TOOLCHAIN",
+    "CARGO_INCREMENTAL",
+    "GOPATH",
+    "GOCACHE",
+    "GOMODCACHE",
+    "XDG_CACHE_HOME",
+    "FLEETROLL_CACHE",
 ];
 
 /// A fresh local cluster's state directory, `target/fresh/<name>`: started by what the test runs
