@@ -69,6 +69,9 @@ wait_for() {
   done
 }
 
+# The host's first IPv4 address that is not loopback (empty if it has none).
+host_ip() { hostname -I 2>/dev/null | tr ' ' '\n' | grep -v '^127\.' | grep -v ':' | head -n1 || true; }
+
 free_port() { python3 -c 'import socket, sys; s=socket.socket(); s.bind((sys.argv[1],0)); print(s.getsockname()[1])' "$IP"; }
 
 # Starts a component in its own session so `down` can stop it and all its children by process group.
@@ -196,7 +199,7 @@ start_apiserver() {
   # on a host that has none.
   if ! awk 'NR > 1 && $2 == "00000000" { found = 1 } END { exit !found }' /proc/net/route; then
     local ip
-    ip=$(hostname -I 2>/dev/null | tr ' ' '\n' | grep -v '^127\.' | grep -v ':' | head -n1 || true)
+    ip=$(host_ip)
     [ -n "$ip" ] || die "this host has no default route and no non-loopback IPv4 address for --advertise-address"
     adv=(--advertise-address="$ip")
   fi

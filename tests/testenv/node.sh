@@ -213,7 +213,7 @@ EOF
 # The node's address: the first IPv4 address that is not loopback (the API server dials the kubelet there).
 node_ip() {
   local ip
-  ip=$(hostname -I 2>/dev/null | tr ' ' '\n' | grep -v '^127\.' | grep -v ':' | head -n1 || true)
+  ip=$(host_ip)
   [ -n "$ip" ] || die "the real node needs an IPv4 address that is not loopback (the API server dials the kubelet there)"
   echo "$ip"
 }

@@ -3,10 +3,7 @@
 //! with only what a new user's shell has in its environment. A shared, prepared cluster would hide what the
 //! user's path fails to install.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Stdio,
-};
+use std::{path::PathBuf, process::Stdio};
 
 use super::repo_root;
 
@@ -50,10 +47,6 @@ impl FreshCluster {
         self.dir.join("testenv")
     }
 
-    pub fn kubeconfig(&self) -> PathBuf {
-        self.testenv().join("kubeconfig")
-    }
-
     /// `program` in the repository, with a new user's environment pointed at this cluster's directory.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(program);
@@ -81,8 +74,9 @@ impl FreshCluster {
         }
     }
 
+    /// A path in this cluster's directory, for what the test keeps beside the cluster (the demo's files).
     pub fn path(&self, relative: &str) -> PathBuf {
-        Path::new(&self.dir).join(relative)
+        self.dir.join(relative)
     }
 }
 
