@@ -5,6 +5,8 @@ NODES ?= 10
 MEMBERS ?= $(or $(FLEETROLL_MEMBERS),2)
 CARGO ?= cargo
 TESTENV := tests/testenv
+# The local control plane's helm (tests/testenv builds it), for the targets that package the chart.
+HELM ?= $(or $(FLEETROLL_TESTENV),target/testenv)/bin/helm
 
 .PHONY: demo demo-operator demo-down all build dashboard dashboard-check generate docs fmt fmt-check lint unit integration test bench chaos testenv mcp-tools cluster cluster-down clean help
 
@@ -75,10 +77,10 @@ unit: ## unit tests of both crates, the operator and its core (no cluster needed
 
 # The conformance feature builds in the MCP conformance suite's fixture tools, which tests/it/mcp_conformance.rs
 # needs. `--test '*'`: tests/it (every libtest test, one binary) and the smoke runs of bench, chaos, security.
+# The real-node install test runs beside the others, as a process of its own (hack/integration.sh).
 integration: mcp-tools ## integration tests on a real control plane (starts one if none is up, stops it afterwards)
 	$(CARGO) build --locked --tests --features conformance
-	rm -rf target/test-logs
-	NODES=$(NODES) MEMBERS=$(MEMBERS) $(TESTENV)/with-cluster.sh $(CARGO) test --locked --features conformance --test '*'
+	NODES=$(NODES) MEMBERS=$(MEMBERS) CARGO=$(CARGO) hack/integration.sh
 
 test: fmt-check lint unit docs integration ## everything CI runs
 
@@ -116,8 +118,9 @@ image: image-binary ## the operator's image without a container engine (target/i
 
 chart-push: ## the chart as an OCI artifact in $$REGISTRY (oci://$$REGISTRY/charts/fleetroll)
 	@test -n "$$REGISTRY" || { echo "set REGISTRY (make cluster NODE=1 prints it)"; exit 1; }
-	rm -rf target/chart && $(TESTENV)/bin/helm package charts/fleetroll -d target/chart >/dev/null
-	$(TESTENV)/bin/helm push target/chart/fleetroll-*.tgz oci://$$REGISTRY/charts --plain-http
+	rm -rf target/chart && $(HELM) package charts/fleetroll -d target/chart >/dev/null
+	@# Plain HTTP only to the local registry on this machine (make cluster NODE=1).
+	$(HELM) push target/chart/fleetroll-*.tgz oci://$$REGISTRY/charts $$(case $$REGISTRY in 127.0.0.1:*|localhost:*) echo --plain-http;; esac)
 
 cluster-down: ## stop the local control plane (its members and Prometheus too) and remove its state
 	@$(TESTENV)/cluster.sh down

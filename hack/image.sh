@@ -10,6 +10,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+local_registry() { case $1 in 127.0.0.1:* | localhost:* | "[::1]:"*) true ;; *) false ;; esac; }
 target=x86_64-unknown-linux-musl
 bin=target/$target/release/fleetroll
 out=target/image/fleetroll
@@ -36,7 +37,8 @@ digest=$(python3 hack/oci-image.py --out "$out" --tag "$version" --name fleetrol
 echo "wrote $out ($digest)" >&2
 if [ -n "${REGISTRY:-}" ]; then
   # --preserve-digests: the registry holds exactly these bytes (a conversion would change the digest).
-  skopeo copy --quiet --all --preserve-digests --dest-tls-verify=false \
+  # Plain HTTP only to the local registry on this machine (make cluster NODE=1); TLS, verified, elsewhere.
+  skopeo copy --quiet --all --preserve-digests --dest-tls-verify="$(local_registry "$REGISTRY" && echo false || echo true)" \
     "oci:$out:$version" "docker://$REGISTRY/fleetroll:$version" >&2
   echo "IMAGE=$REGISTRY/fleetroll@$digest"
 else

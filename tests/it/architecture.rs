@@ -265,36 +265,33 @@ fn the_length_check_measures_functions() {
     assert_eq!(long_functions(&text, MAX_FN_LINES), vec![(1, "long".to_string(), 82)]);
 }
 
-/// The image builds with the toolchain the repository pins, from base images pinned by digest: a bump of
-/// rust-toolchain.toml that forgets the Dockerfile would otherwise go unnoticed (CI builds no image).
+/// The image's binary is built for the target rust-toolchain.toml installs (so a fresh machine's rustup has
+/// it), and `make image-binary` and hack/image.sh agree on it: CI would otherwise only find out in the
+/// install test, minutes in.
 #[test]
-fn the_dockerfile_pins_its_bases_by_digest_and_builds_with_the_pinned_rust() {
+fn the_image_is_built_for_the_target_the_toolchain_installs() {
     let root = repo_root();
-    let toolchain = fs::read_to_string(root.join("rust-toolchain.toml")).expect("rust-toolchain.toml");
-    let channel = toolchain
+    let read = |f: &str| fs::read_to_string(root.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+    let makefile = read("Makefile");
+    let target = makefile
         .lines()
-        .find_map(|l| l.strip_prefix("channel = "))
-        .map(|v| v.trim_matches('"'))
-        .expect("a channel in rust-toolchain.toml");
-    let dockerfile = fs::read_to_string(root.join("Dockerfile")).expect("the Dockerfile");
-    let bases: Vec<&str> = dockerfile
-        .lines()
-        .filter_map(|l| l.strip_prefix("FROM "))
-        .map(|l| l.split_whitespace().next().unwrap_or_default())
-        .filter(|image| *image != "scratch")
-        .collect();
-    assert!(!bases.is_empty(), "the Dockerfile has no base image");
-    for image in &bases {
-        let digest = image.split_once("@sha256:").map_or("", |(_, d)| d);
-        assert!(
-            digest.len() == 64 && digest.chars().all(|c| c.is_ascii_hexdigit()),
-            "{image}: pin it by digest (image:tag@sha256:...)"
-        );
-    }
-    let rust = format!("rust:{channel}-");
+        .find_map(|l| l.strip_prefix("IMAGE_TARGET := "))
+        .expect("IMAGE_TARGET in the Makefile")
+        .trim();
+    let toolchain = read("rust-toolchain.toml");
+    let targets =
+        toolchain.lines().find_map(|l| l.strip_prefix("targets = ")).expect("targets in rust-toolchain.toml");
     assert!(
-        bases.iter().any(|b| b.starts_with(&rust)),
-        "the Dockerfile builds on {bases:?}, not on the Rust of rust-toolchain.toml ({rust}...)"
+        targets.contains(&format!("\"{target}\"")),
+        "rust-toolchain.toml installs {targets}, not {target}"
+    );
+    assert!(
+        read("hack/image.sh").contains(&format!("target={target}\n")),
+        "hack/image.sh builds for another target"
+    );
+    assert!(
+        !root.join("Dockerfile").exists(),
+        "make image builds the image; a Dockerfile beside it would drift"
     );
 }
 

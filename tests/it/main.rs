@@ -22,8 +22,10 @@ mod demo;
 mod docs;
 mod examples;
 mod gitops;
+mod helm_install;
 mod install;
 mod leader;
+mod manual;
 mod mcp;
 #[cfg(feature = "conformance")]
 mod mcp_conformance;

@@ -165,13 +165,19 @@ server = "http://$(registry_addr)"
 [host."http://$(registry_addr)"]
   capabilities = ["pull", "resolve"]
 EOF
-  cat >"$N/cni/10-fleetroll.conflist" <<EOF
+  # FLEETROLL_NODE_CNI_CONFLIST: a CNI network of your own instead of this bridge (the install test gives
+  # one that cannot load, to see that a node that never becomes Ready is reported with its cause).
+  if [ -n "${FLEETROLL_NODE_CNI_CONFLIST:-}" ]; then
+    cp "$FLEETROLL_NODE_CNI_CONFLIST" "$N/cni/10-fleetroll.conflist"
+  else
+    cat >"$N/cni/10-fleetroll.conflist" <<EOF
 {"cniVersion": "1.0.0", "name": "fleetroll-node", "plugins": [
   {"type": "bridge", "bridge": "frnode$k", "isGateway": true, "ipMasq": false, "hairpinMode": true,
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.89.$k.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}],
             "dataDir": "$N/cni-ipam"}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 EOF
+  fi
   cat >"$N/containerd.toml" <<EOF
 version = 2
 root = "$N/containerd/root"
@@ -306,6 +312,9 @@ node_up() {
   # The API server's credentials for the kubelet's API (logs, exec, port-forward).
   kubectl create clusterrolebinding fleetroll-testenv:kubelet-client --clusterrole=system:kubelet-api-admin \
     --user=kube-apiserver-kubelet-client --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+  # A Node object left by an earlier node here is stale (its Ready condition too, until the controller
+  # notices): the kubelet registers afresh.
+  kubectl delete node "$NODE_NAME" --ignore-not-found --wait=false >/dev/null
   start_kubelet
   wait_node_ready
   log "real node $NODE_NAME Ready in $((SECONDS - t0))s (slot $(slot), registry $(registry_addr))"

@@ -3,7 +3,12 @@
 //! with only what a new user's shell has in its environment. A shared, prepared cluster would hide what the
 //! user's path fails to install.
 
-use std::{path::PathBuf, process::Stdio};
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    sync::atomic::{AtomicUsize, Ordering},
+    time::Duration,
+};
 
 use super::repo_root;
 
@@ -74,6 +79,48 @@ impl FreshCluster {
         }
     }
 
+    /// A client of this cluster, as its admin (once `make cluster` has started it).
+    pub async fn client(&self) -> kube::Client {
+        let path = self.testenv().join("kubeconfig");
+        let kubeconfig = kube::config::Kubeconfig::read_from(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let options = kube::config::KubeConfigOptions::default();
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options).await.expect("the kubeconfig");
+        kube::Client::try_from(config).expect("a client")
+    }
+
+    /// Runs `script` with `bash -euo pipefail` in [`FreshCluster::command`]'s shell, with `path_front` before
+    /// its PATH, in a process group of its own that is killed when the script ends (the manual's pages start
+    /// processes in the background); whether it succeeded, and its output (stdout and stderr together).
+    /// Panics after `timeout`.
+    pub async fn sh(&self, script: &str, path_front: Option<&Path>, timeout: Duration) -> (bool, String) {
+        static RUNS: AtomicUsize = AtomicUsize::new(0);
+        let log = self.path(&format!("sh-{}.log", RUNS.fetch_add(1, Ordering::Relaxed)));
+        let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+        let mut cmd = self.command("bash");
+        if let Some(front) = path_front {
+            cmd.env("PATH", format!("{}:{}", front.display(), std::env::var("PATH").unwrap_or_default()));
+        }
+        // Output to a file, not a pipe: a process left in the background would hold a pipe open.
+        cmd.args(["-euo", "pipefail", "-c", script])
+            .stdout(Stdio::from(out.try_clone().expect("the log")))
+            .stderr(Stdio::from(out))
+            .process_group(0);
+        let mut child = cmd.spawn().expect("run bash");
+        let group = child.id().map(|pid| format!("-{pid}"));
+        let status = tokio::time::timeout(timeout, child.wait()).await;
+        if let Some(group) = group {
+            let _ = tokio::process::Command::new("kill").args(["-TERM", "--", &group]).status().await;
+        }
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        match status {
+            Ok(Ok(status)) => (status.success(), text),
+            Ok(Err(e)) => panic!("waiting for bash: {e}"),
+            Err(_) => panic!("this took over {timeout:?}:\n{script}\n{text}"),
+        }
+    }
+
     /// A path in this cluster's directory, for what the test keeps beside the cluster (the demo's files).
     pub fn path(&self, relative: &str) -> PathBuf {
         self.dir.join(relative)
@@ -84,4 +131,16 @@ impl Drop for FreshCluster {
     fn drop(&mut self) {
         self.down();
     }
+}
+
+/// The ```sh blocks of a page of the repository, in order: what a reader of it runs.
+pub fn sh_blocks(page: &str) -> Vec<String> {
+    let path = repo_root().join(page);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.split("```sh\n")
+        .skip(1)
+        .map(|rest| {
+            rest[..rest.find("```").unwrap_or_else(|| panic!("{page}: a block never closed"))].to_string()
+        })
+        .collect()
 }

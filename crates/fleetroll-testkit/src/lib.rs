@@ -234,6 +234,7 @@ pub mod members;
 pub mod nodes;
 pub mod operator;
 pub mod people;
+pub mod pods;
 pub mod policy;
 pub mod prometheus;
 pub mod proxy;

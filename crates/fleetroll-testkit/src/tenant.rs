@@ -82,6 +82,17 @@ pub struct Tenant {
 impl Tenant {
     /// Creates the ServiceAccount `name` in `namespace` with `grants`, and waits until RBAC honours them.
     pub async fn create(admin: &Client, namespace: &str, name: &str, grants: &[Grant]) -> Tenant {
+        Tenant::create_on(admin, &super::cluster().kubeconfig, namespace, name, grants).await
+    }
+
+    /// [`Tenant::create`] on the cluster whose admin kubeconfig is `admin_kubeconfig` (a fresh cluster's).
+    pub async fn create_on(
+        admin: &Client,
+        admin_kubeconfig: &Path,
+        namespace: &str,
+        name: &str,
+        grants: &[Grant],
+    ) -> Tenant {
         let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
         let sa = ServiceAccount {
             metadata: ObjectMeta { name: Some(name.to_string()), ..Default::default() },
@@ -89,7 +100,7 @@ impl Tenant {
         };
         sas.create(&PostParams::default(), &sa).await.expect("create the tenant's ServiceAccount");
         let username = format!("system:serviceaccount:{namespace}:{name}");
-        let kubeconfig = serviceaccount_kubeconfig(admin, namespace, name).await;
+        let kubeconfig = serviceaccount_kubeconfig_on(admin, admin_kubeconfig, namespace, name).await;
         let client = client_from(&kubeconfig, None).await;
         let tenant = Tenant {
             namespace: namespace.to_string(),
@@ -259,8 +270,18 @@ pub async fn token_for(client: &Client, ns: &str, sa: &str, audience: Option<&st
 /// A kubeconfig for the ServiceAccount: the test cluster's server and CA, and a token from the TokenRequest
 /// API.
 pub async fn serviceaccount_kubeconfig(client: &Client, ns: &str, sa: &str) -> PathBuf {
+    serviceaccount_kubeconfig_on(client, &super::cluster().kubeconfig, ns, sa).await
+}
+
+/// [`serviceaccount_kubeconfig`] with the server and CA of `admin_kubeconfig` (a fresh cluster's).
+pub async fn serviceaccount_kubeconfig_on(
+    client: &Client,
+    admin_kubeconfig: &Path,
+    ns: &str,
+    sa: &str,
+) -> PathBuf {
     let token = token(client, ns, sa).await;
-    let admin = Kubeconfig::read_from(super::cluster().kubeconfig).expect("the test kubeconfig");
+    let admin = Kubeconfig::read_from(admin_kubeconfig).expect("the admin kubeconfig");
     let cluster = admin.clusters[0].cluster.clone().expect("a cluster");
     let kubeconfig = json!({
         "apiVersion": "v1",
