@@ -113,14 +113,16 @@ image-binary: ## the static (musl) release binary the image holds
 	CARGO_TARGET_X86_64_UNKNOWN_LINUX_MUSL_RUSTFLAGS="-C strip=symbols --remap-path-prefix=$(CURDIR)=/fleetroll --remap-path-prefix=$(or $(CARGO_HOME),$(HOME)/.cargo)=/cargo" \
 	  $(CARGO) build --release --locked --target $(IMAGE_TARGET) --bin fleetroll
 
+# Plain HTTP only to a registry on this machine (make cluster NODE=1's); TLS, verified, anywhere else.
+REGISTRY_TLS = $(if $(filter 127.0.0.1:% localhost:% [::1]:%,$(REGISTRY)),false,true)
+
 image: image-binary ## the operator's image without a container engine (target/image/fleetroll); pushed to $$REGISTRY when set
-	@hack/image.sh
+	@REGISTRY_TLS=$(REGISTRY_TLS) hack/image.sh
 
 chart-push: ## the chart as an OCI artifact in $$REGISTRY (oci://$$REGISTRY/charts/fleetroll)
 	@test -n "$$REGISTRY" || { echo "set REGISTRY (make cluster NODE=1 prints it)"; exit 1; }
 	rm -rf target/chart && $(HELM) package charts/fleetroll -d target/chart >/dev/null
-	@# Plain HTTP only to the local registry on this machine (make cluster NODE=1).
-	$(HELM) push target/chart/fleetroll-*.tgz oci://$$REGISTRY/charts $$(case $$REGISTRY in 127.0.0.1:*|localhost:*) echo --plain-http;; esac)
+	$(HELM) push target/chart/fleetroll-*.tgz oci://$$REGISTRY/charts $(if $(filter false,$(REGISTRY_TLS)),--plain-http)
 
 cluster-down: ## stop the local control plane (its members and Prometheus too) and remove its state
 	@$(TESTENV)/cluster.sh down

@@ -3,14 +3,14 @@
 # static (musl) release binary `make image-binary` built, on an empty base, as user 65532 (non-root), with
 # the OCI labels and, attached as BuildKit's `--sbom --provenance` attach them, an SPDX SBOM of the crates in
 # the binary and a SLSA provenance (hack/oci-image.py). Written as an OCI layout to target/image/fleetroll;
-# with REGISTRY set (what `make cluster NODE=1` prints), pushed there as $REGISTRY/fleetroll:VERSION.
+# with REGISTRY set (what `make cluster NODE=1` prints), pushed there as $REGISTRY/fleetroll:VERSION, over TLS
+# unless REGISTRY_TLS=false.
 #
 # IMAGE_VERSION (the crate's version) is the tag and the version label. Prints IMAGE=repository@digest: the
 # reference to deploy, by digest (docs/src/helm.md).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-local_registry() { case $1 in 127.0.0.1:* | localhost:* | "[::1]:"*) true ;; *) false ;; esac; }
 target=x86_64-unknown-linux-musl
 bin=target/$target/release/fleetroll
 out=target/image/fleetroll
@@ -37,8 +37,8 @@ digest=$(python3 hack/oci-image.py --out "$out" --tag "$version" --name fleetrol
 echo "wrote $out ($digest)" >&2
 if [ -n "${REGISTRY:-}" ]; then
   # --preserve-digests: the registry holds exactly these bytes (a conversion would change the digest).
-  # Plain HTTP only to the local registry on this machine (make cluster NODE=1); TLS, verified, elsewhere.
-  skopeo copy --quiet --all --preserve-digests --dest-tls-verify="$(local_registry "$REGISTRY" && echo false || echo true)" \
+  # REGISTRY_TLS=false (the Makefile's, for a registry on this machine): plain HTTP.
+  skopeo copy --quiet --all --preserve-digests --dest-tls-verify="${REGISTRY_TLS:-true}" \
     "oci:$out:$version" "docker://$REGISTRY/fleetroll:$version" >&2
   echo "IMAGE=$REGISTRY/fleetroll@$digest"
 else

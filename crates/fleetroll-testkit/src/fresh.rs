@@ -81,13 +81,7 @@ impl FreshCluster {
 
     /// A client of this cluster, as its admin (once `make cluster` has started it).
     pub async fn client(&self) -> kube::Client {
-        let path = self.testenv().join("kubeconfig");
-        let kubeconfig = kube::config::Kubeconfig::read_from(&path)
-            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-        let options = kube::config::KubeConfigOptions::default();
-        let config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &options).await.expect("the kubeconfig");
-        kube::Client::try_from(config).expect("a client")
+        super::tenant::client_from(&self.testenv().join("kubeconfig"), None).await
     }
 
     /// Runs `script` with `bash -euo pipefail` in [`FreshCluster::command`]'s shell, with `path_front` before
