@@ -152,10 +152,9 @@ async fn run(sizes: Sizes, seed: u64) {
     );
 }
 
-/// Scenarios named on the command line (`-- plane fuzz`) run alone; none named, all run.
+/// Scenarios named on the command line (`-- plane fuzz`) run alone; none named, all run; `--skip` as libtest.
 fn selected(scenario: &str) -> bool {
-    let named: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    named.is_empty() || named.iter().any(|n| n == scenario)
+    testkit::args::Selection::from_env().exact().selects(scenario)
 }
 
 /// Creates a rollout as a client would after a control-plane fault: a kube-apiserver that has just

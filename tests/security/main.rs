@@ -198,10 +198,9 @@ fn main() {
     std::process::exit(if all_contained { 0 } else { 1 });
 }
 
-/// Attacks named on the command line (`-- node status`) run alone; none named, all run.
+/// Attacks named on the command line (`-- node status`) run alone; none named, all run; `--skip` as libtest.
 fn selected(name: &str) -> bool {
-    let words: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    words.is_empty() || words.iter().any(|w| name.contains(w.as_str()))
+    testkit::args::Selection::from_env().selects(name)
 }
 
 async fn run() -> bool {

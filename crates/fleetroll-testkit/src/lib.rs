@@ -219,6 +219,7 @@ impl Rng {
 }
 
 pub mod alertmanager;
+pub mod args;
 pub mod audit;
 pub mod bench;
 pub mod browser;
