@@ -3,6 +3,7 @@
 //!   cargo test --release --test chaos -- --full    the full run (make chaos); writes bench/results/chaos.md
 //!   cargo test --test chaos                        a reduced smoke run, part of `make test`
 //!   cargo test --test chaos -- plane fuzz          only the named scenarios (kills leader plane mcp fuzz)
+//!   cargo test --test chaos -- --skip fuzz         all but the named ones (as libtest)
 //!
 //! Faults: SIGKILLs of the operator at seeded random points across several rollouts; the leader killed
 //! mid-batch, again and again, with a standby replica; kube-apiserver and etcd restarted mid-rollout and

@@ -4,6 +4,7 @@
 //!   cargo test --test security                 every attack; a Markdown table on stdout; exits non-zero if
 //!                                              any attack was not contained
 //!   cargo test --test security -- status node  only the attacks whose name contains one of the words
+//!   cargo test --test security -- --skip mcp   all but the attacks whose name contains `mcp` (as libtest)
 //!
 //! Each attack is an async function returning a `Row`, and acts with real credentials: ServiceAccounts with
 //! tokens from the TokenRequest API, bound to the built-in roles (or to Roles of their own) in their own

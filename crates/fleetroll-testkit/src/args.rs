@@ -3,7 +3,7 @@
 
 /// Which entries a run selects: those containing one of the named filters (all, when none is named), less
 /// those containing a `--skip` pattern.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug, Default)]
 pub struct Selection {
     filters: Vec<String>,
     skips: Vec<String>,
