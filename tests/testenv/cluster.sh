@@ -72,7 +72,24 @@ wait_for() {
 # The host's first IPv4 address that is not loopback (empty if it has none).
 host_ip() { hostname -I 2>/dev/null | tr ' ' '\n' | grep -v '^127\.' | grep -v ':' | head -n1 || true; }
 
-free_port() { python3 -c 'import socket, sys; s=socket.socket(); s.bind((sys.argv[1],0)); print(s.getsockname()[1])' "$IP"; }
+# A port free now, chosen below the kernel's ephemeral range: a port from bind(0) is in that range, and before
+# the server binds it, any connection's source port or another bind(0) may take it ("address already in use").
+free_port() {
+  python3 - "$IP" <<'PY'
+import random, socket, sys
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for _ in range(200):
+    s = socket.socket()
+    try:
+        s.bind((sys.argv[1], random.randint(10000, low - 1) if low > 11000 else 0))
+    except OSError:
+        continue
+    print(s.getsockname()[1])
+    break
+else:
+    sys.exit("no free port below the ephemeral range")
+PY
+}
 
 # Starts a component in its own session so `down` can stop it and all its children by process group.
 spawn() {
