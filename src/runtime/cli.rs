@@ -266,10 +266,11 @@ struct OperatorArgs {
     )]
     analysis_prometheus_address: Vec<crate::core::analysis::binding::DefaultBackend>,
 
-    /// Backends a rollout's analysis may name besides its default: hosts, addresses or CIDRs, each with an
-    /// optional :port, for every namespace; or, as NAMESPACES=BACKEND (`team-a=prom-a.monitoring.svc:9090`,
-    /// `team-*=10.0.5.0/24`), only for rollouts in the namespaces it gives (comma-separated or repeated;
-    /// none by default). A CIDR also lets queries reach loopback or link-local addresses in it.
+    /// Backends a rollout's analysis may name besides its default, each bound to the namespaces whose
+    /// rollouts may name it, as NAMESPACES=BACKEND: a host, an address or a CIDR with an optional :port
+    /// (`team-a=prom-a.monitoring.svc:9090`, `team-*=10.0.5.0/24`; `*=thanos.example.com` for every
+    /// namespace; comma-separated or repeated; none by default). A CIDR also lets queries reach loopback or
+    /// link-local addresses in it.
     #[arg(long = "analysis-allow", env = "FLEETROLL_ANALYSIS_ALLOW", value_delimiter = ',')]
     analysis_allow: Vec<crate::core::analysis::binding::AllowEntry>,
 

@@ -45,6 +45,8 @@ async fn bad_values_are_refused_and_the_error_names_the_key() {
         ("httpCheck=null", "missing property 'httpCheck'"),
         ("networkPolicy.mcp=null", "at '/networkPolicy': missing property 'mcp'"),
         ("analysis.allow={Team-A=prom}", "at '/analysis/allow/0'"),
+        // Bound to no namespace, an entry would serve every tenant: `*=` says so.
+        ("analysis.allow={prom-b.monitoring.svc:9090}", "at '/analysis/allow/0'"),
         (
             "analysis.prometheus.namespaceAddresses={team-a=prom:9090}",
             "at '/analysis/prometheus/namespaceAddresses/0'",
@@ -292,7 +294,7 @@ async fn analysis_backends_bound_to_namespaces_render_as_flags() {
     let objects = render(&[
         "analysis.prometheus.address=http://prometheus.monitoring:9090",
         "analysis.prometheus.namespaceAddresses={team-a=http://prom-a.monitoring.svc:9090}",
-        "analysis.allow={team-*=10.0.5.0/24,thanos.example.com}",
+        "analysis.allow={team-*=10.0.5.0/24,*=thanos.example.com}",
         "analysis.namespaceHeader=X-Scope-OrgID",
     ])
     .await;
@@ -301,7 +303,7 @@ async fn analysis_backends_bound_to_namespaces_render_as_flags() {
         "--analysis-prometheus-address=http://prometheus.monitoring:9090",
         "--analysis-prometheus-address=team-a=http://prom-a.monitoring.svc:9090",
         "--analysis-allow=team-*=10.0.5.0/24",
-        "--analysis-allow=thanos.example.com",
+        "--analysis-allow=*=thanos.example.com",
         "--analysis-namespace-header=X-Scope-OrgID",
     ] {
         assert!(args.as_array().unwrap().iter().any(|a| a == flag), "{flag} not in {args}");

@@ -685,14 +685,39 @@ pub(super) async fn tenant_queries_another_tenants_metrics_backend(env: &'static
                 "query": error_ratio_query(), "thresholdRange": {"max": 0.05}, "interval": "1s", "count": 1}]}})
     };
 
-    create_as(&dev, &fleet.ns, "steal", spec(&theirs)).await.ok();
-    let refused = fleet
-        .wait_rollout("steal", "the other tenant's backend to be refused", VERDICT, |f| {
-            reason(f).as_deref() == Some("AnalysisAddressRefused")
-        })
-        .await;
+    // The other's backend by its address, and by spellings that name the same one to an HTTP client: a
+    // trailing dot, decimal and hex forms, a trailing slash.
+    let port = theirs.port();
+    let spellings = [
+        theirs.address(),
+        format!("http://127.0.0.1.:{port}"),
+        format!("http://2130706433:{port}"),
+        format!("http://0x7f000001:{port}/"),
+        format!("http://127.1:{port}/"),
+    ];
+    let steal = |i: usize, address: &str| {
+        let mut spec = spec(&theirs);
+        spec["analysis"]["provider"]["prometheus"]["address"] = json!(address);
+        let (dev, fleet) = (&dev, &fleet);
+        async move {
+            let name = format!("steal-{i}");
+            let created = create_as(dev, &fleet.ns, &name, spec).await;
+            if created.code != 0 {
+                // Refused at admission is refused too, if it is the address that was refused.
+                return created.stderr.contains("prometheus.address");
+            }
+            let fr = fleet
+                .wait_rollout(&name, "the other tenant's backend to be refused", VERDICT, |f| {
+                    reason(f).as_deref() == Some("AnalysisAddressRefused")
+                })
+                .await;
+            dev.kubectl(&["delete", "fleetrollout", &name, "-n", &fleet.ns]).await.ok();
+            reason(&fr).as_deref() == Some("AnalysisAddressRefused")
+        }
+    };
+    let attempts = futures::future::join_all(spellings.iter().enumerate().map(|(i, a)| steal(i, a))).await;
+    let refused_all = attempts.iter().filter(|refused| **refused).count();
     let untouched_then = untouched(env, &fleet.ns).await;
-    dev.kubectl(&["delete", "fleetrollout", "steal", "-n", &fleet.ns]).await.ok();
     create_as(&dev, &fleet.ns, "own", spec(&own)).await.ok();
     let fr = fleet.wait_rollout("own", "its own analysis to pass", VERDICT, |f| phase(f).is_terminal()).await;
     let measured = fr.status.as_ref().map_or(0, |s| {
@@ -706,15 +731,23 @@ pub(super) async fn tenant_queries_another_tenants_metrics_backend(env: &'static
     let asked = theirs.queries_served().await - asked_before;
     let alive = serving(&mut op).await;
     Row {
-        attack: "names another tenant's metrics backend (bound to that tenant's namespace) in its analysis".into(),
+        attack: "names another tenant's metrics backend (bound to that tenant's namespace) in its analysis, as \
+                 written and spelled four other ways (trailing dot, decimal, hex, short form, trailing slash)"
+            .into(),
         who: format!("{} (edit in its namespace)", short_user(&dev)),
         expected: "refused before anything changes (AnalysisAddressRefused), the backend never asked; its own backend works".into(),
         outcome: format!(
-            "{}; queries the other backend received: {asked}; then its own: {} with {measured} measurements",
-            state(&refused),
+            "{refused_all}/{} spellings refused (AnalysisAddressRefused or at admission); queries the other \
+             backend received: {asked}; then its own: {} with {measured} measurements",
+            spellings.len(),
             state(&fr)
         ),
-        contained: untouched_then && asked == 0.0 && phase(&fr) == Phase::Succeeded && measured > 0 && alive,
+        contained: refused_all == spellings.len()
+            && untouched_then
+            && asked == 0.0
+            && phase(&fr) == Phase::Succeeded
+            && measured > 0
+            && alive,
     }
 }
 

@@ -121,7 +121,7 @@ fn the_security_flags_parse_strictly() {
 fn analysis_backends_may_be_bound_to_namespaces() {
     let s = operator(&[
         "--analysis-prometheus-address=http://127.0.0.1:9090,team-a=http://prom-a.monitoring.svc:9090",
-        "--analysis-allow=team-*=10.0.5.0/24,prom-b.monitoring.svc:9090",
+        "--analysis-allow=team-*=10.0.5.0/24,*=prom-b.monitoring.svc:9090",
         "--analysis-namespace-header=X-Scope-OrgID",
     ])
     .settings
@@ -136,6 +136,7 @@ fn analysis_backends_may_be_bound_to_namespaces() {
         "--analysis-namespace-header=Authorization",
         "--analysis-namespace-header=X Bad",
         "--analysis-allow=Team-A=prom",
+        "--analysis-allow=prom-b.monitoring.svc:9090",
         "--analysis-prometheus-address=team-a=prom:9090",
     ] {
         assert!(Cli::try_parse_from(["fleetroll", "operator", bad]).is_err(), "{bad}");

@@ -45,7 +45,8 @@ pub struct AnalysisProvider {
 pub struct PrometheusProvider {
     /// The backend's base URL, e.g. http://prometheus.monitoring:9090 (a path prefix such as Mimir's
     /// /prometheus is kept). Absent: the operator's default for the rollout's namespace. It must be that
-    /// default exactly, or a backend the operator allows for the rollout's namespace (--analysis-allow).
+    /// default (however spelled), or a backend the operator allows for the rollout's namespace
+    /// (--analysis-allow).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 2048))]
     #[x_kube(validation = Rule::new("self.matches('^https?://[^\\\\s/?#@]+(/[^\\\\s?#]*)?$')").message("prometheus.address must be an http:// or https:// base URL without user information, query or fragment, such as http://prometheus.monitoring:9090"))]

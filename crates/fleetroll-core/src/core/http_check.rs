@@ -42,11 +42,15 @@ impl std::str::FromStr for Allowed {
         if let Ok(ip) = s.parse::<IpAddr>() {
             return Ok(Allowed::Net(IpNet::from(ip)));
         }
-        let valid_host = !s.is_empty()
-            && s.len() <= 253
-            && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+        // A host as URLs name it once parsed: lowercase, without the root's trailing dot; and not all
+        // digits and dots, which a URL parser reads as an address (`2130706433`, `127.1`).
+        let host = s.strip_suffix('.').unwrap_or(s);
+        let valid_host = !host.is_empty()
+            && host.len() <= 253
+            && host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            && !host.bytes().all(|b| b.is_ascii_digit() || b == b'.');
         if valid_host {
-            Ok(Allowed::Host(s.to_ascii_lowercase()))
+            Ok(Allowed::Host(host.to_ascii_lowercase()))
         } else {
             Err(format!("{s:?} is neither a CIDR, an IP address nor a host name"))
         }

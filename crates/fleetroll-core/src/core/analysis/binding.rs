@@ -1,8 +1,8 @@
 //! Analysis backends bound to namespaces. The operator's settings name backends (`--analysis-allow`) and
 //! defaults (`--analysis-prometheus-address`); each entry may be bound to namespaces (`team-a=...`,
 //! `team-*=...`), so that with one scoped backend per tenant (a prom-label-proxy per namespace, a Mimir
-//! tenant) no tenant's rollout can name another's. An entry bound to no namespace applies to every rollout:
-//! it is for backends that are safe for everyone.
+//! tenant) no tenant's rollout can name another's. An allow entry is always bound; `*=` binds it to every
+//! namespace, for backends that are safe for everyone.
 
 use std::{net::IpAddr, str::FromStr};
 
@@ -117,10 +117,12 @@ impl Place {
     }
 }
 
-/// One `--analysis-allow` entry: a backend, for every namespace or only for those it is bound to.
+/// One `--analysis-allow` entry: a backend and the namespaces whose rollouts may name it. Every entry is
+/// bound: `*=BACKEND` is the form for a backend every tenant may query, so that sharing one is written, not
+/// what an entry means when its binding is forgotten.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AllowEntry {
-    pub namespaces: Option<Namespaces>,
+    pub namespaces: Namespaces,
     pub place: Place,
 }
 
@@ -128,8 +130,13 @@ impl FromStr for AllowEntry {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (namespaces, place) = split_bound(s)?;
-        Ok(AllowEntry { namespaces, place: place.parse()? })
+        match split_bound(s)? {
+            (Some(namespaces), place) => Ok(AllowEntry { namespaces, place: place.parse()? }),
+            (None, place) => Err(format!(
+                "{place:?} is bound to no namespace: write NAMESPACES={place} (team-a={place}, \
+                 team-*={place}) for the rollouts that may name it, or *={place} if every tenant may query it"
+            )),
+        }
     }
 }
 
@@ -150,6 +157,18 @@ impl FromStr for DefaultBackend {
         base_url(address)?;
         Ok(DefaultBackend { namespaces, address: address.trim_end_matches('/').to_string() })
     }
+}
+
+/// The form two spellings of one backend share, for comparing them: the URL as the HTTP client parses it
+/// (host lowercase, an address in dotted form, the root's trailing dot and a default port left out),
+/// without a trailing slash.
+pub fn normalized(url: &url::Url) -> String {
+    let mut url = url.clone();
+    if let Some(url::Host::Domain(host)) = url.host() {
+        let host = host.strip_suffix('.').unwrap_or(host).to_string();
+        let _ = url.set_host(Some(&host));
+    }
+    url.as_str().trim_end_matches('/').to_string()
 }
 
 /// Applies to `namespace`: bound to none, or to a pattern that matches it.

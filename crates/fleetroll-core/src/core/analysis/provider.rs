@@ -2,8 +2,10 @@
 //! sends queries (and the credentials of a Secret) there from inside the cluster: left open, that is a
 //! way to reach any internal service with the operator's network position, and, where tenants each have a
 //! backend scoped to them, a way to read another tenant's series. So the address must be the default of
-//! the rollout's namespace (`--analysis-prometheus-address`, exactly) or a backend the operator allows for
-//! that namespace (`--analysis-allow`, entries bound to namespaces or to none: [`binding`]); and whatever
+//! the rollout's namespace (`--analysis-prometheus-address`, the same URL however spelled) or a backend the
+//! operator allows for that namespace (`--analysis-allow`, every entry bound to namespaces: [`binding`]),
+//! judged on the URL as the HTTP client parses it (a decimal or dotted address, a trailing dot or slash
+//! name the same backend); and whatever
 //! a name resolves to is judged by the same rules as health checks (no loopback, link-local or API server
 //! unless allowed). Not a Service of the rollout's own namespace: a Service without a selector sends its
 //! traffic to whatever endpoints its author writes.
@@ -24,7 +26,7 @@ use crate::{
 #[derive(Clone, Debug, Default)]
 pub struct Backends {
     /// The backends used when a rollout names none, by namespace (the first bound entry that matches,
-    /// else the one bound to none); a rollout may name its own exactly.
+    /// else the one bound to none); a rollout may name its own, however spelled.
     pub defaults: Vec<DefaultBackend>,
     /// The backends rollouts may name besides their default (`--analysis-allow`).
     pub allow: Vec<AllowEntry>,
@@ -92,19 +94,17 @@ impl Backends {
         })
     }
 
-    /// Whether a rollout in `namespace` may name this address: its namespace's default exactly, or a
-    /// backend allowed for every namespace or for its own. The refusal names the rule, never the
+    /// Whether a rollout in `namespace` may name this address: its namespace's default, or a backend
+    /// allowed for its namespace (`*=` for every one). The refusal names the rule, never the
     /// backends of other namespaces.
     fn check_address(&self, address: &str, namespace: &str) -> Result<(), Blocked> {
         let refused = |why: String| Blocked { reason: reason::ANALYSIS_ADDRESS_REFUSED, message: why };
-        if self.default_for(namespace) == Some(address) {
+        let url = binding::base_url(address).map_err(|e| refused(format!("analysis address: {e}")))?;
+        let default = self.default_for(namespace).and_then(|d| binding::base_url(d).ok());
+        if default.is_some_and(|d| binding::normalized(&d) == binding::normalized(&url)) {
             return Ok(());
         }
-        let url = binding::base_url(address).map_err(|e| refused(format!("analysis address: {e}")))?;
-        let allowed = self
-            .allow
-            .iter()
-            .any(|a| binding::applies(a.namespaces.as_ref(), namespace) && a.place.holds(&url));
+        let allowed = self.allow.iter().any(|a| a.namespaces.matches(namespace) && a.place.holds(&url));
         if allowed {
             return Ok(());
         }

@@ -232,7 +232,7 @@ fn a_rollout_queries_only_backends_the_operator_allows() {
         let e = backends.resolve(&analysis(Some(refused)), "team").unwrap_err();
         assert_eq!(e.reason, reason::ANALYSIS_ADDRESS_REFUSED, "{refused}");
     }
-    backends.allow = entries(&["10.0.0.0/8", "thanos.example.com"]);
+    backends.allow = entries(&["*=10.0.0.0/8", "*=thanos.example.com"]);
     assert!(backends.resolve(&analysis(Some("http://10.0.0.7:9090")), "team").is_ok());
     assert!(backends.resolve(&analysis(Some("https://thanos.example.com/prometheus")), "team").is_ok());
     assert!(backends.resolve(&analysis(Some("https://THANOS.example.com./prometheus")), "team").is_ok());
@@ -263,7 +263,7 @@ fn a_backend_bound_to_a_tenant_serves_only_that_tenant() {
             "shop-*=10.0.5.0/24",
             "team-b=127.0.0.1:9092",
             "team-a=127.0.0.1:9091",
-            "thanos.example.com",
+            "*=thanos.example.com",
         ]),
         namespace_header: Some("X-Scope-OrgID".into()),
         ..Default::default()
@@ -280,6 +280,12 @@ fn a_backend_bound_to_a_tenant_serves_only_that_tenant() {
         ("http://prom-a.monitoring.svc", "team-a"),
         ("http://127.0.0.1:9092", "team-a"),
         ("http://10.0.5.3:9090", "team-a"),
+        // The other's backend however spelled: a trailing dot, decimal, hex and short addresses, a slash.
+        ("http://127.0.0.1.:9092", "team-a"),
+        ("http://2130706433:9092", "team-a"),
+        ("http://0x7f.1:9092/", "team-a"),
+        ("http://127.1:9092", "team-a"),
+        ("http://PROM-B.monitoring.svc.:9090/", "team-a"),
     ] {
         let e = refused(address, ns);
         assert_eq!(e.reason, reason::ANALYSIS_ADDRESS_REFUSED, "{address} from {ns}");
@@ -289,7 +295,11 @@ fn a_backend_bound_to_a_tenant_serves_only_that_tenant() {
     }
     assert!(resolve("http://127.0.0.1:9091", "team-a").is_ok());
     assert!(resolve("http://127.0.0.1:9092/", "team-b").is_ok());
-    // A pattern binds every namespace it matches; an unbound entry serves every namespace.
+    // Its own, however spelled.
+    for own in ["http://2130706433:9091", "http://127.0.0.1.:9091/", "http://Prom-A.Monitoring.svc.:9090/"] {
+        assert!(resolve(own, "team-a").is_ok(), "{own}");
+    }
+    // A pattern binds every namespace it matches; `*` every namespace.
     assert!(resolve("http://10.0.5.3:9090", "shop-eu").is_ok());
     assert_eq!(refused("http://10.0.5.3:9090", "shopping").reason, reason::ANALYSIS_ADDRESS_REFUSED);
     assert!(resolve("https://thanos.example.com", "team-a").is_ok());
@@ -298,6 +308,11 @@ fn a_backend_bound_to_a_tenant_serves_only_that_tenant() {
     assert_eq!(own("team-a").address, "http://prom-a.monitoring.svc:9090");
     assert_eq!(own("team-c").address, "http://prometheus.monitoring:9090");
     assert!(resolve("http://prometheus.monitoring:9090", "team-c").is_ok());
+    assert!(
+        resolve("http://Prometheus.monitoring.:80/", "team-c").is_err(),
+        "another port is another backend"
+    );
+    assert!(resolve("HTTP://Prometheus.monitoring.:9090/", "team-c").is_ok(), "the default, however spelled");
     assert_eq!(
         refused("http://prometheus.monitoring:9090", "team-a").reason,
         reason::ANALYSIS_ADDRESS_REFUSED
@@ -312,11 +327,23 @@ fn bound_entries_parse_strictly() {
     for bad in ["Team=prom", "a b=prom", "team=", "=prom", "team=prom:0", "team=prom:x", "prom:99999", ""] {
         assert!(bad.parse::<AllowEntry>().is_err(), "{bad:?}");
     }
+    // No entry is global by omission: the refusal says how to bind it, and how to share it on purpose.
+    let unbound = "prom-b.monitoring.svc:9090".parse::<AllowEntry>().unwrap_err();
+    assert!(
+        unbound.contains("bound to no namespace") && unbound.contains("*=prom-b.monitoring.svc:9090"),
+        "{unbound}"
+    );
+    // Hosts a URL parser reads as addresses are no host names.
+    for bad in ["team=2130706433", "team=127.1", "team=0.0.0.0.", "team=."] {
+        assert!(bad.parse::<AllowEntry>().is_err(), "{bad:?}");
+    }
+    let dotted: AllowEntry = "team=prom.monitoring.svc.".parse().unwrap();
+    assert!(dotted.place.holds(&url::Url::parse("http://PROM.monitoring.svc:9090").unwrap()));
     for bad in ["team=prom.svc", "team=ftp://prom", "http://u:p@prom", "http://prom/?q=1", "team-*=http://"] {
         assert!(bad.parse::<DefaultBackend>().is_err(), "{bad:?}");
     }
-    let entry: AllowEntry = "[::1]:9090".parse().unwrap();
-    assert_eq!((entry.namespaces, entry.place.port), (None, Some(9090)));
+    let entry: AllowEntry = "*=[::1]:9090".parse().unwrap();
+    assert_eq!((entry.namespaces.to_string(), entry.place.port), ("*".to_string(), Some(9090)));
     // An '=' inside a URL is no binding.
     let url: DefaultBackend = "http://prom/a=b".parse().unwrap();
     assert_eq!((url.namespaces, url.address.as_str()), (None, "http://prom/a=b"));
