@@ -77,7 +77,7 @@ pub fn is_ready(pod: &Pod) -> bool {
 }
 
 /// Waits until the pods of `selector` that are `wanted` (those of one revision: its image, say) number
-/// `count` and are all Ready, and returns them. Errs at once with the cause when one cannot start (for a
+/// `count` and are all Ready, and returns them (not the terminating ones). Errs at once with the cause when one cannot start (for a
 /// back-off, whose message says only that it backs off, with the kubelet's last `Failed` event, which says
 /// why), or with the pods as they were after `timeout`.
 pub async fn wait_ready(
@@ -97,7 +97,9 @@ pub async fn wait_ready(
     let judge = |store: &reflector::Store<Pod>| {
         let all = store.state();
         let pods: Vec<&Pod> = all.iter().map(|p| p.as_ref()).filter(|p| wanted(p)).collect();
-        (readiness(&pods, count), pods.into_iter().cloned().collect::<Vec<Pod>>())
+        // What was judged Ready: the live pods (a deleted pod may linger, terminating, beside them).
+        let live = pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).map(|p| (*p).clone());
+        (readiness(&pods, count), live.collect::<Vec<Pod>>())
     };
     let waited = tokio::time::timeout(timeout, async {
         while let Some(event) = events.next().await {
