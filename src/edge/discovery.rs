@@ -57,27 +57,18 @@ pub(crate) fn allowed_namespaces(
     }
     let selector = Selector::try_from(selector.clone())
         .map_err(|e| blocked(reason::INVALID_SELECTOR, format!("targets.namespaceSelector: {e}")))?;
+    // Only the namespaces that opted in are the fleet's: the others are not looked at, so that what a
+    // selector matches among them (whether one exists, its labels) is never told to whoever reads the
+    // rollout, who may not list namespaces. A namespace left out is one its owner did not offer.
+    let opted_in = |n: &&Namespace| n.labels().get(OPT_IN_LABEL).map(String::as_str) == Some(OPT_IN_VALUE);
     let matching: Vec<&Namespace> =
-        listed.unwrap_or_default().iter().filter(|n| selector.matches(n.labels())).collect();
+        listed.unwrap_or_default().iter().filter(opted_in).filter(|n| selector.matches(n.labels())).collect();
     if matching.is_empty() {
         return Err(blocked(
             reason::NO_NAMESPACES,
-            format!("no namespace matches targets.namespaceSelector ({selector})"),
-        ));
-    }
-    let not_opted_in = matching
-        .iter()
-        .filter(|n| n.labels().get(OPT_IN_LABEL).map(String::as_str) != Some(OPT_IN_VALUE))
-        .count();
-    if not_opted_in > 0 {
-        // Counted, never named: whoever reads the rollout may not be allowed to list namespaces, and the
-        // names of those that never opted in are not the rollout's to tell.
-        return Err(blocked(
-            reason::NAMESPACE_NOT_OPTED_IN,
             format!(
-                "{not_opted_in} namespace(s) match targets.namespaceSelector but are not labelled \
-                 {OPT_IN_LABEL}={OPT_IN_VALUE} (they are not named; whoever may list namespaces finds them with the \
-                 selector and -l {OPT_IN_LABEL}!={OPT_IN_VALUE}); no target was changed"
+                "no namespace labelled {OPT_IN_LABEL}={OPT_IN_VALUE} matches targets.namespaceSelector ({selector}); \
+                 a namespace takes part only once its owner labels it (no target was changed)"
             ),
         ));
     }
@@ -374,24 +365,21 @@ mod tests {
     }
 
     #[test]
-    fn every_matching_namespace_must_be_opted_in() {
+    fn only_namespaces_that_opted_in_are_matched_and_the_others_are_never_told() {
         let listed = [
             namespace("t1", &[("tier", "yes"), (OPT_IN_LABEL, OPT_IN_VALUE)]),
-            namespace("t2", &[("tier", "yes")]),
+            namespace("t2", &[("tier", "yes"), ("team", "yes")]),
             namespace("other", &[(OPT_IN_LABEL, OPT_IN_VALUE)]),
         ];
-        let err =
-            allowed_namespaces(&rollout("fleetroll-system", Some("tier")), "fleetroll-system", Some(&listed))
-                .unwrap_err();
-        assert_eq!(err.reason, reason::NAMESPACE_NOT_OPTED_IN);
-        assert!(err.message.starts_with("1 namespace(s) match"), "{}", err.message);
-        assert!(!err.message.contains("t2"), "a namespace that never opted in is not named: {}", err.message);
-        let ok = allowed_namespaces(
-            &rollout("fleetroll-system", Some("tier")),
-            "fleetroll-system",
-            Some(&listed[..1]),
-        );
-        assert_eq!(ok, Ok(vec!["t1".into()]));
+        let plan = |label: &str| {
+            allowed_namespaces(&rollout("fleetroll-system", Some(label)), "fleetroll-system", Some(&listed))
+        };
+        assert_eq!(plan("tier"), Ok(vec!["t1".into()]), "t2 never opted in: left out");
+        // A selector matching only a namespace that never opted in reads as one matching none at all.
+        let (hidden, none) = (plan("team").unwrap_err(), plan("nobody").unwrap_err());
+        assert_eq!(hidden.reason, reason::NO_NAMESPACES);
+        assert_eq!(hidden.message.replace("team", "nobody"), none.message);
+        assert!(!hidden.message.contains("t2"), "{}", hidden.message);
     }
 
     #[test]

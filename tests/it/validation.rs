@@ -316,10 +316,11 @@ async fn specs_the_operator_cannot_act_on_are_degraded_with_a_reason_and_touch_n
         let mut cross = spec(json!({"matchLabels": {"fleet": "web"}}));
         cross["targets"]["namespaceSelector"] = json!({"matchLabels": {"fleetroll.dev/test-fleet": fleet.ns}});
         fleet.rollout("not-opted-in", cross.clone()).await;
-        let fr = wait_degraded(&fleet, "not-opted-in", "NamespaceNotOptedIn").await;
-        // Counted, never named: the reader may not be allowed to list namespaces.
+        let fr = wait_degraded(&fleet, "not-opted-in", "NoNamespacesMatch").await;
+        // As if it did not exist: the reader may not be allowed to list namespaces.
         let message = condition(&fr, "Degraded").unwrap().message.clone();
-        assert!(message.starts_with("1 namespace(s) match") && !message.contains(&tenant), "{message}");
+        assert!(message.starts_with("no namespace labelled fleetroll.dev/rollouts=enabled matches"), "{message}");
+        assert!(!message.contains(&tenant), "{message}");
 
         // Nothing changed anywhere, and the operator is still up.
         for ns in [&fleet.ns, &tenant] {

@@ -1,6 +1,6 @@
 //! Reads across tenants: what a rollout makes the operator write where its reader sees it.
 
-use testkit::fleet::phase;
+use testkit::fleet::{condition, phase};
 
 use super::*;
 
@@ -16,28 +16,53 @@ pub(super) async fn fleet_admin_probes_namespaces_that_never_opted_in(env: &'sta
     )
     .await;
     let mut op = Operator::start(&fleet, &[], &[]);
-    let mut spec = deployments_spec();
-    spec["targets"]["namespaceSelector"] = json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": [secret]}]});
-    create_as(&admin, &fleet, "probe", spec).await;
-    let fr = Fleet { client: env.admin.clone(), ns: fleet.clone(), tenants: vec![] }
-        .wait_rollout("probe", "the plan to be refused", Duration::from_secs(120), |f| {
-            f.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("NamespaceNotOptedIn")
-        })
-        .await;
+    // Probes by name and by label: one matching the hidden namespace, one matching nothing that exists.
+    let never = format!("{secret}-none");
+    let by_name = |name: &str| json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": [name]}]});
+    let by_label = |value: &str| json!({"matchLabels": {"kubernetes.io/metadata.name": value}});
+    let probes = [
+        ("by-name", by_name(&secret), "by-name-none", by_name(&never)),
+        ("by-label", by_label(&secret), "by-label-none", by_label(&never)),
+    ];
+    let env_fleet = Fleet { client: env.admin.clone(), ns: fleet.clone(), tenants: vec![] };
+    let answer = |name: &'static str, selector: Value| {
+        let (admin, fleet, env_fleet) = (&admin, &fleet, &env_fleet);
+        async move {
+            let mut spec = deployments_spec();
+            spec["targets"]["namespaceSelector"] = selector;
+            create_as(admin, fleet, name, spec).await;
+            let fr = env_fleet
+                .wait_rollout(name, "the plan to be judged", Duration::from_secs(120), |f| {
+                    condition(f, "Degraded").is_some_and(|c| c.status == "True") || phase(f) != Phase::Pending
+                })
+                .await;
+            let status = fr.status.unwrap_or_default();
+            (status.reason.unwrap_or_default(), status.message.unwrap_or_default())
+        }
+    };
+    let mut differ = Vec::new();
+    let mut outcome = String::new();
+    for (hidden, hidden_selector, none, none_selector) in probes {
+        let (seen, unseen) = futures::join!(answer(hidden, hidden_selector), answer(none, none_selector));
+        // The message repeats the selector the probe wrote; beyond that, the two must be the same.
+        if (seen.0.clone(), seen.1.replace(&secret, &never)) != unseen {
+            differ.push(hidden);
+        }
+        outcome = format!("{}: {}", seen.0, seen.1);
+    }
     let listed = admin.kubectl(&["get", "namespaces"]).await;
-    let message = fr.status.as_ref().and_then(|s| s.message.clone()).unwrap_or_default();
-    let named = message.contains(&secret);
     let alive = serving(&mut op).await;
     Row {
-        attack: "reads the names of namespaces that never opted in, one selector at a time, from the refusal"
+        attack: "tells a namespace that never opted in from none at all, by name and by label selectors"
             .into(),
         who: format!(
             "{} (fleet-admin + edit in its fleet namespace, no list namespaces)",
             short_user(&admin)
         ),
-        expected: "the refusal counts them and names none".into(),
-        outcome: format!("{}: {message}", phase(&fr)),
-        contained: !named && listed.code != 0 && message.starts_with("1 namespace(s) match") && alive,
+        expected: "the same answer for a selector matching a hidden namespace as for one matching nothing"
+            .into(),
+        outcome: format!("probes answered differently: {differ:?}; last answer: {outcome}"),
+        contained: differ.is_empty() && listed.code != 0 && alive,
     }
 }
 

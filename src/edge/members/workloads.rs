@@ -120,8 +120,8 @@ pub(crate) fn may_reach_members(fleet_namespace: &str, fr: &FleetRollout) -> Res
 }
 
 /// The fleet of a new revision across the member clusters the rollout picks, in waves. A member that
-/// cannot be reached is left out of the plan and named in `refused`; a member whose matching namespace is
-/// not opted in there blocks the plan, as in the rollout's own cluster.
+/// cannot be reached is left out of the plan and named in `refused`; in each member only the namespaces
+/// opted in there are matched, as in the rollout's own cluster.
 pub(crate) async fn discover(
     members: &Members,
     fleet_namespace: &str,

@@ -173,7 +173,7 @@ pub struct Targets {
     /// The member clusters to reach (Argo CD cluster Secrets and Cluster API kubeconfig Secrets in the
     /// operator's fleet namespace). Unset: the cluster the FleetRollout lives in. Set: only member clusters,
     /// honoured only for rollouts in the fleet namespace, and `namespaceSelector` is required (it picks
-    /// the namespaces in each member; each must be opted in there). Changing it starts a new revision.
+    /// the namespaces in each member among those opted in there). Changing it starts a new revision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clusters: Option<ClusterTargets>,
 
