@@ -36,12 +36,19 @@ const SCAN: Duration = Duration::from_secs(2);
 /// The first wait after a failed delivery; each further failure doubles it, up to [`BACKOFF_MAX`].
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// The most lanes sending at once, and of one namespace's rollouts: a tenant whose receivers hang holds
-/// only its own share.
+/// The most lanes sending at once to the tenants' own subscriptions, and of one namespace's rollouts: a
+/// tenant whose receivers hang holds only its own share.
 const LANES_MAX: usize = 64;
 const NAMESPACE_LANES_MAX: usize = 8;
+/// The platform's subscriptions (a FleetRolloutPolicy's) send in a pool of their own, which no tenant's
+/// subscriptions count against; one namespace's rollouts take at most a quarter of it.
+const PLATFORM_LANES_MAX: usize = 16;
+const PLATFORM_NAMESPACE_LANES_MAX: usize = 4;
 
 type Pairs = BTreeSet<(String, String)>;
+
+/// A lane owed notifications, with its rollout and what it owes, in order.
+type Owed = (LaneKey, (Arc<FleetRollout>, Vec<Notification>));
 
 /// A lane: one rollout's notifications to one subscription, keyed (namespace, uid, subscriber key).
 #[derive(Default)]
@@ -49,15 +56,66 @@ struct Lane {
     busy: bool,
     failures: u32,
     next: Option<Instant>,
+    /// When it was last taken, in claims: lanes waiting longest go first.
+    served: u64,
 }
 
 type LaneKey = (String, String, String);
+
+/// Every lane, and the claims made so far. Pure: the delivery loop holds it behind a lock.
+#[derive(Default)]
+struct Lanes {
+    lanes: HashMap<LaneKey, Lane>,
+    claims: u64,
+}
+
+impl Lanes {
+    /// Takes the lane, unless it is sending or waiting after a failure, or its pool (or its namespace's
+    /// share of it) is full.
+    fn claim(&mut self, lane: &LaneKey, now: Instant) -> bool {
+        let platform = notify::is_platform(&lane.2);
+        let (all, namespace) = self
+            .lanes
+            .iter()
+            .filter(|((_, _, key), l)| l.busy && notify::is_platform(key) == platform)
+            .fold((0, 0), |(a, n), ((ns, _, _), _)| (a + 1, n + usize::from(*ns == lane.0)));
+        let (pool, share) = match platform {
+            true => (PLATFORM_LANES_MAX, PLATFORM_NAMESPACE_LANES_MAX),
+            false => (LANES_MAX, NAMESPACE_LANES_MAX),
+        };
+        if all >= pool || namespace >= share {
+            return false;
+        }
+        let l = self.lanes.entry(lane.clone()).or_default();
+        if l.busy || l.next.is_some_and(|next| next > now) {
+            return false;
+        }
+        self.claims += 1;
+        (l.busy, l.served) = (true, self.claims);
+        true
+    }
+
+    /// Frees the lane; returns how many times in a row it has failed.
+    fn release(&mut self, lane: &LaneKey, failed: bool, now: Instant) -> u32 {
+        let l = self.lanes.entry(lane.clone()).or_default();
+        l.busy = false;
+        l.failures = if failed { l.failures.saturating_add(1) } else { 0 };
+        l.next = failed.then(|| now + backoff(l.failures));
+        l.failures
+    }
+
+    /// Round robin: the lanes that have waited longest since they were last taken first (never taken
+    /// before all), so that no rollout's or subscription's lanes keep a pool to themselves.
+    fn by_turn<T>(&self, owed: &mut [(LaneKey, T)]) {
+        owed.sort_by_key(|(key, _)| self.lanes.get(key).map_or(0, |l| l.served));
+    }
+}
 
 pub struct Deliveries {
     sender: Sender,
     /// Delivered (id, subscriber) pairs by rollout uid, until a status write takes them out.
     delivered: Mutex<HashMap<String, Pairs>>,
-    lanes: Mutex<HashMap<LaneKey, Lane>>,
+    lanes: Mutex<Lanes>,
     poke: tokio::sync::Notify,
     wake: UnboundedSender<ObjectRef<FleetRollout>>,
 }
@@ -82,36 +140,12 @@ impl Deliveries {
         self.poke.notify_one();
     }
 
-    /// Takes the lane, unless it is sending or waiting after a failure, or its namespace's share (or the
-    /// whole pool) is sending.
     fn claim(&self, lane: &LaneKey, now: Instant) -> bool {
-        let Ok(mut lanes) = self.lanes.lock() else { return false };
-        let busy = lanes.iter().filter(|(_, l)| l.busy);
-        let (all, namespace) =
-            busy.fold((0, 0), |(a, n), ((ns, _, _), _)| (a + 1, n + usize::from(*ns == lane.0)));
-        if all >= LANES_MAX || namespace >= NAMESPACE_LANES_MAX {
-            return false;
-        }
-        let l = lanes.entry(lane.clone()).or_default();
-        if l.busy || l.next.is_some_and(|next| next > now) {
-            return false;
-        }
-        l.busy = true;
-        true
+        self.lanes.lock().is_ok_and(|mut lanes| lanes.claim(lane, now))
     }
 
-    /// Frees the lane; returns how many times in a row it has failed.
     fn release(&self, lane: &LaneKey, failed: bool) -> u32 {
-        let failures = match self.lanes.lock() {
-            Ok(mut lanes) => {
-                let l = lanes.entry(lane.clone()).or_default();
-                l.busy = false;
-                l.failures = if failed { l.failures.saturating_add(1) } else { 0 };
-                l.next = failed.then(|| Instant::now() + backoff(l.failures));
-                l.failures
-            }
-            Err(_) => 0,
-        };
+        let failures = self.lanes.lock().map_or(0, |mut lanes| lanes.release(lane, failed, Instant::now()));
         self.poke.notify_one();
         failures
     }
@@ -122,7 +156,7 @@ impl Deliveries {
             d.retain(|uid, _| uids.contains(uid));
         }
         if let Ok(mut lanes) = self.lanes.lock() {
-            lanes.retain(|(_, uid, _), l| l.busy || uids.contains(uid));
+            lanes.lanes.retain(|(_, uid, _), l| l.busy || uids.contains(uid));
         }
     }
 }
@@ -189,15 +223,25 @@ pub(super) async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         let uids: BTreeSet<String> = rollouts.iter().filter_map(|fr| fr.uid()).collect();
         ctx.deliveries.keep_only(&uids);
         // Our own writes may be ahead of the cache: what they took out is not sent again.
+        let mut owed: Vec<Owed> = Vec::new();
         for fr in rollouts {
-            start_lanes(&ctx, ctx.rollouts_io.newest(fr));
+            owed.extend(owed_lanes(&ctx, ctx.rollouts_io.newest(fr)));
+        }
+        if let Ok(lanes) = ctx.deliveries.lanes.lock() {
+            lanes.by_turn(&mut owed);
+        }
+        let now = Instant::now();
+        for (lane, (fr, notifications)) in owed {
+            if ctx.deliveries.claim(&lane, now) {
+                start_lane(&ctx, lane, fr, notifications);
+            }
         }
     }
 }
 
-/// Starts a lane for each subscription the rollout's outbox owes something, unless it is busy or waiting.
-fn start_lanes(ctx: &Arc<Context>, fr: Arc<FleetRollout>) {
-    let Some(outbox) = fr.status.as_ref().and_then(|s| s.notifications.as_ref()) else { return };
+/// The lanes the rollout's outbox owes something, each with what it owes, in order.
+fn owed_lanes(ctx: &Context, fr: Arc<FleetRollout>) -> Vec<Owed> {
+    let Some(outbox) = fr.status.as_ref().and_then(|s| s.notifications.as_ref()) else { return Vec::new() };
     let uid = fr.uid().unwrap_or_default();
     let delivered = ctx.deliveries.delivered(&uid);
     let mut owed: BTreeMap<String, Vec<Notification>> = BTreeMap::new();
@@ -206,35 +250,34 @@ fn start_lanes(ctx: &Arc<Context>, fr: Arc<FleetRollout>) {
             owed.entry(key.to_string()).or_default().push(n.clone());
         }
     }
-    let now = Instant::now();
     let namespace = fr.namespace().unwrap_or_default();
-    for (key, notifications) in owed {
-        let lane = (namespace.clone(), uid.clone(), key);
-        if !ctx.deliveries.claim(&lane, now) {
-            continue;
-        }
-        let (ctx, fr) = (ctx.clone(), fr.clone());
-        tokio::spawn(async move {
-            // A panic in a delivery frees its lane all the same.
-            let sent = std::panic::AssertUnwindSafe(deliver(&ctx, &fr, &lane.2, notifications));
-            let result =
-                futures::FutureExt::catch_unwind(sent).await.unwrap_or_else(|_| Err("a panic".into()));
-            let failures = ctx.deliveries.release(&lane, result.is_err());
-            if let Err(why) = result {
-                ctx.metrics.notification_failures.inc();
-                warn!(rollout = %fr.name_any(), subscription = %lane.2, error = %why, failures, "a notification was not delivered; it will be sent again");
-                // Once per streak of failures: a receiver down for hours is one Warning, not one a minute.
-                if failures == 1 {
-                    let message = format!("to {}: not delivered, sent again with backoff: {why}", lane.2);
-                    ctx.rollouts_io.warn(
-                        &fr,
-                        crate::core::reason::NOTIFICATION_FAILED,
-                        crate::core::text::cut(&message, 1024),
-                    );
-                }
+    owed.into_iter()
+        .map(|(key, notifications)| ((namespace.clone(), uid.clone(), key), (fr.clone(), notifications)))
+        .collect()
+}
+
+/// Sends a claimed lane's notifications, and frees the lane when done.
+fn start_lane(ctx: &Arc<Context>, lane: LaneKey, fr: Arc<FleetRollout>, notifications: Vec<Notification>) {
+    let ctx = ctx.clone();
+    tokio::spawn(async move {
+        // A panic in a delivery frees its lane all the same.
+        let sent = std::panic::AssertUnwindSafe(deliver(&ctx, &fr, &lane.2, notifications));
+        let result = futures::FutureExt::catch_unwind(sent).await.unwrap_or_else(|_| Err("a panic".into()));
+        let failures = ctx.deliveries.release(&lane, result.is_err());
+        if let Err(why) = result {
+            ctx.metrics.notification_failures.inc();
+            warn!(rollout = %fr.name_any(), subscription = %lane.2, error = %why, failures, "a notification was not delivered; it will be sent again");
+            // Once per streak of failures: a receiver down for hours is one Warning, not one a minute.
+            if failures == 1 {
+                let message = format!("to {}: not delivered, sent again with backoff: {why}", lane.2);
+                ctx.rollouts_io.warn(
+                    &fr,
+                    crate::core::reason::NOTIFICATION_FAILED,
+                    crate::core::text::cut(&message, 1024),
+                );
             }
-        });
-    }
+        }
+    });
 }
 
 /// Sends a lane's notifications in order; stops at the first that fails. Wakes the rollout once something
@@ -293,6 +336,56 @@ async fn deliver(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn lane(ns: &str, rollout: usize, key: &str) -> LaneKey {
+        (ns.into(), format!("uid-{rollout}"), key.into())
+    }
+
+    #[test]
+    fn a_tenant_whose_sinks_hang_fills_its_own_share_never_the_platforms_pool() {
+        let (mut lanes, now) = (Lanes::default(), Instant::now());
+        // 6 rollouts × 8 subscriptions of one tenant, all hanging: 8 lanes at once, no more.
+        let hung: Vec<LaneKey> =
+            (0..6).flat_map(|r| (0..8).map(move |s| lane("tenant", r, &format!("rollout/s{s}")))).collect();
+        let taken = hung.iter().filter(|l| lanes.claim(l, now)).count();
+        assert_eq!(taken, NAMESPACE_LANES_MAX);
+        // Another tenant, and the platform's subscription about this tenant's rollouts, still send.
+        assert!(lanes.claim(&lane("other", 9, "rollout/s0"), now));
+        for r in 0..6 {
+            let platform = lane("tenant", r, "policy/audit/sink");
+            assert_eq!(lanes.claim(&platform, now), r < PLATFORM_NAMESPACE_LANES_MAX, "rollout {r}");
+        }
+        // The platform's pool has its own bound, shared by namespaces.
+        let others = (0..20).filter(|i| lanes.claim(&lane(&format!("ns-{i}"), *i, "policy/audit/sink"), now));
+        assert_eq!(others.count(), PLATFORM_LANES_MAX - PLATFORM_NAMESPACE_LANES_MAX);
+    }
+
+    #[test]
+    fn a_failed_lane_waits_out_its_backoff_without_holding_a_share() {
+        let (mut lanes, now) = (Lanes::default(), Instant::now());
+        let all: Vec<LaneKey> = (0..9).map(|s| lane("tenant", 0, &format!("rollout/s{s}"))).collect();
+        assert!(all[..8].iter().all(|l| lanes.claim(l, now)));
+        assert!(!lanes.claim(&all[8], now), "the share is full");
+        assert_eq!(lanes.release(&all[0], true, now), 1);
+        assert!(!lanes.claim(&all[0], now), "backing off");
+        assert!(lanes.claim(&all[8], now), "its place in the share is free while it backs off");
+        lanes.release(&all[8], false, now);
+        assert!(lanes.claim(&all[0], now + backoff(1)), "and sends again once it is over");
+    }
+
+    #[test]
+    fn lanes_take_turns_the_longest_waiting_first() {
+        let (mut lanes, now) = (Lanes::default(), Instant::now());
+        let (a, b, c) = (lane("t", 0, "rollout/a"), lane("t", 1, "rollout/b"), lane("t", 2, "rollout/c"));
+        for l in [&a, &b] {
+            assert!(lanes.claim(l, now));
+            lanes.release(l, false, now);
+        }
+        let mut owed = vec![(b.clone(), ()), (a.clone(), ()), (c.clone(), ())];
+        lanes.by_turn(&mut owed);
+        let order: Vec<&LaneKey> = owed.iter().map(|(k, _)| k).collect();
+        assert_eq!(order, [&c, &a, &b], "never served, then served longest ago");
+    }
 
     #[test]
     fn a_failing_lane_backs_off_exponentially_up_to_a_cap() {

@@ -153,6 +153,7 @@ async fn run(sizes: Sizes, only: Option<Vec<String>>) {
     }
     if wanted("notifications") {
         notifications::cost(&client, &sizes, &mut report, &mut namespaces).await;
+        notifications::platform_latency(&client, &mut report, &mut namespaces).await;
     }
     if wanted("members") {
         members::overhead(&client, &sizes, &mut report, &mut namespaces).await;

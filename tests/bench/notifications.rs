@@ -1,11 +1,12 @@
 //! The cost of notifications per batch: the same rollout without a subscription, with a webhook that
 //! answers, and with one that never answers (every delivery hangs until its 10 s timeout), side by side.
+//! Then a platform's FleetRolloutPolicy subscription's latency, idle and beside a tenant's hanging ones.
 //! Reported: status writes per batch (acknowledgements included) and the batch transition (last target of
 //! a batch rolled out → first target of the next changed), which delivery must not lengthen.
 
 use std::time::Instant;
 
-use fleetroll::api::{FleetRollout, NOTIFY_SECRET_LABEL};
+use fleetroll::api::{FleetRollout, FleetRolloutPolicy, NOTIFY_SECRET_LABEL};
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client, api::PostParams};
 use serde_json::json;
@@ -121,5 +122,97 @@ pub async fn cost(client: &Client, sizes: &Sizes, report: &mut Report, namespace
         ),
         "",
         None,
+    ));
+}
+
+/// How long a platform's FleetRolloutPolicy subscription waits to hear of a tenant's rollouts (creation →
+/// first delivery), idle and while the tenant's own 6 × 8 subscriptions hang: the platform's lanes are a
+/// pool of their own, so the goal is within one send timeout (10 s) of the idle run.
+pub async fn platform_latency(client: &Client, report: &mut Report, namespaces: &mut Vec<String>) {
+    const ROLLOUTS: usize = 6;
+    eprintln!(
+        "notifications: a platform's subscription to {ROLLOUTS} rollouts, idle and beside 48 hanging ones"
+    );
+    let (platform, hung) = (Receiver::start(), Receiver::start());
+    hung.set_mode(Mode::Hang);
+    let mut runs = Vec::new();
+    for (label, hanging) in [("idle", 0), ("hanging", fleetroll::api::SUBSCRIPTIONS_MAX)] {
+        let ns = testkit::create_namespace(client, &format!("bench-audit-{label}"), &[]).await;
+        let fleet_ns = testkit::create_namespace(client, &format!("bench-audit-fleet-{label}"), &[]).await;
+        namespaces.extend([ns.clone(), fleet_ns.clone()]);
+        let sink = |ns: &str, name: &str, url: String| {
+            let secret: Secret = serde_json::from_value(json!({
+                "metadata": {"name": name, "labels": {NOTIFY_SECRET_LABEL: "true"}}, "stringData": {"url": url},
+            }))
+            .unwrap();
+            let api = Api::<Secret>::namespaced(client.clone(), ns);
+            async move { api.create(&PostParams::default(), &secret).await.unwrap() }
+        };
+        sink(&fleet_ns, "audit", platform.url(&ns)).await;
+        let edit = [testkit::tenant::Grant::cluster_role("edit")];
+        let agent = testkit::tenant::Tenant::create(client, &ns, "agent", &edit).await;
+        let policy: FleetRolloutPolicy = serde_json::from_value(json!({
+            "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRolloutPolicy", "metadata": {"name": ns},
+            "spec": {"subjects": {"serviceAccounts": [{"namespace": ns, "name": "agent"}]},
+                     "notify": [{"name": "audit", "sink": "Webhook", "secretRef": {"name": "audit"}}]},
+        }))
+        .unwrap();
+        let policies: Api<FleetRolloutPolicy> = Api::all(client.clone());
+        policies.create(&PostParams::default(), &policy).await.unwrap();
+        let mut subscriptions = Vec::new();
+        for s in 0..hanging {
+            sink(&ns, &format!("hang-{s}"), hung.url(&format!("{ns}/s{s}"))).await;
+            subscriptions.push(json!({"name": format!("s{s}"), "sink": "Webhook", "secretRef": {"name": format!("hang-{s}")}}));
+        }
+        let op = Operator::start(&ns, &["--notify-allow=127.0.0.0/8", "--fleet-namespace", &fleet_ns], &[]);
+        op.ready().await;
+        let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(client.clone(), &ns);
+        let rollouts: Api<FleetRollout> = Api::namespaced(agent.client.clone(), &ns);
+        let mut created = Vec::new();
+        for r in 0..ROLLOUTS {
+            let name = format!("r{r}");
+            let d = testkit::fleet::deployment(
+                &format!("web-{r}"),
+                testkit::fleet::READY_IMAGE,
+                &[("fleet", &name)],
+            );
+            deployments.create(&PostParams::default(), &d).await.unwrap();
+            let fr: FleetRollout = serde_json::from_value(json!({
+                "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": name},
+                "spec": {"image": testkit::fleet::NEXT_IMAGE, "notify": subscriptions,
+                         "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": name}}}},
+            }))
+            .unwrap();
+            created.push((name, Instant::now()));
+            rollouts.create(&PostParams::default(), &fr).await.unwrap();
+        }
+        let heard = |requests: &[testkit::receiver::Request], name: &str| {
+            let about = |r: &&testkit::receiver::Request| {
+                r.path.starts_with(&format!("/{ns}"))
+                    && r.json.as_ref().is_some_and(|j| j["rollout"]["name"] == name)
+            };
+            requests.iter().find(about).map(|r| r.at)
+        };
+        let requests =
+            platform.wait_for(LONG, |rs| created.iter().all(|(name, _)| heard(rs, name).is_some())).await;
+        let mut waits: Vec<f64> = created
+            .iter()
+            .filter_map(|(name, at)| heard(&requests, name).map(|h| h.duration_since(*at).as_secs_f64()))
+            .collect();
+        waits.sort_by(f64::total_cmp);
+        runs.push(waits);
+        let _gone = policies.delete(&ns, &Default::default()).await;
+    }
+    hung.set_mode(Mode::Ok);
+    let [idle, hanging] = &runs[..] else { unreachable!("two runs") };
+    let max = |w: &[f64]| w.last().copied().unwrap_or(f64::INFINITY);
+    let p50 = |w: &[f64]| testkit::bench::percentile(w, 50.0);
+    report.rows.push(row(
+        format!(
+            "notifications: a platform's subscription hears of {ROLLOUTS} rollouts (creation → first delivery), idle / beside the tenant's 48 hanging subscriptions: p50 / max"
+        ),
+        format!("{:.2} s / {:.2} s; {:.2} s / {:.2} s", p50(idle), max(idle), p50(hanging), max(hanging)),
+        "hanging max ≤ idle max + 10 s (one send timeout)",
+        Some(max(hanging) <= max(idle) + 10.0),
     ));
 }

@@ -14,7 +14,7 @@ const GUARDRAILS: &str = "fleetroll-guardrails";
 /// A namespace of the attack's own, an agent (a ServiceAccount with edit there) and a policy governing the
 /// namespace's ServiceAccounts (requiring an approval or capping batches), enforced by the time this
 /// returns.
-async fn governed(env: &'static Env, prefix: &str, rules: Value) -> (String, Tenant, String) {
+pub(super) async fn governed(env: &'static Env, prefix: &str, rules: Value) -> (String, Tenant, String) {
     let ns = env.scratch_namespace(prefix, &[]).await;
     let agent = Tenant::create(&env.admin, &ns, "agent", &[Grant::cluster_role("edit")]).await;
     let name = govern_namespace(env, &ns, rules).await;

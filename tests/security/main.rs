@@ -21,6 +21,7 @@ mod guardrails;
 mod mcp;
 mod mcp_shares;
 mod members;
+mod notify;
 mod operator;
 mod overlap;
 mod reads;
@@ -33,6 +34,7 @@ use guardrails::*;
 use mcp::*;
 use mcp_shares::*;
 use members::*;
+use notify::*;
 use operator::*;
 use overlap::*;
 use reads::*;
@@ -145,6 +147,7 @@ const ATTACKS: &[Entry] = &[
     attack!(tenant_queries_another_tenants_metrics_backend),
     attack!(fleet_admin_has_an_exec_plugin_send_the_operators_token_elsewhere),
     attack!(member_secret_runs_its_plugin_on_the_previewers_machine),
+    attack!(tenant_hangs_its_sinks_to_silence_the_platforms_audit),
     attack!(a_change_the_api_server_refuses),
     attack!(a_reconcile_panics),
     attack!(adopter_without_rights_or_in_someone_elses_name, exclusive),

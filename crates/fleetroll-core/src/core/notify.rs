@@ -73,6 +73,12 @@ pub fn subscribers<'a>(spec: &'a FleetRolloutSpec, guardrails: &'a Guardrails) -
     own.chain(platform).collect()
 }
 
+/// Whether a delivery key is a platform's subscription (a FleetRolloutPolicy's), not the rollout's own:
+/// those are delivered in a pool of their own, which the tenants' subscriptions cannot fill.
+pub fn is_platform(key: &str) -> bool {
+    key.starts_with("policy/")
+}
+
 /// The subscriber a delivery key names, if it still subscribes.
 pub fn subscriber<'a>(all: &'a [Subscriber<'a>], key: &str) -> Option<&'a Subscriber<'a>> {
     all.iter().find(|s| s.key == key)

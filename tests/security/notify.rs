@@ -1,0 +1,102 @@
+//! Attacks on the platform's notifications: what a FleetRolloutPolicy subscribes to hear about a tenant's
+//! rollouts reaches it, whatever the tenant's own subscriptions do.
+
+use std::time::Instant;
+
+use fleetroll::api::NOTIFY_SECRET_LABEL;
+use k8s_openapi::api::{apps::v1::Deployment, core::v1::Secret};
+use testkit::receiver::{Mode, Receiver, Request};
+
+use super::*;
+
+const ROLLOUTS: usize = 6;
+const SUBSCRIPTIONS: usize = fleetroll::api::SUBSCRIPTIONS_MAX;
+/// How long the operator waits for a sink's answer (its `SEND_TIMEOUT`): a hung sink holds a lane so long.
+const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn sink_secret(name: &str, url: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "labels": {NOTIFY_SECRET_LABEL: "true"}}, "stringData": {"url": url}})
+}
+
+/// When the platform's receiver first heard of rollout `name`, if it has.
+fn first_heard(requests: &[Request], name: &str) -> Option<Instant> {
+    let about = |r: &&Request| r.json.as_ref().is_some_and(|j| j["rollout"]["name"] == name);
+    requests.iter().find(about).map(|r| r.at)
+}
+
+pub(super) async fn tenant_hangs_its_sinks_to_silence_the_platforms_audit(env: &'static Env) -> Row {
+    let (hung, platform) = (Receiver::start(), Receiver::start());
+    hung.set_mode(Mode::Hang);
+    let fleet_ns = env.scratch_namespace("sec-audit-fleet", &[]).await;
+    let secret: Secret = serde_json::from_value(sink_secret("audit", &platform.url("audit"))).unwrap();
+    Api::<Secret>::namespaced(env.admin.clone(), &fleet_ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let audit = json!({"maxBatchSize": 100, "notify": [{"name": "audit", "sink": "Webhook", "secretRef": {"name": "audit"}}]});
+    let (ns, agent, _policy) = guardrails::governed(env, "sec-audit", audit).await;
+    let allow = "--notify-allow=127.0.0.0/8";
+    let _op = Operator::start(&ns, &[allow, "--fleet-namespace", &fleet_ns], &[]);
+    // The tenant's own sinks, all of which hang, made with its own rights.
+    let secrets: Vec<Value> =
+        (0..SUBSCRIPTIONS).map(|s| sink_secret(&format!("hang-{s}"), &hung.url(&format!("s{s}")))).collect();
+    let list = file(&format!("{ns}-sinks"), &json!({"apiVersion": "v1", "kind": "List", "items": secrets}));
+    let made = agent.kubectl(&["create", "-n", &ns, "-f", &list]).await;
+    let deployments: Api<Deployment> = Api::namespaced(env.admin.clone(), &ns);
+    let subscriptions: Vec<Value> = (0..SUBSCRIPTIONS)
+        .map(|s| json!({"name": format!("s{s}"), "sink": "Webhook", "secretRef": {"name": format!("hang-{s}")}}))
+        .collect();
+    let mut created = Vec::new();
+    for r in 0..ROLLOUTS {
+        let fleet = format!("r{r}");
+        let d = testkit::fleet::deployment(&format!("web-{r}"), READY_IMAGE, &[("fleet", &fleet)]);
+        deployments.create(&PostParams::default(), &d).await.unwrap();
+        let spec = json!({"image": testkit::fleet::NEXT_IMAGE, "notify": subscriptions,
+            "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": fleet}}}});
+        let at = Instant::now();
+        if create_as(&agent, &ns, &fleet, spec).await.code == 0 {
+            created.push((fleet, at));
+        }
+    }
+    // Wait (with a deadline far past the bound) until the platform has heard of each rollout.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let requests = loop {
+        let requests = platform.requests();
+        let all = created.iter().all(|(name, _)| first_heard(&requests, name).is_some());
+        if all || Instant::now() > deadline {
+            break requests;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let waits: Vec<Option<f64>> = created
+        .iter()
+        .map(|(name, at)| first_heard(&requests, name).map(|h| h.duration_since(*at).as_secs_f64()))
+        .collect();
+    let slowest = waits.iter().map(|w| w.unwrap_or(f64::INFINITY)).fold(0.0, f64::max);
+    let tried = hung.attempts();
+    hung.set_mode(Mode::Ok);
+    let shown: Vec<String> =
+        waits.iter().map(|w| w.map_or_else(|| "never".into(), |s| format!("{s:.1} s"))).collect();
+    Row {
+        attack: format!(
+            "{ROLLOUTS} rollouts × {SUBSCRIPTIONS} subscriptions to a sink that never answers, beside the \
+             platform's FleetRolloutPolicy subscription to the same rollouts"
+        ),
+        who: who(&agent, "edit; governed by a policy that subscribes the platform's audit sink"),
+        expected: format!(
+            "the platform hears of each rollout within one send timeout ({} s) of its creation",
+            SEND_TIMEOUT.as_secs()
+        ),
+        outcome: format!(
+            "sinks made: {}; {} rollouts, the platform heard of them after [{}]; the hung sink was tried {tried} times",
+            made.code == 0,
+            created.len(),
+            shown.join(", ")
+        ),
+        contained: made.code == 0
+            && created.len() == ROLLOUTS
+            && tried >= SUBSCRIPTIONS
+            && slowest <= SEND_TIMEOUT.as_secs_f64(),
+    }
+}
