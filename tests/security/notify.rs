@@ -60,15 +60,9 @@ pub(super) async fn tenant_hangs_its_sinks_to_silence_the_platforms_audit(env: &
         }
     }
     // Wait (with a deadline far past the bound) until the platform has heard of each rollout.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let requests = loop {
-        let requests = platform.requests();
-        let all = created.iter().all(|(name, _)| first_heard(&requests, name).is_some());
-        if all || Instant::now() > deadline {
-            break requests;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let heard_of_all =
+        |requests: &[Request]| created.iter().all(|(name, _)| first_heard(requests, name).is_some());
+    let requests = platform.wait_until(Duration::from_secs(120), heard_of_all).await.unwrap_or_else(|r| r);
     let waits: Vec<Option<f64>> = created
         .iter()
         .map(|(name, at)| first_heard(&requests, name).map(|h| h.duration_since(*at).as_secs_f64()))

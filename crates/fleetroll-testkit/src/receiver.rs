@@ -154,21 +154,32 @@ impl Receiver {
     /// Polls [`Self::requests`] every 50 ms until `pred` holds of them, and returns them; panics with what
     /// came (and how many attempts) when `deadline` passes first.
     pub async fn wait_for(&self, deadline: Duration, pred: impl Fn(&[Request]) -> bool) -> Vec<Request> {
+        self.wait_until(deadline, pred).await.unwrap_or_else(|requests| {
+            panic!(
+                "receiver {}: the condition did not hold within {deadline:?} ({} attempts, mode {:?}); \
+                 delivered:\n{}",
+                self.addr,
+                self.attempts(),
+                self.mode(),
+                describe(&requests)
+            )
+        })
+    }
+
+    /// [`Self::wait_for`] for a test that judges a miss itself: what came by the deadline, as the error.
+    pub async fn wait_until(
+        &self,
+        deadline: Duration,
+        pred: impl Fn(&[Request]) -> bool,
+    ) -> Result<Vec<Request>, Vec<Request>> {
         let until = Instant::now() + deadline;
         loop {
             let requests = self.requests();
             if pred(&requests) {
-                return requests;
+                return Ok(requests);
             }
             if Instant::now() > until {
-                panic!(
-                    "receiver {}: the condition did not hold within {deadline:?} ({} attempts, mode {:?}); \
-                     delivered:\n{}",
-                    self.addr,
-                    self.attempts(),
-                    self.mode(),
-                    describe(&requests)
-                );
+                return Err(requests);
             }
             tokio::time::sleep(POLL).await;
         }
