@@ -504,8 +504,9 @@ pub(super) async fn health_check_follows_an_externalname_service(env: &'static E
         "spec": {"type": "ExternalName", "externalName": "metadata.google.internal"}});
     dev.kubectl(&["create", "-f", &file(&format!("{}-externalname", fleet.ns), &service)]).await.ok();
     let mut op = Operator::start(&fleet.ns, &[], &[]);
+    // 30 s, as in health_check_attack: the failure must be the refusal, not a target slow to become ready.
     let spec = json!({"image": NEXT_IMAGE, "targets": {"kind": "Deployment", "selector": {"matchLabels": {"fleet": "web"}}},
-        "health": {"timeout": "10s", "http": {"url": "http://{name}.{namespace}.svc:80/computeMetadata/v1/"}}});
+        "health": {"timeout": "30s", "http": {"url": "http://{name}.{namespace}.svc:80/computeMetadata/v1/"}}});
     create_as(&dev, &fleet.ns, "probe", spec).await.ok();
     let fr = fleet.wait_rollout("probe", "the check to fail", VERDICT, |f| phase(f) == Phase::Paused).await;
     let said =
