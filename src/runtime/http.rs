@@ -17,12 +17,16 @@ use axum::{
 };
 use hyper::{body::Incoming, server::conn::http1};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use rustix::net::RecvFlags;
+use tokio::{
+    io::Interest,
+    net::{TcpListener, TcpSocket, TcpStream},
+};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error};
 
 use crate::{
-    mcp::limits::{Accepted, Connections, HEADER_READ_TIMEOUT, MAX_HEADER_BYTES},
+    mcp::limits::{Accepted, Connections, HEADER_READ_TIMEOUT, MAX_HEADER_BYTES, Serving},
     metrics::Metrics,
 };
 
@@ -73,10 +77,11 @@ pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 
 /// Serves `app` on `listener` (HTTP/1.1, as axum's server did here) until `stop`, then lets open
 /// connections finish. Every connection is charged as `mcp::limits::Connections` says (to its address
-/// until a request authenticates on it, then to that caller; read when its address's turn comes), and
-/// must send a request's headers within
-/// [`HEADER_READ_TIMEOUT`] of opening or of its previous answer: a client that sends nothing, or headers a
-/// byte at a time, is cut off, and so is an idle keep-alive connection.
+/// until a request authenticates on it, then to that caller; read at once when its request head has
+/// arrived whole, else when its address's turn comes; at the cap, in place of the oldest idle one), and
+/// must send a request's headers within [`HEADER_READ_TIMEOUT`] of opening or of its previous answer: a
+/// client that sends nothing, or headers a byte at a time, is cut off, and so is an idle keep-alive
+/// connection. Every listener the operator and the plugin open is served here.
 pub async fn serve(listener: TcpListener, app: Router, stop: CancellationToken) -> io::Result<()> {
     let connections = Connections::default();
     let mut http = http1::Builder::new();
@@ -109,7 +114,7 @@ pub async fn serve(listener: TcpListener, app: Router, stop: CancellationToken) 
 }
 
 /// One connection, once its turn to be read has come, each of its requests carrying the `Connection`
-/// (for the MCP guard to charge it).
+/// (for the MCP guard to charge it), and marking it as serving until its answer is sent.
 async fn serve_connection(
     http: http1::Builder,
     stream: TcpStream,
@@ -117,15 +122,25 @@ async fn serve_connection(
     accepted: Accepted,
     stop: CancellationToken,
 ) {
-    let Some(connection) = accepted.admitted().await else {
+    let Some((connection, turn)) = accepted.admitted(head_arrived(&stream)).await else {
         debug!("closed a connection whose turn did not come");
         return;
     };
+    debug!(?turn, "reading a connection");
+    let closed = connection.closed().clone();
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
         let mut request = request.map(Body::new);
         request.extensions_mut().insert(connection.clone());
+        let serving = connection.serving();
         // A Router is always ready: no poll_ready needed.
-        tower::Service::call(&mut app.clone(), request)
+        let answered = tower::Service::call(&mut app.clone(), request);
+        async move {
+            let response = answered.await?;
+            // Until the body is sent (a stream's included), the connection is not idle.
+            Ok::<_, std::convert::Infallible>(
+                response.map(|inner| Body::new(Sending { inner, _serving: serving })),
+            )
+        }
     });
     let served = http.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(served);
@@ -135,10 +150,94 @@ async fn serve_connection(
             served.as_mut().graceful_shutdown();
             served.await
         }
+        () = closed.cancelled() => {
+            debug!("closed an idle connection for a newer one");
+            return;
+        }
     };
     if let Err(e) = ended {
         // Timeouts and clients going away are routine: debug, so a flood is not a flood of log lines.
         debug!(error = %e, "connection ended");
+    }
+}
+
+/// A response body that keeps its connection marked as serving until it is sent or dropped; all else is
+/// the body's own (its size above all, so a whole answer keeps its Content-Length).
+struct Sending {
+    inner: Body,
+    _serving: Serving,
+}
+
+impl http_body::Body for Sending {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The most of a request head looked at before it is read. A longer head (rare: a ServiceAccount token is
+/// about a kilobyte) waits for its address's turn, as one that has not arrived does.
+const PEEK_BYTES: usize = 8 * 1024;
+
+/// True once the connection's first request head has arrived whole, left in the socket for hyper to read;
+/// false when the peer closes first; never for a head longer than [`PEEK_BYTES`].
+async fn head_arrived(stream: &TcpStream) -> bool {
+    loop {
+        let Ok(ready) = stream.ready(Interest::READABLE).await else { return false };
+        // WouldBlock from the closure clears the readiness: the next wait is for bytes not yet seen. A peer
+        // that has closed stays readable: its head will never be whole, and waiting again would spin.
+        let peeked = stream.try_io(Interest::READABLE, || {
+            let mut buf = [0u8; PEEK_BYTES];
+            let (n, _) = rustix::net::recv(stream, &mut buf[..], RecvFlags::PEEK)?;
+            match head_state(&buf[..n], n == buf.len()) {
+                Head::Incomplete => Err(io::ErrorKind::WouldBlock.into()),
+                state => Ok(state),
+            }
+        });
+        match peeked {
+            Ok(Head::Whole) => return true,
+            Ok(Head::Closed) => return false,
+            Ok(Head::TooLong) => return std::future::pending().await,
+            Ok(Head::Incomplete) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && !ready.is_read_closed() => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Head {
+    Whole,
+    Incomplete,
+    TooLong,
+    /// Nothing came before the peer closed.
+    Closed,
+}
+
+/// What the bytes received so far hold of a request head (`full`: they filled the buffer). Blank lines
+/// before the request line are skipped, as HTTP/1.1 servers do: they do not make a head.
+fn head_state(bytes: &[u8], full: bool) -> Head {
+    if bytes.is_empty() {
+        return Head::Closed;
+    }
+    let start = bytes.iter().position(|b| !matches!(b, b'\r' | b'\n')).unwrap_or(bytes.len());
+    match bytes[start..].windows(4).any(|w| w == b"\r\n\r\n") {
+        true => Head::Whole,
+        false if full => Head::TooLong,
+        false => Head::Incomplete,
     }
 }
 
@@ -212,6 +311,39 @@ mod tests {
 
         stop.cancel();
         server.await.unwrap().unwrap();
+    }
+
+    /// A peer that closes with half a head stays readable for ever: waiting for the rest would spin.
+    #[tokio::test]
+    async fn a_head_is_looked_for_until_it_is_whole_or_the_peer_has_closed() {
+        use tokio::io::AsyncWriteExt;
+        let listener = listen(([127, 0, 0, 1], 0).into()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let within = Duration::from_secs(5);
+
+        let mut whole = TcpStream::connect(addr).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        whole.write_all(b"GET / HTTP/1.1\r\nHost: x").await.unwrap();
+        let arrived = tokio::spawn(async move { head_arrived(&server).await });
+        whole.write_all(b"\r\n\r\n").await.unwrap();
+        assert!(tokio::time::timeout(within, arrived).await.unwrap().unwrap(), "whole once the rest came");
+
+        let mut half = TcpStream::connect(addr).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        half.write_all(b"POST /mcp HTTP/1.1\r\nX-Padding: a").await.unwrap();
+        half.shutdown().await.unwrap();
+        let arrived = tokio::time::timeout(within, head_arrived(&server)).await;
+        assert_eq!(arrived.ok(), Some(false), "given up as soon as the peer closed");
+    }
+
+    #[test]
+    fn a_head_is_whole_at_its_blank_line_not_before() {
+        assert_eq!(head_state(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", false), Head::Whole);
+        assert_eq!(head_state(b"POST /mcp HTTP/1.1\r\nHost: x\r\n\r\n{\"jsonrpc\"", false), Head::Whole);
+        assert_eq!(head_state(b"GET / HTTP/1.1\r\nHost: x\r\n", false), Head::Incomplete);
+        assert_eq!(head_state(b"\r\n\r\n\r\nGET", false), Head::Incomplete, "blank lines first are no head");
+        assert_eq!(head_state(b"GET / HTTP/1.1\r\nX: aaaa", true), Head::TooLong);
+        assert_eq!(head_state(b"", false), Head::Closed);
     }
 
     #[tokio::test]

@@ -1,6 +1,7 @@
 //! Fair shares on `/mcp`, measured: an agent's `tasks/get` latency while another tenant's caller holds as
 //! many slow-body POSTs as it can (each promising a body it never sends), beside the same agent unflooded,
-//! both with real ServiceAccount tokens on a server that checks them.
+//! both with real ServiceAccount tokens on a server that checks them; and the same agent, each call on a new
+//! connection, beside 1,500 connections from 12 addresses dribbling their headers, against unflooded.
 
 use std::time::Duration;
 
@@ -21,21 +22,35 @@ const POLLERS: usize = 4;
 /// The flooder's slow-body POSTs held at once: more than all the server's request slots.
 const SLOW_BODIES: usize = 260;
 
-/// `tasks/get` of `task` as `token`, on `POLLERS` loops for `seconds`: sorted latencies (s), and the
-/// statuses of calls that were not answered with a result.
-async fn poll(url: &str, token: &str, task: &str, seconds: u64) -> (Vec<f64>, Vec<String>) {
+/// The slow-header flood: this many addresses, this many connections from each.
+const HEADER_SOURCES: u8 = 12;
+const HEADERS_PER_SOURCE: usize = 125;
+
+/// `tasks/get` of `task` as `token`, on `POLLERS` loops for `seconds` (each call on a new connection when
+/// `fresh`): sorted latencies (s), and the statuses of calls that were not answered with a result (000: the
+/// connection closed unanswered).
+async fn poll(url: &str, token: &str, task: &str, seconds: u64, fresh: bool) -> (Vec<f64>, Vec<String>) {
     let until = Instant::now() + Duration::from_secs(seconds);
     let loops = (0..POLLERS).map(|_| {
         let (url, token, task) = (url.to_string(), token.to_string(), task.to_string());
         tokio::spawn(async move {
-            let http = reqwest::Client::new();
+            let mut http = reqwest::Client::builder();
+            if fresh {
+                http = http.pool_max_idle_per_host(0);
+            }
+            let http = http.build().unwrap();
             let (mut latencies, mut failed) = (Vec::new(), Vec::new());
             while Instant::now() < until {
                 let started = Instant::now();
                 let tasks = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
                 let params = json!({"taskId": task});
-                let r =
-                    testkit::mcp::post(&http, &url, Some(&token), "tasks/get", &task, params, tasks).await;
+                let sent =
+                    testkit::mcp::try_post(&http, &url, Some(&token), "tasks/get", &task, params, tasks);
+                let Ok(r) = sent.await else {
+                    latencies.push(started.elapsed().as_secs_f64());
+                    failed.push("000".to_string());
+                    continue;
+                };
                 let status = r.status();
                 let body: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap_or_default();
                 latencies.push(started.elapsed().as_secs_f64());
@@ -90,14 +105,14 @@ pub async fn mcp_fairness(client: &Client, sizes: &Sizes, report: &mut Report, n
     let task =
         started["result"]["taskId"].as_str().unwrap_or_else(|| panic!("no task: {started}")).to_string();
 
-    let (calm, calm_failed) = poll(&url, &agent_token, &task, seconds).await;
+    let (calm, calm_failed) = poll(&url, &agent_token, &task, seconds, false).await;
     // The flood outlasts the polling by a body allowance, so that the whole poll is under it.
     let until = Instant::now() + Duration::from_secs(seconds + 6);
     let flood = tokio::spawn({
         let (url, token) = (url.clone(), flooder_token.clone());
         async move { flood::slow_bodies(&url, &token, SLOW_BODIES, until).await }
     });
-    let (flooded, flooded_failed) = poll(&url, &agent_token, &task, seconds).await;
+    let (flooded, flooded_failed) = poll(&url, &agent_token, &task, seconds, false).await;
     let flood = flood.await.unwrap();
     assert!(
         calm_failed.is_empty() && flooded_failed.is_empty(),
@@ -132,5 +147,41 @@ pub async fn mcp_fairness(client: &Client, sizes: &Sizes, report: &mut Report, n
         format!("{ratio:.2}"),
         "≤ 2",
         Some(ratio <= 2.0),
+    ));
+
+    // Connections before requests: the agent on new connections, unflooded and beside slow headers.
+    let (fresh_calm, fresh_calm_failed) = poll(&url, &agent_token, &task, seconds, true).await;
+    let until = Instant::now() + Duration::from_secs(seconds + 2);
+    let sources: Vec<std::net::Ipv4Addr> =
+        (1..=HEADER_SOURCES).map(|i| std::net::Ipv4Addr::new(127, 0, 1, i)).collect();
+    let addr = flood::addr_of(&url);
+    let headers = tokio::spawn(async move {
+        flood::slow_header_flood(addr, &sources, HEADERS_PER_SOURCE, Duration::from_secs(1), until).await
+    });
+    let (fresh_flooded, fresh_flooded_failed) = poll(&url, &agent_token, &task, seconds, true).await;
+    let headers = headers.await.unwrap();
+    let total = usize::from(HEADER_SOURCES) * HEADERS_PER_SOURCE;
+    assert!(fresh_calm_failed.is_empty(), "fairness: the agent was refused unflooded: {fresh_calm_failed:?}");
+    report.rows.push(row(
+        format!("MCP fairness: an agent's tasks/get on new connections, {POLLERS} concurrent, unflooded: p50 / p99"),
+        format!("{} ({} calls)", testkit::bench::p50_p99_ms(&fresh_calm), fresh_calm.len()),
+        "",
+        None,
+    ));
+    let ratio = p99(&fresh_flooded) / p99(&fresh_calm);
+    report.rows.push(row(
+        format!(
+            "known caller's tasks/get on new connections under {total} slow-header connections from {HEADER_SOURCES} addresses: p50 / p99 (flooded / unflooded p99)"
+        ),
+        format!(
+            "{} ({} calls, {} refused; flood opened {}, {} cut); {ratio:.2}",
+            testkit::bench::p50_p99_ms(&fresh_flooded),
+            fresh_flooded.len(),
+            fresh_flooded_failed.len(),
+            headers.opened,
+            headers.closed,
+        ),
+        "≤ 2, 0 refused",
+        Some(ratio <= 2.0 && fresh_flooded_failed.is_empty()),
     ));
 }

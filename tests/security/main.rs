@@ -159,6 +159,7 @@ const ATTACKS: &[Entry] = &[
     attack!(a_foreign_page_calls_the_mcp_server),
     attack!(a_flood_of_random_bearer_tokens, exclusive),
     attack!(one_mcp_tenant_floods_slow_bodies_connections_and_permission_checks, exclusive),
+    attack!(slow_header_connections_from_many_addresses_leave_callers_unanswered, exclusive),
 ];
 
 /// What the attacks share: namespaces t1, t2 and a fleet namespace, and the identities acting in them.

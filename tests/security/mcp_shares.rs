@@ -192,3 +192,73 @@ pub(super) async fn one_mcp_tenant_floods_slow_bodies_connections_and_permission
             && rss_during < rss_before + 32 * 1024,
     }
 }
+
+/// A known caller's `list_rollouts`, each on a new connection (an agent starting, or one whose pool the
+/// server closed), one after another until `until`.
+async fn calls_on_new_connections(url: &str, token: &str, ns: &str, until: Instant) -> Calls {
+    let fresh = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let list = json!({"name": "list_rollouts", "arguments": {"namespace": ns}});
+    let mut calls = Calls::default();
+    while Instant::now() < until {
+        let started = Instant::now();
+        let sent = testkit::mcp::try_post(
+            &fresh,
+            url,
+            Some(token),
+            "tools/call",
+            "list_rollouts",
+            list.clone(),
+            json!({}),
+        );
+        // 0: the connection was closed (or never accepted) without an answer.
+        let status = sent.await.map_or(0, |r| r.status().as_u16());
+        calls.latencies.push(started.elapsed().as_secs_f64());
+        if status != 200 {
+            calls.failed.push(status);
+        }
+    }
+    calls
+}
+
+pub(super) async fn slow_header_connections_from_many_addresses_leave_callers_unanswered(
+    env: &'static Env,
+) -> Row {
+    const SOURCES: u8 = 12;
+    const PER_SOURCE: usize = 125;
+    const ATTACK: Duration = Duration::from_secs(20);
+    let op = mcp_server(&env.t1).await;
+    let url = op.mcp_url();
+    let known = mcp_token(env, &env.dev1, &url).await;
+    let quiet =
+        calls_on_new_connections(&url, &known, &env.t1, Instant::now() + Duration::from_secs(3)).await;
+    let until = Instant::now() + ATTACK;
+    let sources: Vec<Ipv4Addr> = (1..=SOURCES).map(|i| Ipv4Addr::new(127, 0, 1, i)).collect();
+    let addr = flood::addr_of(&url);
+    let flood = tokio::spawn(async move {
+        flood::slow_header_flood(addr, &sources, PER_SOURCE, Duration::from_secs(1), until).await
+    });
+    let during = calls_on_new_connections(&url, &known, &env.t1, until).await;
+    let flood = flood.await.unwrap();
+    let total = usize::from(SOURCES) * PER_SOURCE;
+    Row {
+        attack: format!(
+            "{total} connections from {SOURCES} addresses send /mcp headers a byte a second (opened again when \
+             cut) for {}s, while another tenant's agent calls on new connections",
+            ATTACK.as_secs()
+        ),
+        who: "anyone who can reach /mcp, no token".into(),
+        expected: "every call of the agent answered 200; the flood held to the caps".into(),
+        outcome: format!(
+            "agent unflooded: {}; during: {}, not answered 200: {:?}; flood opened {} connections, {} cut or refused",
+            quiet.summary(),
+            during.summary(),
+            during.failed,
+            flood.opened,
+            flood.closed
+        ),
+        contained: quiet.failed.is_empty()
+            && during.latencies.len() >= 10
+            && during.failed.is_empty()
+            && flood.opened >= total,
+    }
+}

@@ -293,3 +293,74 @@ pub async fn unauthenticated_slow_body(
     let closed = closed_within(&mut stream, Duration::from_secs(60)).await.map(|_| started.elapsed());
     (answer, answered, closed)
 }
+
+/// What a slow-header flood did: connections it opened, and how many of them the server closed (or
+/// refused) before the flood ended.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HeaderFlood {
+    pub opened: usize,
+    pub closed: usize,
+}
+
+/// `per_source` connections from each of `sources`, each sending a `/mcp` request's headers a byte every
+/// `every` and never finishing them, each opened again as soon as the server closes it, until `until`:
+/// as many addresses as a botnet (or a NAT'd fleet) would come from.
+pub async fn slow_header_flood(
+    addr: SocketAddr,
+    sources: &[Ipv4Addr],
+    per_source: usize,
+    every: Duration,
+    until: Instant,
+) -> HeaderFlood {
+    let workers: Vec<_> = sources
+        .iter()
+        .flat_map(|source| std::iter::repeat_n(*source, per_source))
+        .map(|source| tokio::spawn(dribbler(addr, source, every, until)))
+        .collect();
+    let mut flood = HeaderFlood::default();
+    for worker in workers {
+        let (opened, closed) = worker.await.unwrap_or_default();
+        flood.opened += opened;
+        flood.closed += closed;
+    }
+    flood
+}
+
+/// One of [`slow_header_flood`]'s connections, again and again: (opened, closed by the server).
+async fn dribbler(addr: SocketAddr, source: Ipv4Addr, every: Duration, until: Instant) -> (usize, usize) {
+    let (mut opened, mut closed) = (0, 0);
+    while Instant::now() < until {
+        let Ok(mut stream) = connect_from(source, addr).await else {
+            closed += 1;
+            // The attacker's pacing before it tries again: not a wait for anything.
+            tokio::time::sleep(every).await;
+            continue;
+        };
+        opened += 1;
+        let (mut reader, mut writer) = stream.split();
+        let head = format!("POST /mcp HTTP/1.1\r\nHost: {addr}\r\nX-Padding: ");
+        let dribble = async {
+            for byte in head.bytes().chain(std::iter::repeat(b'a')) {
+                if writer.write_all(&[byte]).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(every).await;
+            }
+        };
+        let cut = async {
+            let mut chunk = [0u8; 1024];
+            while reader.read(&mut chunk).await.is_ok_and(|n| n > 0) {}
+        };
+        let ended = async {
+            tokio::select! {
+                () = dribble => {}
+                () = cut => {}
+            }
+        };
+        match tokio::time::timeout_at(until, ended).await {
+            Ok(()) => closed += 1,
+            Err(_) => break,
+        }
+    }
+    (opened, closed)
+}

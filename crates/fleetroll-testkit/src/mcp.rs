@@ -79,9 +79,22 @@ pub async fn post(
     token: Option<&str>,
     method: &str,
     name: &str,
-    mut params: Value,
+    params: Value,
     capabilities: Value,
 ) -> reqwest::Response {
+    try_post(http, url, token, method, name, params, capabilities).await.expect("POST to the MCP endpoint")
+}
+
+/// [`post`], with a connection the server closed unanswered (HTTP "000") as an error.
+pub async fn try_post(
+    http: &reqwest::Client,
+    url: &str,
+    token: Option<&str>,
+    method: &str,
+    name: &str,
+    mut params: Value,
+    capabilities: Value,
+) -> reqwest::Result<reqwest::Response> {
     params["_meta"] = serde_json::json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": capabilities});
     let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
@@ -96,5 +109,5 @@ pub async fn post(
     if let Some(token) = token {
         request = request.bearer_auth(token);
     }
-    request.send().await.expect("POST to the MCP endpoint")
+    request.send().await
 }

@@ -34,7 +34,7 @@ pub use self::budget::Rate;
 pub(crate) use self::{
     budget::{CallerBudgets, ReviewBudget},
     cache::{Cached, TtlLru},
-    connections::{Accepted, Connection, Connections},
+    connections::{Accepted, Connection, Connections, Serving},
     shares::{Caller, InFlight},
 };
 

@@ -60,8 +60,9 @@ pub(super) async fn dashboard(
             options.address
         )));
     }
+    // The operator's listener: bounded connections and header deadlines, as on every listener of ours.
     let listener =
-        tokio::net::TcpListener::bind(SocketAddr::new(options.address, options.port)).await.map_err(|e| {
+        crate::runtime::http::listen(SocketAddr::new(options.address, options.port)).map_err(|e| {
             PluginError::Usage(format!("cannot listen on {}:{}: {e}", options.address, options.port))
         })?;
     let listening = listener.local_addr().map_err(|e| PluginError::Failed(e.to_string()))?;
@@ -78,11 +79,15 @@ pub(super) async fn dashboard(
     let url = format!("http://{}/#token={}", shown_address(listening), dash.token);
     println!("fleetroll dashboard: {url}");
     let opened = if options.open { open_browser(&url) } else { None };
-    let served = axum::serve(listener, router(dash))
-        .with_graceful_shutdown(async {
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn({
+        let stop = stop.clone();
+        async move {
             let _ = tokio::signal::ctrl_c().await;
-        })
-        .await;
+            stop.cancel();
+        }
+    });
+    let served = crate::runtime::http::serve(listener, router(dash), stop).await;
     if let Some(file) = opened {
         let _ = std::fs::remove_file(file);
     }
