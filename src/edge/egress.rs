@@ -63,7 +63,7 @@ impl Resolve for GuardedResolver {
         let purpose = self.purpose;
         let host = name.as_str().to_string();
         Box::pin(async move {
-            let lookup = match policy.service(&host) {
+            let lookup = match policy.service(&host).or_else(|| service_in_a_namespace(&policy, &host)) {
                 Some((service, absolute)) => {
                     if let Some(services) = &services
                         && services.is_external_name(&service).await?
@@ -76,7 +76,7 @@ impl Resolve for GuardedResolver {
                     }
                     absolute
                 }
-                None => host.clone(),
+                None => absolute(&host),
             };
             let resolved: Vec<std::net::SocketAddr> =
                 tokio::net::lookup_host((lookup.as_str(), 0)).await?.collect();
@@ -98,6 +98,26 @@ impl Resolve for GuardedResolver {
             Ok(Box::new(allowed.into_iter()) as Addrs)
         })
     }
+}
+
+/// `name.namespace`, which a pod's resolver reads as a Service (the first place its search path finds
+/// it): judged as one, so that an ExternalName Service is not followed that way either. A public domain of
+/// two labels is written absolute (`acme.dev.`).
+fn service_in_a_namespace(policy: &Policy, host: &str) -> Option<(ServiceName, String)> {
+    let (name, namespace) = host.split_once('.')?;
+    if namespace.contains('.') || namespace.is_empty() {
+        return None;
+    }
+    policy.service(&format!("{name}.{namespace}.svc"))
+}
+
+/// The name to look up for `host`, which is not a Service's: a name with a dot as absolute, so that the
+/// resolver's search path never tries it inside the cluster first (`audit.acme.dev` would be tried as
+/// `audit.acme.dev.svc.cluster.local`: a pod `audit` under Service `acme` in a namespace called `dev`,
+/// which its tenant controls). A single label (`localhost`) stays as it is: only the hosts file and the
+/// operator's own namespace answer for it first.
+fn absolute(host: &str) -> String {
+    if host.contains('.') && !host.ends_with('.') { format!("{host}.") } else { host.to_string() }
 }
 
 /// Whether Services are ExternalName ones, read from the API server and remembered for a short while.
@@ -185,5 +205,19 @@ mod tests {
         };
         let resolver = guarded(reachable);
         assert!(resolver.resolve("localhost".parse::<Name>().unwrap()).await.is_ok());
+    }
+
+    #[test]
+    fn a_dotted_name_is_a_service_in_a_namespace_or_looked_up_outside_the_search_path() {
+        assert_eq!(absolute("audit.acme.dev"), "audit.acme.dev.");
+        assert_eq!(absolute("acme.dev."), "acme.dev.");
+        assert_eq!(absolute("localhost"), "localhost");
+        let policy = Policy::default();
+        let (service, lookup) = service_in_a_namespace(&policy, "prometheus.monitoring").unwrap();
+        assert_eq!((service.name.as_str(), service.namespace.as_str()), ("prometheus", "monitoring"));
+        assert_eq!(lookup, "prometheus.monitoring.svc.cluster.local.");
+        for not_a_service in ["acme.dev.", "audit.acme.dev", "localhost", "a..b", ".dev"] {
+            assert!(service_in_a_namespace(&policy, not_a_service).is_none(), "{not_a_service}");
+        }
     }
 }
