@@ -135,6 +135,8 @@ impl Policy {
             Some("loopback")
         } else if is_link_local(ip) {
             Some("link-local (cloud metadata services live there)")
+        } else if METADATA_SERVICES.contains(&ip) {
+            Some("a cloud metadata service")
         } else if ip.is_unspecified() {
             Some("unspecified")
         } else if ip.is_multicast() || ip == IpAddr::from([255, 255, 255, 255]) {
@@ -217,6 +219,13 @@ fn canonical(ip: IpAddr) -> IpAddr {
         v4 => v4,
     }
 }
+
+/// Cloud metadata services outside link-local space: AWS's and GCP's IPv6 endpoints, Alibaba Cloud's.
+const METADATA_SERVICES: [IpAddr; 3] = [
+    IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
+    IpAddr::V6(std::net::Ipv6Addr::new(0xfd20, 0xce, 0, 0, 0, 0, 0, 0x254)),
+    IpAddr::V4(std::net::Ipv4Addr::new(100, 100, 100, 200)),
+];
 
 fn is_link_local(ip: IpAddr) -> bool {
     match ip {
@@ -309,6 +318,10 @@ mod tests {
             "255.255.255.255",
             "10.96.0.1",
             "192.168.5.10",
+            "fd00:ec2::254",
+            "fd20:ce::254",
+            "100.100.100.200",
+            "::ffff:100.100.100.200",
         ] {
             let refusal = p.check_address(bad.parse().unwrap(), HEALTH);
             assert!(refusal.is_err(), "{bad} was allowed");
