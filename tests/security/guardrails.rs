@@ -186,6 +186,40 @@ pub(super) async fn governed_agent_loosens_someone_elses_rollout(env: &'static E
     )
 }
 
+pub(super) async fn governed_agent_repoints_an_ungoverned_rollout(env: &'static Env) -> Row {
+    let rules = json!({"approval": "FirstBatch", "maxBatchSize": 2, "requireAnalysis": true});
+    let (ns, agent, policy) = governed(env, "sec-repoint", rules).await;
+    // A person's rollout (the cluster admin's), which no policy governs: no approval, no analysis.
+    let fr: FleetRollout = serde_json::from_value(json!({
+        "apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout", "metadata": {"name": "persons"},
+        "spec": deployments_spec(),
+    }))
+    .unwrap();
+    Api::<FleetRollout>::namespaced(env.admin.clone(), &ns)
+        .create(&PostParams::default(), &fr)
+        .await
+        .unwrap();
+    // The agent gives it an image of its choosing, all at once: no rule it newly breaks, yet the operator
+    // would plan it by the person's policies (none).
+    let repoint = json!({"spec": {"image": "registry.example/evil:1", "strategy": {"batchSize": "100%"}}});
+    let ran = agent
+        .kubectl(&["patch", "fleetrollout", "persons", "-n", &ns, "--type=merge", "-p", &repoint.to_string()])
+        .await;
+    // Pausing it stays allowed.
+    let pause = json!({"spec": {"paused": true}}).to_string();
+    let paused =
+        agent.kubectl(&["patch", "fleetrollout", "persons", "-n", &ns, "--type=merge", "-p", &pause]).await;
+    let mut row = judged(
+        "changes the image and batch size of a rollout someone ungoverned created (no rule is newly broken)",
+        who(&agent, "edit; governed by a policy"),
+        "denied, naming the policy: what is planned of another's rollout is not the governed agent's to change; pausing it is",
+        &ran,
+        refused_by(&ran, &policy, "writers") && paused.code == 0,
+    );
+    row.outcome = format!("{}; pausing it: exit {}", row.outcome, paused.code);
+    row
+}
+
 pub(super) async fn approval_given_before_a_policy_named_approvers(env: &'static Env) -> Row {
     let ns = env.scratch_namespace("sec-early", &[]).await;
     let agent = Tenant::create(&env.admin, &ns, "agent", &[Grant::cluster_role("edit")]).await;

@@ -119,6 +119,7 @@ const ATTACKS: &[Entry] = &[
     attack!(every_serviceaccount_and_the_group_agents_are_governed, exclusive),
     attack!(a_plan_beyond_a_policys_caps_is_held),
     attack!(governed_agent_loosens_someone_elses_rollout),
+    attack!(governed_agent_repoints_an_ungoverned_rollout),
     attack!(finalizer_stripped_from_a_held_node_rollout),
     attack!(owner_reference_makes_the_garbage_collector_delete_a_rollout),
     attack!(deleting_a_rollout_that_still_runs),
