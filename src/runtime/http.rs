@@ -188,19 +188,20 @@ impl http_body::Body for Sending {
     }
 }
 
-/// The most of a request head looked at before it is read. A longer head (rare: a ServiceAccount token is
-/// about a kilobyte) waits for its address's turn, as one that has not arrived does.
-const PEEK_BYTES: usize = 8 * 1024;
+/// As much of a request head as is looked at before it is read: all that hyper would take
+/// ([`MAX_HEADER_BYTES`]), so that a person's OIDC token of 10 KiB is read at once like a ServiceAccount's.
+const PEEK_BYTES: usize = MAX_HEADER_BYTES;
 
-/// True once the connection's first request head has arrived whole, left in the socket for hyper to read;
-/// false when the peer closes first; never for a head longer than [`PEEK_BYTES`].
+/// True once the connection's first request head has arrived (left in the socket for hyper to read), or
+/// once hyper would refuse what came (not HTTP/1, too long): either way hyper answers it at once. False
+/// when the peer closes first.
 async fn head_arrived(stream: &TcpStream) -> bool {
     loop {
         let Ok(ready) = stream.ready(Interest::READABLE).await else { return false };
         // WouldBlock from the closure clears the readiness: the next wait is for bytes not yet seen. A peer
         // that has closed stays readable: its head will never be whole, and waiting again would spin.
         let peeked = stream.try_io(Interest::READABLE, || {
-            let mut buf = [0u8; PEEK_BYTES];
+            let mut buf = vec![0u8; PEEK_BYTES];
             let (n, _) = rustix::net::recv(stream, &mut buf[..], RecvFlags::PEEK)?;
             match head_state(&buf[..n], n == buf.len()) {
                 Head::Incomplete => Err(io::ErrorKind::WouldBlock.into()),
@@ -210,7 +211,6 @@ async fn head_arrived(stream: &TcpStream) -> bool {
         match peeked {
             Ok(Head::Whole) => return true,
             Ok(Head::Closed) => return false,
-            Ok(Head::TooLong) => return std::future::pending().await,
             Ok(Head::Incomplete) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock && !ready.is_read_closed() => {}
             Err(_) => return false,
@@ -220,24 +220,24 @@ async fn head_arrived(stream: &TcpStream) -> bool {
 
 #[derive(Debug, PartialEq, Eq)]
 enum Head {
+    /// A head hyper can read at once: whole, or one it refuses at once (malformed, or longer than it takes).
     Whole,
     Incomplete,
-    TooLong,
     /// Nothing came before the peer closed.
     Closed,
 }
 
-/// What the bytes received so far hold of a request head (`full`: they filled the buffer). Blank lines
-/// before the request line are skipped, as HTTP/1.1 servers do: they do not make a head.
+/// What the bytes received so far hold of a request head (`full`: they filled the buffer), judged by
+/// httparse, the parser hyper reads it with (blank lines before the request line are no head; a bare LF
+/// ends a line).
 fn head_state(bytes: &[u8], full: bool) -> Head {
     if bytes.is_empty() {
         return Head::Closed;
     }
-    let start = bytes.iter().position(|b| !matches!(b, b'\r' | b'\n')).unwrap_or(bytes.len());
-    match bytes[start..].windows(4).any(|w| w == b"\r\n\r\n") {
-        true => Head::Whole,
-        false if full => Head::TooLong,
-        false => Head::Incomplete,
+    let mut headers = [httparse::EMPTY_HEADER; 128];
+    match httparse::Request::new(&mut headers).parse(bytes) {
+        Ok(httparse::Status::Partial) if !full => Head::Incomplete,
+        _ => Head::Whole,
     }
 }
 
@@ -342,7 +342,9 @@ mod tests {
         assert_eq!(head_state(b"POST /mcp HTTP/1.1\r\nHost: x\r\n\r\n{\"jsonrpc\"", false), Head::Whole);
         assert_eq!(head_state(b"GET / HTTP/1.1\r\nHost: x\r\n", false), Head::Incomplete);
         assert_eq!(head_state(b"\r\n\r\n\r\nGET", false), Head::Incomplete, "blank lines first are no head");
-        assert_eq!(head_state(b"GET / HTTP/1.1\r\nX: aaaa", true), Head::TooLong);
+        assert_eq!(head_state(b"GET / HTTP/1.1\nHost: x\n\n", false), Head::Whole, "bare LFs, as httparse reads");
+        assert_eq!(head_state(b"GET / HTTP/1.1\r\nX: aaaa", true), Head::Whole, "too long: hyper refuses it at once");
+        assert_eq!(head_state(b"\x16\x03\x01\x02\x00", false), Head::Whole, "not HTTP: hyper refuses it at once");
         assert_eq!(head_state(b"", false), Head::Closed);
     }
 
