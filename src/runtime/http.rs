@@ -342,9 +342,21 @@ mod tests {
         assert_eq!(head_state(b"POST /mcp HTTP/1.1\r\nHost: x\r\n\r\n{\"jsonrpc\"", false), Head::Whole);
         assert_eq!(head_state(b"GET / HTTP/1.1\r\nHost: x\r\n", false), Head::Incomplete);
         assert_eq!(head_state(b"\r\n\r\n\r\nGET", false), Head::Incomplete, "blank lines first are no head");
-        assert_eq!(head_state(b"GET / HTTP/1.1\nHost: x\n\n", false), Head::Whole, "bare LFs, as httparse reads");
-        assert_eq!(head_state(b"GET / HTTP/1.1\r\nX: aaaa", true), Head::Whole, "too long: hyper refuses it at once");
-        assert_eq!(head_state(b"\x16\x03\x01\x02\x00", false), Head::Whole, "not HTTP: hyper refuses it at once");
+        assert_eq!(
+            head_state(b"GET / HTTP/1.1\nHost: x\n\n", false),
+            Head::Whole,
+            "bare LFs, as httparse reads"
+        );
+        assert_eq!(
+            head_state(b"GET / HTTP/1.1\r\nX: aaaa", true),
+            Head::Whole,
+            "too long: hyper refuses it at once"
+        );
+        assert_eq!(
+            head_state(b"\x16\x03\x01\x02\x00", false),
+            Head::Whole,
+            "not HTTP: hyper refuses it at once"
+        );
         assert_eq!(head_state(b"", false), Head::Closed);
     }
 
