@@ -252,6 +252,15 @@ pub async fn slow_headers(
 ) -> Option<Duration> {
     let mut stream = connect_from(source, addr).await.ok()?;
     let started = Instant::now();
+    tokio::time::timeout(wait, dribble_until_cut(&mut stream, addr, every))
+        .await
+        .ok()
+        .map(|()| started.elapsed())
+}
+
+/// Sends a `/mcp` request's headers on `stream` a byte every `every`, never finishing them, until the
+/// server cuts the connection off.
+async fn dribble_until_cut(stream: &mut TcpStream, addr: SocketAddr, every: Duration) {
     let (mut reader, mut writer) = stream.split();
     let head = format!("POST /mcp HTTP/1.1\r\nHost: {addr}\r\nX-Padding: ");
     let dribble = async {
@@ -267,13 +276,10 @@ pub async fn slow_headers(
         let mut chunk = [0u8; 1024];
         while reader.read(&mut chunk).await.is_ok_and(|n| n > 0) {}
     };
-    let cut = async {
-        tokio::select! {
-            () = dribble => {}
-            () = closed => {}
-        }
-    };
-    tokio::time::timeout(wait, cut).await.ok().map(|()| started.elapsed())
+    tokio::select! {
+        () = dribble => {}
+        () = closed => {}
+    }
 }
 
 /// A POST from `source` with a bearer token no one issued, whose body stops after its first byte: its
@@ -337,27 +343,7 @@ async fn dribbler(addr: SocketAddr, source: Ipv4Addr, every: Duration, until: In
             continue;
         };
         opened += 1;
-        let (mut reader, mut writer) = stream.split();
-        let head = format!("POST /mcp HTTP/1.1\r\nHost: {addr}\r\nX-Padding: ");
-        let dribble = async {
-            for byte in head.bytes().chain(std::iter::repeat(b'a')) {
-                if writer.write_all(&[byte]).await.is_err() {
-                    return;
-                }
-                tokio::time::sleep(every).await;
-            }
-        };
-        let cut = async {
-            let mut chunk = [0u8; 1024];
-            while reader.read(&mut chunk).await.is_ok_and(|n| n > 0) {}
-        };
-        let ended = async {
-            tokio::select! {
-                () = dribble => {}
-                () = cut => {}
-            }
-        };
-        match tokio::time::timeout_at(until, ended).await {
+        match tokio::time::timeout_at(until, dribble_until_cut(&mut stream, addr, every)).await {
             Ok(()) => closed += 1,
             Err(_) => break,
         }
