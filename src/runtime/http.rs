@@ -5,21 +5,28 @@
 use std::{
     io,
     net::SocketAddr,
+    pin::Pin,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
+    task::{Context, Poll},
     time::Duration,
 };
 
 use axum::{
-    Router, body::Body, extract::State, http::Request, http::StatusCode, response::IntoResponse, routing::get,
+    Router,
+    body::Body,
+    extract::State,
+    http::{HeaderValue, Request, StatusCode, header},
+    response::IntoResponse,
+    routing::get,
 };
 use hyper::{body::Incoming, server::conn::http1};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use rustix::net::RecvFlags;
 use tokio::{
-    io::Interest,
+    io::{AsyncRead, AsyncWrite, Interest, ReadBuf},
     net::{TcpListener, TcpSocket, TcpStream},
 };
 use tokio_util::sync::CancellationToken;
@@ -81,7 +88,9 @@ pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 /// arrived whole, else when its address's turn comes; at the cap, in place of the oldest idle one), and
 /// must send a request's headers within [`HEADER_READ_TIMEOUT`] of opening or of its previous answer: a
 /// client that sends nothing, or headers a byte at a time, is cut off, and so is an idle keep-alive
-/// connection. Every listener the operator and the plugin open is served here.
+/// connection. A connection no caller has authenticated on (a probe, a scrape, a refusal) is answered once
+/// and closed, and one whose answers are not read is cut off after [`WRITE_STALL_TIMEOUT`] without
+/// progress. Every listener the operator and the plugin open is served here.
 pub async fn serve(listener: TcpListener, app: Router, stop: CancellationToken) -> io::Result<()> {
     let connections = Connections::default();
     let mut http = http1::Builder::new();
@@ -134,15 +143,21 @@ async fn serve_connection(
         let serving = connection.serving();
         // A Router is always ready: no poll_ready needed.
         let answered = tower::Service::call(&mut app.clone(), request);
+        let connection = connection.clone();
         async move {
-            let response = answered.await?;
+            let mut response = answered.await?;
+            // No caller has shown a token on it: answered once and closed (hyper reads no further request),
+            // so a probe, a refusal or a client pipelining requests it never reads holds no place.
+            if !connection.is_bound() {
+                response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
             // Until the body is sent (a stream's included), the connection is not idle.
             Ok::<_, std::convert::Infallible>(
                 response.map(|inner| Body::new(Sending { inner, _serving: serving })),
             )
         }
     });
-    let served = http.serve_connection(TokioIo::new(stream), service);
+    let served = http.serve_connection(TokioIo::new(Progressing::new(stream)), service);
     tokio::pin!(served);
     let ended = tokio::select! {
         ended = served.as_mut() => ended,
@@ -161,6 +176,80 @@ async fn serve_connection(
     }
 }
 
+/// How long a connection's writes may make no progress: a peer that stops reading (pipelining requests
+/// and never reading the answers, say) would otherwise hold its connection, marked as serving and never
+/// closed for a newer one, for ever.
+const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A stream whose writes must make progress within [`WRITE_STALL_TIMEOUT`], or fail (and hyper closes the
+/// connection). Reads are the stream's own: the header read timeout bounds those.
+struct Progressing<S> {
+    inner: S,
+    /// Armed when a write first waits, disarmed when one goes through.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> Progressing<S> {
+    fn new(inner: S) -> Self {
+        Self { inner, stalled: None }
+    }
+
+    /// What a write that went `polled` returns: its result once through, an error once stalled too long.
+    fn progress<T>(&mut self, polled: Poll<io::Result<T>>, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.stalled = None;
+            return polled;
+        }
+        let stalled = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(WRITE_STALL_TIMEOUT)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "the peer stopped reading")))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Progressing<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Progressing<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.progress(polled, cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.progress(polled, cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.progress(polled, cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.progress(polled, cx)
+    }
+}
+
 /// A response body that keeps its connection marked as serving until it is sent or dropped; all else is
 /// the body's own (its size above all, so a whole answer keeps its Content-Length).
 struct Sending {
@@ -173,10 +262,10 @@ impl http_body::Body for Sending {
     type Error = axum::Error;
 
     fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -252,121 +341,4 @@ async fn accept_failed(e: io::Error) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use axum::{body::Body, http::Request};
-    use tower::ServiceExt;
-
-    #[tokio::test]
-    async fn readiness_follows_the_flag_and_metrics_render() {
-        let health =
-            Health { metrics: Arc::new(Metrics::default()), ready: Arc::new(AtomicBool::new(false)) };
-        let app = router(health.clone());
-        let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
-        assert_eq!(app.clone().oneshot(get("/healthz")).await.unwrap().status(), StatusCode::OK);
-        assert_eq!(
-            app.clone().oneshot(get("/readyz")).await.unwrap().status(),
-            StatusCode::SERVICE_UNAVAILABLE
-        );
-        health.ready.store(true, Ordering::Relaxed);
-        assert_eq!(app.clone().oneshot(get("/readyz")).await.unwrap().status(), StatusCode::OK);
-        health.metrics.status_writes.inc();
-        let res = app.oneshot(get("/metrics")).await.unwrap();
-        let body = axum::body::to_bytes(res.into_body(), 1 << 20).await.unwrap();
-        let text = String::from_utf8(body.to_vec()).unwrap();
-        assert!(text.contains("fleetroll_status_writes_total 1"), "{text}");
-    }
-
-    /// On paused time: the runtime jumps to the next timer whenever it has nothing else to do, so the
-    /// header timeout fires as soon as the silent client is all that is left, and its time is exact.
-    #[tokio::test(start_paused = true)]
-    async fn a_silent_connection_is_cut_off_at_the_header_timeout_and_requests_carry_their_connection() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = listen(([127, 0, 0, 1], 0).into()).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let app = Router::new().route(
-            "/who",
-            get(|c: Option<axum::Extension<Arc<crate::mcp::limits::Connection>>>| async move {
-                if c.is_some() { "charged" } else { "-" }
-            }),
-        );
-        let stop = CancellationToken::new();
-        let server = tokio::spawn(serve(listener, app, stop.clone()));
-
-        let mut silent = TcpStream::connect(addr).await.unwrap();
-        let opened = tokio::time::Instant::now();
-        let mut read = Vec::new();
-        let _ = silent.read_to_end(&mut read).await;
-        let after = opened.elapsed();
-        assert!(
-            after >= HEADER_READ_TIMEOUT && after < HEADER_READ_TIMEOUT + Duration::from_secs(1),
-            "{after:?}"
-        );
-
-        let mut client = TcpStream::connect(addr).await.unwrap();
-        client.write_all(b"GET /who HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").await.unwrap();
-        let mut answer = String::new();
-        client.read_to_string(&mut answer).await.unwrap();
-        assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("charged"), "{answer}");
-
-        stop.cancel();
-        server.await.unwrap().unwrap();
-    }
-
-    /// A peer that closes with half a head stays readable for ever: waiting for the rest would spin.
-    #[tokio::test]
-    async fn a_head_is_looked_for_until_it_is_whole_or_the_peer_has_closed() {
-        use tokio::io::AsyncWriteExt;
-        let listener = listen(([127, 0, 0, 1], 0).into()).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let within = Duration::from_secs(5);
-
-        let mut whole = TcpStream::connect(addr).await.unwrap();
-        let (server, _) = listener.accept().await.unwrap();
-        whole.write_all(b"GET / HTTP/1.1\r\nHost: x").await.unwrap();
-        let arrived = tokio::spawn(async move { head_arrived(&server).await });
-        whole.write_all(b"\r\n\r\n").await.unwrap();
-        assert!(tokio::time::timeout(within, arrived).await.unwrap().unwrap(), "whole once the rest came");
-
-        let mut half = TcpStream::connect(addr).await.unwrap();
-        let (server, _) = listener.accept().await.unwrap();
-        half.write_all(b"POST /mcp HTTP/1.1\r\nX-Padding: a").await.unwrap();
-        half.shutdown().await.unwrap();
-        let arrived = tokio::time::timeout(within, head_arrived(&server)).await;
-        assert_eq!(arrived.ok(), Some(false), "given up as soon as the peer closed");
-    }
-
-    #[test]
-    fn a_head_is_whole_at_its_blank_line_not_before() {
-        assert_eq!(head_state(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", false), Head::Whole);
-        assert_eq!(head_state(b"POST /mcp HTTP/1.1\r\nHost: x\r\n\r\n{\"jsonrpc\"", false), Head::Whole);
-        assert_eq!(head_state(b"GET / HTTP/1.1\r\nHost: x\r\n", false), Head::Incomplete);
-        assert_eq!(head_state(b"\r\n\r\n\r\nGET", false), Head::Incomplete, "blank lines first are no head");
-        assert_eq!(
-            head_state(b"GET / HTTP/1.1\nHost: x\n\n", false),
-            Head::Whole,
-            "bare LFs, as httparse reads"
-        );
-        assert_eq!(
-            head_state(b"GET / HTTP/1.1\r\nX: aaaa", true),
-            Head::Whole,
-            "too long: hyper refuses it at once"
-        );
-        assert_eq!(
-            head_state(b"\x16\x03\x01\x02\x00", false),
-            Head::Whole,
-            "not HTTP: hyper refuses it at once"
-        );
-        assert_eq!(head_state(b"", false), Head::Closed);
-    }
-
-    #[tokio::test]
-    async fn the_probes_alone_serve_no_metrics() {
-        let health = Health { metrics: Arc::new(Metrics::default()), ready: Arc::new(AtomicBool::new(true)) };
-        let app = probes(health);
-        let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
-        assert_eq!(app.clone().oneshot(get("/healthz")).await.unwrap().status(), StatusCode::OK);
-        assert_eq!(app.clone().oneshot(get("/readyz")).await.unwrap().status(), StatusCode::OK);
-        assert_eq!(app.oneshot(get("/metrics")).await.unwrap().status(), StatusCode::NOT_FOUND);
-    }
-}
+mod tests;

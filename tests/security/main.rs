@@ -161,6 +161,7 @@ const ATTACKS: &[Entry] = &[
     attack!(a_flood_of_random_bearer_tokens, exclusive),
     attack!(one_mcp_tenant_floods_slow_bodies_connections_and_permission_checks, exclusive),
     attack!(slow_header_connections_from_many_addresses_leave_callers_unanswered, exclusive),
+    attack!(unread_pipelined_answers_hold_every_connection, exclusive),
 ];
 
 /// What the attacks share: namespaces t1, t2 and a fleet namespace, and the identities acting in them.

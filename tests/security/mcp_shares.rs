@@ -211,7 +211,11 @@ async fn calls_on_new_connections(url: &str, token: &str, ns: &str, until: Insta
             json!({}),
         );
         // 0: the connection was closed (or never accepted) without an answer.
-        let status = sent.await.map_or(0, |r| r.status().as_u16());
+        let sent = sent.await;
+        if let Err(e) = &sent {
+            eprintln!("DEBUG call error after {:?}: {e:?}", started.elapsed());
+        }
+        let status = sent.map_or(0, |r| r.status().as_u16());
         calls.latencies.push(started.elapsed().as_secs_f64());
         if status != 200 {
             calls.failed.push(status);
@@ -260,5 +264,44 @@ pub(super) async fn slow_header_connections_from_many_addresses_leave_callers_un
             && during.latencies.len() >= 10
             && during.failed.is_empty()
             && flood.opened >= total,
+    }
+}
+
+pub(super) async fn unread_pipelined_answers_hold_every_connection(env: &'static Env) -> Row {
+    const SOURCES: u8 = 6;
+    // Each address's most (unbound, read and waiting): together past the server's 1,024 connections.
+    const PER_SOURCE: usize = 256;
+    const ATTACK: Duration = Duration::from_secs(20);
+    let op = mcp_server(&env.t1).await;
+    let url = op.mcp_url();
+    let known = mcp_token(env, &env.dev1, &url).await;
+    let until = Instant::now() + ATTACK;
+    let sources: Vec<Ipv4Addr> = (1..=SOURCES).map(|i| Ipv4Addr::new(127, 0, 2, i)).collect();
+    let addr = flood::addr_of(&url);
+    let flood = tokio::spawn(async move {
+        flood::unread_pipeline_flood(addr, &sources, PER_SOURCE, "/healthz", 2000, until).await
+    });
+    let during = calls_on_new_connections(&url, &known, &env.t1, until).await;
+    let flood = flood.await.unwrap();
+    let total = usize::from(SOURCES) * PER_SOURCE;
+    Row {
+        attack: format!(
+            "{total} connections from {SOURCES} addresses each pipeline 2000 GET /healthz on a one-byte receive \
+             window and never read (opened again when cut) for {}s, while another tenant's agent calls on new \
+             connections",
+            ATTACK.as_secs()
+        ),
+        who: "anyone who can reach /mcp, no token".into(),
+        expected: "every call of the agent answered 200: a connection no caller holds is answered once and \
+                   closed, and one whose answers are not read gives way at the cap or after 10 s"
+            .into(),
+        outcome: format!(
+            "agent during: {}, not answered 200: {:?}; flood opened {} connections, {} cut or refused",
+            during.summary(),
+            during.failed,
+            flood.opened,
+            flood.closed
+        ),
+        contained: during.latencies.len() >= 10 && during.failed.is_empty() && flood.opened >= total,
     }
 }

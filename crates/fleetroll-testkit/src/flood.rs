@@ -350,3 +350,77 @@ async fn dribbler(addr: SocketAddr, source: Ipv4Addr, every: Duration, until: In
     }
     (opened, closed)
 }
+
+/// `per_source` connections from each of `sources`, each sending `pipelined` requests for `path` in one
+/// write on a small receive window and never reading an answer, each opened again once the server closes
+/// it, until `until`: a client that keeps its connection serving for as long as the server lets it.
+pub async fn unread_pipeline_flood(
+    addr: SocketAddr,
+    sources: &[Ipv4Addr],
+    per_source: usize,
+    path: &str,
+    pipelined: usize,
+    until: Instant,
+) -> HeaderFlood {
+    let requests = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").repeat(pipelined);
+    let workers: Vec<_> = sources
+        .iter()
+        .flat_map(|source| std::iter::repeat_n(*source, per_source))
+        .map(|source| tokio::spawn(never_reader(addr, source, requests.clone(), until)))
+        .collect();
+    let mut flood = HeaderFlood::default();
+    for worker in workers {
+        let (opened, closed) = worker.await.unwrap_or_default();
+        flood.opened += opened;
+        flood.closed += closed;
+    }
+    flood
+}
+
+/// One of [`unread_pipeline_flood`]'s connections, again and again: (opened, closed by the server).
+async fn never_reader(
+    addr: SocketAddr,
+    source: Ipv4Addr,
+    requests: String,
+    until: Instant,
+) -> (usize, usize) {
+    let (mut opened, mut closed) = (0, 0);
+    while Instant::now() < until {
+        let connected = async {
+            let socket = TcpSocket::new_v4()?;
+            // The kernel's least: the answers fill it at once, and the server's send buffer after it.
+            socket.set_recv_buffer_size(1)?;
+            socket.bind(SocketAddr::from((source, 0)))?;
+            socket.connect(addr).await
+        };
+        let Ok(mut stream) = connected.await else {
+            closed += 1;
+            // The attacker's pacing before it tries again: not a wait for anything.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        opened += 1;
+        if stream.write_all(requests.as_bytes()).await.is_err() {
+            closed += 1;
+            continue;
+        }
+        // Never read: learn that the server closed from a write failing (its RST), a blank line (which a
+        // server skips between requests) at a time, never waiting on a full window.
+        let closed_by_server = async {
+            loop {
+                match stream.try_write(b"\r\n") {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => return,
+                }
+                // The attacker's pacing between probes of its own connection: not a wait for anything.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        };
+        match tokio::time::timeout_at(until, closed_by_server).await {
+            Ok(()) => closed += 1,
+            Err(_) => break,
+        }
+    }
+    (opened, closed)
+}

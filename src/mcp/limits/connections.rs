@@ -10,7 +10,8 @@
 //! A connection whose request head has arrived whole does not wait for a turn: it is read at once (hyper
 //! reads it in one go and it authenticates or is refused within milliseconds), so an agent is answered
 //! however many connections dribble their headers. And when every connection is open, a new one closes the
-//! one that has waited longest without a request in flight or a caller (the flood's oldest), instead of
+//! one that has waited longest without a request in flight or a caller (the flood's oldest), else the
+//! unbound one serving longest (a client pipelining requests it never reads the answers to), instead of
 //! being closed itself: a flood from many addresses holds the server, but cannot keep a caller out.
 //!
 //! [`HEADER_READ_TIMEOUT`]: super::HEADER_READ_TIMEOUT
@@ -96,15 +97,34 @@ impl Peers {
     }
 }
 
-/// The connections that may be closed to make room for a new one (unbound, no request in flight), oldest
-/// first: each with what closes it.
+/// The connections that may be closed to make room for a new one, oldest first, each with what closes it:
+/// the unbound ones without a request in flight first, then unbound ones serving (a request no caller
+/// has shown a token for: a probe, a scrape, or a client that pipelines requests and never reads the
+/// answers, which would otherwise hold its place for ever). A caller's connection is never among them.
 #[derive(Clone, Default)]
 struct Idle(Arc<Mutex<IdleOrder>>);
 
 #[derive(Default)]
 struct IdleOrder {
     entered: u64,
-    order: BTreeMap<u64, CancellationToken>,
+    idle: BTreeMap<u64, CancellationToken>,
+    serving: BTreeMap<u64, CancellationToken>,
+}
+
+impl IdleOrder {
+    fn line(&mut self, line: Line) -> &mut BTreeMap<u64, CancellationToken> {
+        match line {
+            Line::Idle => &mut self.idle,
+            Line::Serving => &mut self.serving,
+        }
+    }
+}
+
+/// Which of the two lines a connection waits in to be closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Line {
+    Idle,
+    Serving,
 }
 
 impl Idle {
@@ -112,40 +132,52 @@ impl Idle {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Closes the connection idle longest; false when none may be closed.
+    /// Closes the connection idle longest, else the unbound one serving longest; false when none may be
+    /// closed (every connection is a caller's).
     fn close_oldest(&self) -> bool {
-        self.lock().order.pop_first().map(|(_, close)| close.cancel()).is_some()
+        let mut order = self.lock();
+        let oldest = order.idle.pop_first().or_else(|| order.serving.pop_first());
+        oldest.map(|(_, close)| close.cancel()).is_some()
     }
 }
 
-/// A connection's place among the idle ones, while it has one.
+/// A connection's place among those that may be closed, while it has one.
 struct Place {
     idle: Idle,
     close: CancellationToken,
-    at: Option<u64>,
+    at: Option<(u64, Line)>,
 }
 
 impl Place {
     fn new(idle: Idle) -> Self {
         let mut place = Place { idle, close: CancellationToken::new(), at: None };
-        place.enter();
+        place.enter(Line::Idle);
         place
     }
 
-    /// Last in line to be closed.
-    fn enter(&mut self) {
-        if self.at.is_none() {
-            let mut order = self.idle.lock();
-            order.entered += 1;
-            let at = order.entered;
-            order.order.insert(at, self.close.clone());
-            self.at = Some(at);
+    /// Last in `line` to be closed (where it is already, it keeps its place).
+    fn enter(&mut self, line: Line) {
+        if self.at.is_some_and(|(_, now)| now == line) {
+            return;
+        }
+        self.leave();
+        let mut order = self.idle.lock();
+        order.entered += 1;
+        let at = order.entered;
+        order.line(line).insert(at, self.close.clone());
+        self.at = Some((at, line));
+    }
+
+    /// A request has started: the connection moves to the serving line, unless it has left both (bound).
+    fn serve(&mut self) {
+        if self.at.is_some() {
+            self.enter(Line::Serving);
         }
     }
 
     fn leave(&mut self) {
-        if let Some(at) = self.at.take() {
-            self.idle.lock().order.remove(&at);
+        if let Some((at, line)) = self.at.take() {
+            self.idle.lock().line(line).remove(&at);
         }
     }
 }
@@ -212,7 +244,8 @@ struct Charge {
     serving: usize,
 }
 
-/// A request in flight on a connection: while one is, the connection is not closed for a new one.
+/// A request in flight on a connection: while one is, an unbound connection is closed for a new one only
+/// once no connection is idle.
 pub(crate) struct Serving(Arc<Connection>);
 
 impl Connections {
@@ -320,8 +353,13 @@ impl Connection {
     pub fn serving(self: &Arc<Self>) -> Serving {
         let mut charge = self.charge();
         charge.serving += 1;
-        charge.place.leave();
+        charge.place.serve();
         Serving(self.clone())
+    }
+
+    /// Whether a caller has been charged with it.
+    pub fn is_bound(&self) -> bool {
+        self.charge().bound.is_some()
     }
 
     /// Charges this connection to `caller` from now on (a connection is charged to the first caller that
@@ -350,7 +388,7 @@ impl Drop for Serving {
         let mut charge = self.0.charge();
         charge.serving = charge.serving.saturating_sub(1);
         if charge.serving == 0 && charge.bound.is_none() {
-            charge.place.enter();
+            charge.place.enter(Line::Idle);
         }
     }
 }

@@ -85,7 +85,7 @@ async fn a_caller_holds_at_most_its_share_of_connections_and_the_rest_close() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn at_the_cap_a_new_connection_closes_the_oldest_idle_one_never_a_callers() {
+async fn at_the_cap_a_new_connection_closes_the_oldest_idle_then_serving_one_never_a_callers() {
     let connections = Connections::new(Caps { all: 3, ..caps() });
     let (opened, _) = open_from(&connections, ip(2), 3).await;
     let Ok([caller, busy, idle]) = <[_; 3]>::try_from(opened) else { panic!("three opened") };
@@ -98,11 +98,29 @@ async fn at_the_cap_a_new_connection_closes_the_oldest_idle_one_never_a_callers(
     let admitted = tokio::spawn(newcomer.admitted(std::future::ready(true)));
     drop(idle);
     let (newcomer, _) = admitted.await.unwrap().expect("read once the closed one let go of its slot");
-    // Now nothing is idle (a caller's, and two serving): a new connection is refused.
-    let _serving = newcomer.serving();
-    assert!(connections.accept(ip(9)).is_none(), "every connection is bound or serving");
-    drop(_busy);
-    assert!(connections.accept(ip(9)).is_some(), "once a request ends, its connection is idle again");
+    // Now nothing is idle (a caller's, and two serving): the unbound one serving longest is closed,
+    // never the caller's (a client that pipelines and never reads holds no place for ever).
+    let serving = newcomer.serving();
+    assert!(connections.accept(ip(9)).is_some(), "accepted in place of the oldest serving one");
+    assert!(busy.closed().is_cancelled() && !newcomer.closed().is_cancelled());
+    assert!(!caller.closed().is_cancelled());
+    // Once its request ends, a connection is idle again, and first in line.
+    drop(serving);
+    assert!(connections.accept(ip(9)).is_some());
+    assert!(newcomer.closed().is_cancelled());
+    assert!(!caller.closed().is_cancelled());
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_every_connection_is_a_callers_a_new_one_is_refused() {
+    let connections = Connections::new(Caps { all: 2, ..caps() });
+    let (opened, _) = open_from(&connections, ip(2), 2).await;
+    for (i, c) in opened.iter().enumerate() {
+        assert!(c.bind(&Caller::of(&format!("system:serviceaccount:a:x{i}"))));
+    }
+    let _serving = opened[0].serving();
+    assert!(connections.accept(ip(9)).is_none());
+    assert!(opened.iter().all(|c| !c.closed().is_cancelled()));
 }
 
 #[tokio::test]
