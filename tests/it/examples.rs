@@ -159,7 +159,7 @@ async fn windows_hold_outside_the_weeknights_and_an_override_lets_it_go() {
         }
         match before {
             Verdict::Open => assert_eq!(phase(&fr), Phase::Succeeded),
-            Verdict::Closed { hold, opens } => {
+            Verdict::Closed { hold, opens, .. } => {
                 let held = fr.status.clone().unwrap().window_hold.unwrap();
                 assert_eq!((held.window.as_str(), held.opens_at.map(|t| t.0)), (hold.window.as_str(), opens));
                 assert!(

@@ -350,3 +350,43 @@ pub(super) async fn every_serviceaccount_and_the_group_agents_are_governed(env: 
     row.outcome = format!("{}; otto: {}; carol: {}", row.outcome, outcome(&by_otto), outcome(&by_carol));
     row
 }
+
+pub(super) async fn override_of_a_tenants_window_lifts_the_platforms_freeze(env: &'static Env) -> Row {
+    let freeze =
+        json!({"name": "platform-freeze", "kind": "Deny", "schedule": "* * * * *", "duration": "1h"});
+    let (ns, agent, policy) =
+        governed(env, "sec-freeze", json!({"maxBatchSize": 2, "windows": [freeze]})).await;
+    let fleet = Fleet { client: env.admin.clone(), ns: ns.clone(), tenants: vec![] };
+    fleet.deployments(&ns, 2, READY_IMAGE).await;
+    let _op = Operator::start(&ns, &[], &[]);
+    // The tenant's own window is one the schema admits and no day matches: unreadable, named first.
+    let mut spec = deployments_spec();
+    spec["strategy"] =
+        json!({"batchSize": 2, "windows": [{"kind": "Allow", "schedule": "0 0 30 2 *", "duration": "1h"}]});
+    create_as(&agent, &ns, "frozen", spec).await.ok();
+    let held = |f: &FleetRollout| f.status.as_ref().is_some_and(|s| s.window_hold.is_some());
+    let fr = fleet.wait_rollout("frozen", "a window to hold it", Duration::from_secs(120), held).await;
+    let hold = fr.status.and_then(|s| s.window_hold).unwrap();
+    // erin may approve (and so override windows): the policy names no approvers.
+    let erin = Person::x509(&env.admin, "erin", &["developers"]).await;
+    testkit::tenant::bind(&env.admin, &ns, "erin", "User", "erin", APPROVER_ROLE).await;
+    erin.wait_allowed(&env.admin, &ns, "fleetroll.dev", "fleetrollouts", "approve").await;
+    let ran = erin.kubectl(&["fleetroll", "approve", "frozen", "-n", &ns, "--override-windows"]).await;
+    let recorded = |f: &FleetRollout| f.status.as_ref().is_some_and(|s| !s.window_overrides.is_empty());
+    let fr = fleet.wait_rollout("frozen", "the override", Duration::from_secs(120), recorded).await;
+    let overrode = fr.status.map(|s| s.window_overrides[0].overrode.clone()).unwrap_or_default();
+    let freeze_named =
+        |text: &str| text.contains(&format!("deny window platform-freeze of FleetRolloutPolicy {policy}"));
+    Row {
+        attack: "overrides the hold of a rollout whose own windows cannot be read, while a platform freeze holds it too"
+            .into(),
+        who: "erin (x509 user, approver role; the policy names no approvers)".into(),
+        expected: "the hold names the freeze as well, and the override lifts it only as recorded: its record names the freeze"
+            .into(),
+        outcome: format!("hold: invalid {:?}, also {:?}; {}; overrode: {overrode}", hold.invalid, hold.also, outcome(&ran)),
+        contained: ran.code == 0
+            && hold.invalid.is_some()
+            && hold.also.iter().any(|a| freeze_named(a))
+            && freeze_named(&overrode),
+    }
+}

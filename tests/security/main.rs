@@ -120,6 +120,7 @@ const ATTACKS: &[Entry] = &[
     attack!(a_plan_beyond_a_policys_caps_is_held),
     attack!(governed_agent_loosens_someone_elses_rollout),
     attack!(governed_agent_repoints_an_ungoverned_rollout),
+    attack!(override_of_a_tenants_window_lifts_the_platforms_freeze),
     attack!(finalizer_stripped_from_a_held_node_rollout),
     attack!(owner_reference_makes_the_garbage_collector_delete_a_rollout),
     attack!(deleting_a_rollout_that_still_runs),

@@ -111,7 +111,9 @@ pub fn waiting_for(fr: &FleetRollout) -> WaitingFor {
             WindowKind::Deny => "in freeze",
         };
         let opens = hold.opens_at.as_ref().map(|t| format!(" until {}", t.0)).unwrap_or_default();
-        return said(Waiting::Window, &format!("{what} {} of {}{opens}", hold.window, hold.owner));
+        let also =
+            if hold.also.is_empty() { String::new() } else { format!(" (and {} more)", hold.also.len()) };
+        return said(Waiting::Window, &format!("{what} {} of {}{opens}{also}", hold.window, hold.owner));
     }
     if let Some(hold) = s.current().and_then(|b| b.analysis.as_ref()).and_then(|a| a.hold.as_ref()) {
         return said(Waiting::Analysis, &hold.reason);

@@ -88,7 +88,7 @@ pub struct WindowHold {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opens_at: Option<Time>,
     /// What an override of this hold cites (spec.approvals[].overrideWindows): a hash of the plan, the
-    /// batch, and the owner, window and kind holding it.
+    /// batch, and the owner, window and kind of every window holding it (those in `also` included).
     #[schemars(length(max = 64))]
     #[serde(default)]
     pub hash: String,
@@ -96,6 +96,10 @@ pub struct WindowHold {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub invalid: Option<String>,
+    /// The other windows holding the batch now, in words (the first few): an override lifts them too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 9), inner(length(max = 512)))]
+    pub also: Vec<String>,
 }
 
 /// A batch started outside its change windows by an override.

@@ -312,10 +312,12 @@ pub struct Hold {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
     Open,
-    /// Not now: what holds it (the first hold, freezes before allow windows), and the first moment every
-    /// window allows; None when the search found none within [`STEPS`] moves (windows that never meet).
+    /// Not now: what holds it (the first hold, freezes before allow windows), what else holds it now, and
+    /// the first moment every window allows; None when the search found none within [`STEPS`] moves
+    /// (windows that never meet).
     Closed {
         hold: Hold,
+        others: Vec<Hold>,
         opens: Option<Timestamp>,
     },
 }
@@ -323,9 +325,11 @@ pub enum Verdict {
 /// Judges every owner's windows at `now`.
 pub fn judge(owners: &[&OwnerWindows], now: Timestamp) -> Verdict {
     let mut holds = holds_at(owners, now);
-    let Some((hold, _)) = holds.first().cloned() else {
+    let mut now_held = holds.iter().map(|(hold, _)| hold.clone());
+    let Some(hold) = now_held.next() else {
         return Verdict::Open;
     };
+    let others: Vec<Hold> = now_held.collect();
     let mut at = now;
     for _ in 0..STEPS {
         // Nothing opens before every hold has lifted; a hold that never lifts means no opening at all.
@@ -336,10 +340,10 @@ pub fn judge(owners: &[&OwnerWindows], now: Timestamp) -> Verdict {
         }
         holds = holds_at(owners, at);
         if holds.is_empty() {
-            return Verdict::Closed { hold, opens: Some(at) };
+            return Verdict::Closed { hold, others, opens: Some(at) };
         }
     }
-    Verdict::Closed { hold, opens: None }
+    Verdict::Closed { hold, others, opens: None }
 }
 
 /// What holds changes at `at`, freezes first, each with when it lifts (None: never).

@@ -26,35 +26,22 @@ pub(super) fn windowed(
     next: u32,
 ) -> Gate {
     let total = total_batches(f);
-    let hold = match owners(f, next) {
-        Err((owner, why)) => Some(WindowHold {
-            owner: owner.to_string(),
-            window: String::new(),
-            kind: WindowKind::Allow,
-            opens_at: None,
-            hash: String::new(),
-            invalid: Some(text::cut(&why.to_string(), 1024)),
-        }),
-        Ok(owners) => match window::judge(&owners.iter().collect::<Vec<_>>(), f.now) {
-            Verdict::Open => None,
-            Verdict::Closed { hold, opens } => Some(WindowHold {
-                owner: text::cut(&hold.owner.to_string(), 320),
-                window: text::cut(&hold.window, 128),
-                kind: hold.kind,
-                opens_at: opens.map(time),
-                hash: String::new(),
-                invalid: None,
-            }),
-        },
-    };
-    let Some(mut hold) = hold else {
+    let holds = holds(f, next);
+    let mut shown = holds.iter().cloned();
+    let Some(mut hold) = shown.next() else {
         if s.window_hold.take().is_some() {
             let message = format!("batch {}/{total} may start: every change window allows it", next + 1);
             events.push(Event::normal(reason::WINDOW_OPEN, Some(next), message));
         }
         return None;
     };
-    hold.hash = plan::short_hash(&(&f.plan.hash, next, &hold.owner, &hold.window, hold.kind, &hold.invalid));
+    hold.also = shown.take(ALSO_SHOWN).map(|h| text::cut(&what(&h), 512)).collect();
+    if let Some(unshown) = holds.len().checked_sub(ALSO_SHOWN + 1).filter(|n| *n > 0) {
+        hold.also.push(format!("{unshown} more"));
+    }
+    // What an override cites: every window holding the batch, so one lifts no hold it does not name.
+    let cited: Vec<_> = holds.iter().map(|h| (&h.owner, &h.window, h.kind, &h.invalid)).collect();
+    hold.hash = plan::short_hash(&(&f.plan.hash, next, &cited));
     if let Some(by) = overridden(f, s, next, &hold) {
         record_override(f, s, events, next, &hold, by);
         return None;
@@ -118,15 +105,56 @@ fn overridden(f: &Facts<'_>, s: &FleetRolloutStatus, next: u32, hold: &WindowHol
     given.map(|a| a.approved_by.clone())
 }
 
-/// A window hold in words, as status messages and events give it.
-pub(crate) fn describe(hold: &WindowHold) -> String {
+/// How many of the other windows holding a batch its hold names.
+const ALSO_SHOWN: usize = 8;
+
+/// Every window holding batch `next`: those that cannot be read first (then nothing opens until they are
+/// fixed), then those closed now, freezes first; the first carries when they all next allow it.
+fn holds(f: &Facts<'_>, next: u32) -> Vec<WindowHold> {
+    let (owners, unreadable) = owners(f, next);
+    let hold = |owner: &Owner, window: &str, kind, invalid: Option<&WindowError>| WindowHold {
+        owner: text::cut(&owner.to_string(), 320),
+        window: text::cut(window, 128),
+        kind,
+        opens_at: None,
+        hash: String::new(),
+        invalid: invalid.map(|why| text::cut(&why.to_string(), 1024)),
+        also: Vec::new(),
+    };
+    let mut holds: Vec<WindowHold> =
+        unreadable.iter().map(|(owner, why)| hold(owner, "", WindowKind::Allow, Some(why))).collect();
+    if let Verdict::Closed { hold: first, others, opens } =
+        window::judge(&owners.iter().collect::<Vec<_>>(), f.now)
+    {
+        let readable = holds.is_empty();
+        holds.extend(std::iter::once(first).chain(others).map(|h| hold(&h.owner, &h.window, h.kind, None)));
+        if readable {
+            holds[0].opens_at = opens.map(time);
+        }
+    }
+    holds
+}
+
+/// What one window holding a batch is, in words.
+fn what(hold: &WindowHold) -> String {
     if let Some(why) = &hold.invalid {
         return format!("the change windows of {} cannot be read: {why}", hold.owner);
     }
-    let what = match hold.kind {
+    match hold.kind {
         WindowKind::Deny => format!("deny window {} of {} is open", hold.window, hold.owner),
         WindowKind::Allow => format!("outside the change windows of {}", hold.owner),
-    };
+    }
+}
+
+/// A window hold in words, as status messages and events give it: every window holding the batch.
+pub(crate) fn describe(hold: &WindowHold) -> String {
+    let mut what = what(hold);
+    for other in &hold.also {
+        what = format!("{what}; and {other}");
+    }
+    if hold.invalid.is_some() {
+        return what;
+    }
     match &hold.opens_at {
         Some(t) => format!("{what}; opens at {}", t.0),
         None => format!(
@@ -136,15 +164,19 @@ pub(crate) fn describe(hold: &WindowHold) -> String {
 }
 
 /// The windows that apply to batch `next`: each governing policy's, the rollout's own, and those the
-/// namespaces of its targets in this cluster, and the member clusters of its others, declare.
-fn owners(f: &Facts<'_>, next: u32) -> Result<Vec<OwnerWindows>, (Owner, WindowError)> {
+/// namespaces of its targets in this cluster, and the member clusters of its others, declare; and apart,
+/// those that cannot be read (every one: a tenant's unreadable windows hide no platform freeze).
+fn owners(f: &Facts<'_>, next: u32) -> (Vec<OwnerWindows>, Vec<(Owner, WindowError)>) {
     let policies = f.guardrails.windows.iter().map(|(name, w)| (Owner::Policy(name.clone()), w.as_slice()));
     let own = std::iter::once((Owner::Rollout, f.spec.strategy.windows.as_slice()));
-    let mut owners: Vec<OwnerWindows> = policies
-        .chain(own)
-        .filter(|(_, w)| !w.is_empty())
-        .map(|(owner, w)| OwnerWindows::compile(owner.clone(), w).map_err(|e| (owner, e)))
-        .collect::<Result<_, _>>()?;
+    let (mut owners, mut unreadable) = (Vec::new(), Vec::new());
+    let mut sort = |compiled: Result<OwnerWindows, (Owner, WindowError)>| match compiled {
+        Ok(windows) => owners.push(windows),
+        Err(e) => unreadable.push(e),
+    };
+    for (owner, windows) in policies.chain(own).filter(|(_, w)| !w.is_empty()) {
+        sort(OwnerWindows::compile(owner.clone(), windows).map_err(|e| (owner, e)));
+    }
     let places: BTreeSet<Owner> = f
         .plan
         .batch(next)
@@ -163,8 +195,8 @@ fn owners(f: &Facts<'_>, next: u32) -> Result<Vec<OwnerWindows>, (Owner, WindowE
             continue;
         }
         if let Some(declared) = window::declared(owner.clone(), text.as_deref()) {
-            owners.push(declared?);
+            sort(declared);
         }
     }
-    Ok(owners)
+    (owners, unreadable)
 }

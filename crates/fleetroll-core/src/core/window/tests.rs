@@ -127,6 +127,7 @@ fn a_deny_window_holds_inside_an_open_allow_window_and_says_which() {
                 kind: WindowKind::Deny,
                 window: "holidays".into()
             },
+            others: vec![],
             opens: Some(at("2026-12-26T09:00:00Z")),
         }
     );
@@ -138,8 +139,9 @@ fn every_owner_must_allow_the_moment_and_the_opening_is_when_all_do() {
     let tenant = owner(Owner::Namespace("tenant-a".into()), &[allow("0 1 * * *", "4h", "UTC")]);
     let both = [&rollout, &tenant];
     match judge(&both, at("2026-12-04T23:00:00Z")) {
-        Verdict::Closed { hold, opens } => {
+        Verdict::Closed { hold, others, opens } => {
             assert_eq!(hold.owner, Owner::Namespace("tenant-a".into()));
+            assert_eq!(others, [], "the rollout's own window is open at 23:00");
             assert_eq!(opens, Some(at("2026-12-05T01:00:00Z")));
         }
         Verdict::Open => panic!("the tenant's window is closed at 23:00"),

@@ -229,3 +229,55 @@ fn an_approved_batch_held_by_a_window_is_idle_while_time_passes() {
     assert_eq!(sim.settle(), None);
     assert_eq!((sim.status.phase, sim.status.approvals.len()), (Phase::Succeeded, 1));
 }
+
+/// A tenant's own windows that cannot be read, or one closed window named first, hide no other: the hold
+/// names them all, and an override cites them all (an override of one would have lifted the platform's
+/// freeze unnamed).
+#[test]
+fn every_window_holding_a_batch_is_named_and_an_override_cites_them_all() {
+    let mut s = spec(5);
+    s.strategy.windows = vec![window(WindowKind::Allow, "0 0 30 2 *", "1h")];
+    let mut sim = Sim::new(s, 10);
+    let freeze =
+        ChangeWindow { name: Some("incident-4711".into()), ..window(WindowKind::Deny, "0 8 * * *", "2h") };
+    sim.guardrails.windows = vec![("platform".into(), vec![freeze])];
+    sim.settle();
+    assert!(sim.changes.is_empty());
+    let held = sim.status.window_hold.clone().unwrap();
+    assert!(held.invalid.as_deref().is_some_and(|why| why.contains("never opens")), "{held:?}");
+    assert_eq!(held.also, ["deny window incident-4711 of FleetRolloutPolicy platform is open"]);
+    let message = sim.status.message.clone().unwrap();
+    assert!(message.contains("cannot be read") && message.contains("incident-4711"), "{message}");
+
+    // Fixed, the tenant's window is closed too: still both, the freeze first.
+    sim.spec.strategy.windows = vec![window(WindowKind::Allow, "0 22 * * *", "2h")];
+    sim.generation += 1;
+    sim.settle();
+    let held = sim.status.window_hold.clone().unwrap();
+    assert_eq!(
+        (held.window.as_str(), held.also.as_slice()),
+        ("incident-4711", &["outside the change windows of the rollout".to_string()][..])
+    );
+    assert_eq!(held.opens_at.map(|t| t.0), Some(at("2027-01-15T22:00:00Z")), "when both allow");
+    // What the hash of the freeze alone would be lifts nothing.
+    let alone =
+        plan::short_hash(&(&sim.plan.hash, 0u32, &held.owner, &held.window, held.kind, &held.invalid));
+    let (gates, current) = (plan::gates_hash(&sim.spec, None), sim.plan.hash.clone());
+    let approval = |overrides: &str| Approval {
+        batch: 0,
+        plan_hash: current.clone(),
+        gates_hash: gates.clone(),
+        approved_by: Some("erin".into()),
+        override_windows: Some(overrides.into()),
+    };
+    sim.spec.approvals = vec![approval(&alone)];
+    sim.generation += 1;
+    sim.settle();
+    assert!(sim.changes.is_empty(), "an override of one hold lifts nothing");
+    sim.spec.approvals = vec![approval(&held.hash)];
+    sim.generation += 1;
+    sim.settle();
+    assert_eq!(sim.changes.len(), 5, "the override of both let batch 1 go");
+    let overrode = &sim.status.window_overrides[0].overrode;
+    assert!(overrode.contains("incident-4711") && overrode.contains("of the rollout"), "{overrode}");
+}
