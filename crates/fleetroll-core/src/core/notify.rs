@@ -232,14 +232,52 @@ pub fn record(
         });
     }
     // Full: the oldest go first, those owed to the platform last, so that a tenant who makes many events
-    // cannot push out one a platform subscription is owed.
+    // cannot push out one a platform subscription is owed; and one the platform is owed is never dropped
+    // unsaid: it is folded into a notice of the gap, first in the outbox, owed to the platform.
     while outbox.pending.len() > OUTBOX_MAX {
-        let platform = |n: &Notification| n.to.iter().any(|key| key.starts_with("policy/"));
-        let oldest = outbox.pending.iter().position(|n| !platform(n)).unwrap_or(0);
-        outbox.pending.remove(oldest);
         outbox.dropped += 1;
+        match outbox.pending.iter().position(|n| !owed_to_platform(n)) {
+            Some(oldest) => drop(outbox.pending.remove(oldest)),
+            None => fold_into_gap(&mut outbox.pending),
+        }
     }
     after.notifications = (outbox != Outbox::default()).then_some(outbox);
+}
+
+fn owed_to_platform(n: &Notification) -> bool {
+    n.to.iter().any(|key| key.starts_with("policy/"))
+}
+
+/// Drops the oldest notification but the notice of a gap at the front, folding it into that notice (made
+/// in its place if there is none): what the platform's subscriptions were owed, and which ids they lost.
+fn fold_into_gap(pending: &mut Vec<Notification>) {
+    let gap = pending.first().is_some_and(|n| n.reason == reason::NOTIFICATIONS_DROPPED);
+    let lost = pending.remove(usize::from(gap));
+    let (first, mut to) = match gap {
+        true => (pending[0].id.trim_end_matches("/dropped").to_string(), std::mem::take(&mut pending[0].to)),
+        false => (lost.id.clone(), Vec::new()),
+    };
+    to.extend(lost.to.iter().filter(|key| key.starts_with("policy/")).cloned());
+    to.sort();
+    to.dedup();
+    let notice = Notification {
+        id: format!("{first}/dropped"),
+        reason: reason::NOTIFICATIONS_DROPPED.into(),
+        message: text::cut(
+            &format!(
+                "notifications {first} to {} of this rollout were dropped undelivered: it changed faster than \
+                 they could be delivered (the last dropped: {})",
+                lost.id, lost.message
+            ),
+            1024,
+        ),
+        to,
+        ..lost
+    };
+    match gap {
+        true => pending[0] = notice,
+        false => pending.insert(0, notice),
+    }
 }
 
 /// Takes delivered (id, subscriber) pairs out of the outbox, and subscribers that no longer subscribe;

@@ -26,6 +26,8 @@ pub const INVALID_WINDOW: &str = "InvalidWindow";
 pub const WINDOW_OVERRIDDEN: &str = "WindowOverridden";
 /// A notification could not be delivered to a subscription (it is sent again, with backoff).
 pub const NOTIFICATION_FAILED: &str = "NotificationFailed";
+/// Notifications owed to a platform subscription were dropped from a full outbox (a notice of the gap).
+pub const NOTIFICATIONS_DROPPED: &str = "NotificationsDropped";
 /// The operator changes targets as the rollout's creator, and cannot act as this one.
 pub const CANNOT_ACT_AS_CREATOR: &str = "CannotActAsCreator";
 /// The API server refused changes made as the rollout's creator: the creator lost its rights.

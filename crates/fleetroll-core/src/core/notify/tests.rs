@@ -260,3 +260,38 @@ fn a_full_outbox_drops_what_only_the_rollout_is_owed_before_what_the_platform_is
     assert_eq!(outbox.pending[0].kind, NotificationKind::Failed, "the platform's is kept, oldest as it is");
     assert_eq!(outbox.pending[1].id, "u1/1/10", "the tenant's oldest went");
 }
+
+/// A tenant that makes events faster than the platform's sink hears them cannot make the platform lose one
+/// unsaid: what is dropped is folded into a notice of the gap, first in line, owed to the platform alone.
+#[test]
+fn what_the_platform_is_owed_is_dropped_only_into_a_notice_of_the_gap() {
+    let spec = spec(vec![subscription("tenant", &[])]);
+    let guardrails = Guardrails {
+        notify: vec![("platform".into(), vec![subscription("audit", &[])])],
+        ..Default::default()
+    };
+    let subs = subscribers(&spec, &guardrails);
+    let told = |i| Happening {
+        kind: NotificationKind::Held,
+        batch: None,
+        reason: String::new(),
+        message: format!("hold {i}"),
+    };
+    let before = FleetRolloutStatus { revision: revision(1), ..Default::default() };
+    let mut after = before.clone();
+    record("u1", (0..40).map(told).collect(), &before, &mut after, &subs, &BTreeSet::new(), now());
+    let outbox = after.notifications.clone().unwrap();
+    assert_eq!((outbox.pending.len(), outbox.dropped), (OUTBOX_MAX, 9), "the notice takes a place");
+    let gap = &outbox.pending[0];
+    assert_eq!((gap.id.as_str(), gap.reason.as_str()), ("u1/1/0/dropped", reason::NOTIFICATIONS_DROPPED));
+    assert_eq!(gap.to, ["policy/platform/audit"], "the tenant's own sink is not told of the gap");
+    assert!(gap.message.contains("u1/1/0 to u1/1/8") && gap.message.contains("hold 8"), "{}", gap.message);
+    assert_eq!(outbox.pending[1].id, "u1/1/9", "every later one kept");
+    // Delivered, the notice goes; a later gap gets a notice of its own.
+    let delivered = BTreeSet::from([(gap.id.clone(), gap.to[0].clone())]);
+    let before = after.clone();
+    record("u1", vec![told(40), told(41)], &before, &mut after, &subs, &delivered, now());
+    let outbox = after.notifications.unwrap();
+    assert_eq!(outbox.pending[0].id, "u1/1/9/dropped", "{:?}", outbox.pending[0]);
+    assert_eq!(outbox.pending.len(), OUTBOX_MAX);
+}
