@@ -150,6 +150,7 @@ const ATTACKS: &[Entry] = &[
     attack!(fleet_admin_has_an_exec_plugin_send_the_operators_token_elsewhere),
     attack!(member_secret_runs_its_plugin_on_the_previewers_machine),
     attack!(tenant_hangs_its_sinks_to_silence_the_platforms_audit),
+    attack!(tenant_outruns_the_platforms_sink_to_drop_its_audit),
     attack!(a_change_the_api_server_refuses),
     attack!(a_reconcile_panics),
     attack!(adopter_without_rights_or_in_someone_elses_name, exclusive),

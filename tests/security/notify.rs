@@ -94,3 +94,64 @@ pub(super) async fn tenant_hangs_its_sinks_to_silence_the_platforms_audit(env: &
             && slowest <= SEND_TIMEOUT.as_secs_f64(),
     }
 }
+
+/// Revisions the tenant makes while the platform's sink is down: more than the outbox holds.
+const REVISIONS: u32 = 40;
+
+pub(super) async fn tenant_outruns_the_platforms_sink_to_drop_its_audit(env: &'static Env) -> Row {
+    let platform = Receiver::start();
+    platform.set_mode(Mode::Fail(503));
+    let fleet_ns = env.scratch_namespace("sec-gap-fleet", &[]).await;
+    let secret: Secret = serde_json::from_value(sink_secret("audit", &platform.url("audit"))).unwrap();
+    Api::<Secret>::namespaced(env.admin.clone(), &fleet_ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let audit = json!({"maxBatchSize": 100, "notify": [{"name": "audit", "sink": "Webhook", "secretRef": {"name": "audit"}}]});
+    let (ns, agent, _policy) = guardrails::governed(env, "sec-gap", audit).await;
+    let _op = Operator::start(&ns, &["--notify-allow=127.0.0.0/8", "--fleet-namespace", &fleet_ns], &[]);
+    let fleet = Fleet { client: env.admin.clone(), ns: ns.clone(), tenants: vec![] };
+    fleet.deployments(&ns, 1, READY_IMAGE).await;
+    let mut spec = deployments_spec();
+    spec["image"] = json!(format!("{READY_IMAGE}-0"));
+    create_as(&agent, &ns, "churn", spec).await.ok();
+    // Each new image is a revision, and each revision a Started notification owed to the platform.
+    for r in 1..REVISIONS {
+        let image = json!({"spec": {"image": format!("{READY_IMAGE}-{r}")}}).to_string();
+        agent
+            .kubectl(&["patch", "fleetrollout", "churn", "-n", &ns, "--type=merge", "-p", &image])
+            .await
+            .ok();
+        let planned = |f: &FleetRollout| f.status.as_ref().is_some_and(|s| s.revision_number() > r);
+        fleet.wait_rollout("churn", "the revision to be planned", Duration::from_secs(60), planned).await;
+    }
+    let fr = fleet.wait_rollout("churn", "the outbox", Duration::from_secs(5), |_| true).await;
+    let outbox = fr.status.and_then(|s| s.notifications).unwrap_or_default();
+    platform.set_mode(Mode::Ok);
+    let noticed = |requests: &[Request]| {
+        requests.iter().any(|r| r.json.as_ref().is_some_and(|j| j["reason"] == "NotificationsDropped"))
+    };
+    let requests = platform.wait_until(Duration::from_secs(120), noticed).await.unwrap_or_else(|r| r);
+    let notice = requests
+        .iter()
+        .filter_map(|r| r.json.as_ref())
+        .find(|j| j["reason"] == "NotificationsDropped")
+        .map(|j| j["message"].as_str().unwrap_or_default().to_string());
+    Row {
+        attack: format!(
+            "makes {REVISIONS} revisions of one rollout while the platform's audit sink is down, past the 32 the \
+             outbox holds"
+        ),
+        who: who(&agent, "edit; governed by a policy that subscribes the platform's audit sink"),
+        expected: "the platform is told which of its notifications were dropped, once its sink is back"
+            .into(),
+        outcome: format!(
+            "outbox: {} pending, {} dropped; the platform heard {} notifications, the notice: {}",
+            outbox.pending.len(),
+            outbox.dropped,
+            requests.len(),
+            notice.as_deref().unwrap_or("none")
+        ),
+        contained: outbox.dropped > 0 && notice.is_some_and(|m| m.contains("dropped undelivered")),
+    }
+}
