@@ -112,9 +112,10 @@ pub struct Window {
     zone: TimeZone,
 }
 
-/// Windows compiled before, by what they were compiled from: compiling one searches up to the year 5000
-/// for a first opening (tens of milliseconds for a schedule no day matches), and the same windows are
-/// judged at every look. Emptied when full; a memo, so nothing depends on what it holds.
+/// Windows compiled before, by what they were compiled from but their names (so renaming a window, which
+/// costs a tenant nothing, costs the operator no compile): compiling one searches for a first opening (tens
+/// of milliseconds for a schedule no day matches), and the same windows are judged at every look. Emptied
+/// when full; a memo, so nothing depends on what it holds.
 static COMPILED: LazyLock<Mutex<HashMap<ChangeWindow, Result<Window, WindowError>>>> =
     LazyLock::new(Mutex::default);
 const COMPILED_MAX: usize = 4096;
@@ -122,17 +123,22 @@ const COMPILED_MAX: usize = 4096;
 impl Window {
     /// [`Window::compile_now`], remembered.
     pub fn compile(spec: &ChangeWindow) -> Result<Window, WindowError> {
+        let named = |mut window: Window| {
+            window.label = spec.name.clone().unwrap_or_else(|| spec.schedule.trim().to_string());
+            window
+        };
+        let unnamed = ChangeWindow { name: None, ..spec.clone() };
         let memo = || COMPILED.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(done) = memo().get(spec) {
-            return done.clone();
+        if let Some(done) = memo().get(&unnamed) {
+            return done.clone().map(named);
         }
-        let done = Window::compile_now(spec);
+        let done = Window::compile_now(&unnamed);
         let mut memo = memo();
         if memo.len() >= COMPILED_MAX {
             memo.clear();
         }
-        memo.insert(spec.clone(), done.clone());
-        done
+        memo.insert(unnamed, done.clone());
+        done.map(named)
     }
 
     fn compile_now(spec: &ChangeWindow) -> Result<Window, WindowError> {

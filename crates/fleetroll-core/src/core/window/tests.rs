@@ -278,3 +278,17 @@ fn planning_ranks_the_namespaces_that_declare_windows_by_their_opening() {
         at("2026-12-04T23:00:00Z")
     );
 }
+
+#[test]
+fn windows_differing_only_by_name_are_compiled_once_and_keep_their_names() {
+    let named =
+        |name: Option<&str>| ChangeWindow { name: name.map(Into::into), ..allow("0 22 * * *", "1h", "UTC") };
+    let labels: Vec<String> = [Some("nightly"), Some("late"), None]
+        .into_iter()
+        .map(|n| Window::compile(&named(n)).unwrap().label().to_string())
+        .collect();
+    assert_eq!(labels, ["nightly", "late", "0 22 * * *"]);
+    let unnamed = ChangeWindow { name: None, ..named(Some("nightly")) };
+    assert!(COMPILED.lock().unwrap().contains_key(&unnamed), "remembered without its name");
+    assert!(!COMPILED.lock().unwrap().contains_key(&named(Some("late"))));
+}
