@@ -41,23 +41,7 @@ impl<K: Resource + ResourceExt> Cached<K> {
     /// Whether every decision reads `other` as it reads this: the same facts but for the resourceVersion,
     /// the same annotations.
     pub fn decides_as(&self, other: &Self) -> bool {
-        // Named field by field, so that a fact added later is compared too (or left out on purpose).
-        let WorkloadFacts {
-            namespace,
-            name,
-            labels,
-            applied,
-            containers,
-            containers_cut,
-            generation,
-            status,
-            resource_version: _,
-        } = &self.facts;
-        let o = &other.facts;
-        (namespace, name, labels, applied) == (&o.namespace, &o.name, &o.labels, &o.applied)
-            && (containers, containers_cut, generation, status)
-                == (&o.containers, &o.containers_cut, &o.generation, &o.status)
-            && self.annotations == other.annotations
+        self.facts.decides_as(&other.facts) && self.annotations == other.annotations
     }
 
     /// The rollout that last changed this workload (our annotation), whose reconcile its changes wake.

@@ -78,17 +78,20 @@ impl Cache {
         self.ready.store(false, Ordering::Release);
     }
 
-    /// Err: the cache would weigh more than it may.
-    fn apply(&self, facts: WorkloadFacts) -> Result<()> {
-        let Ok(mut held) = self.facts.write() else { return Ok(()) };
-        let before = held.all.get(&facts.key()).map_or(0, WorkloadFacts::weight);
+    /// Whether a decision reads the workload otherwise than before (new, or changed but for its
+    /// resourceVersion); Err: the cache would weigh more than it may.
+    fn apply(&self, facts: WorkloadFacts) -> Result<bool> {
+        let Ok(mut held) = self.facts.write() else { return Ok(false) };
+        let known = held.all.get(&facts.key());
+        let changed = known.is_none_or(|known| !known.decides_as(&facts));
+        let before = known.map_or(0, WorkloadFacts::weight);
         let weight = held.weight - before + facts.weight();
         if weight > lists::MAX_FACTS_BYTES {
             return Err(lists::too_heavy("in one member's cache"));
         }
         held.weight = weight;
         held.all.insert(facts.key(), facts);
-        Ok(())
+        Ok(changed)
     }
 
     fn delete(&self, key: &str) {
@@ -297,8 +300,8 @@ where
     K: Resource<DynamicType = ()>,
 {
     // Anyone who may write a workload in a member may write this annotation: it wakes only rollouts that
-    // can reach members (those of the fleet namespace), and a wake is a reconcile that changes nothing
-    // unless the facts say so.
+    // can reach members (those of the fleet namespace), and only when a decision reads the workload
+    // otherwise (as here: a change of an annotation or a resourceVersion alone wakes nothing).
     let wake_for = |obj: &K| {
         let named = obj.annotations().get(ROLLOUT_ANNOTATION).and_then(|r| r.split_once('/'));
         if let Some((ns, name)) = named.filter(|(ns, _)| *ns == fleet_namespace) {
@@ -308,14 +311,14 @@ where
     let mut version = None;
     futures::pin_mut!(events);
     while let Some(event) = events.next().await {
-        let seen = match event? {
+        let (seen, wakes) = match event? {
             WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
-                cache.apply(facts(&obj))?;
-                obj
+                let changed = cache.apply(facts(&obj))?;
+                (obj, changed)
             }
             WatchEvent::Deleted(obj) => {
                 cache.delete(&target_key(&obj.namespace().unwrap_or_default(), &obj.name_any()));
-                obj
+                (obj, true)
             }
             WatchEvent::Bookmark(b) => {
                 if !b.metadata.resource_version.is_empty() {
@@ -325,7 +328,9 @@ where
             }
             WatchEvent::Error(status) => return Err(kube::Error::Api(status).into()),
         };
-        wake_for(&seen);
+        if wakes {
+            wake_for(&seen);
+        }
         version =
             seen.resource_version().filter(|v| !v.is_empty()).map(lists::bounded).transpose()?.or(version);
     }
@@ -409,13 +414,19 @@ mod tests {
             Ok(WatchEvent::Modified(deployment("tenant", "api", "tenant/victim", "12"))),
             Ok(WatchEvent::Deleted(deployment("tenant", "db", "kube-system/other", "13"))),
             Ok(WatchEvent::Added(deployment("tenant", "odd", "no-slash", "14"))),
+            // The first one again, with nothing a decision reads changed but its resourceVersion.
+            Ok(WatchEvent::Modified(deployment("tenant", "web", "fleet/across", "15"))),
         ]);
         let (wake, mut woken) = futures::channel::mpsc::unbounded();
         let cache = Cache::default();
         let followed = follow(events, &cache, &wake, "fleet", workload::deployment_facts).await.unwrap();
-        assert_eq!(followed.as_deref(), Some("14"), "the version of the last event");
+        assert_eq!(followed.as_deref(), Some("15"), "the version of the last event");
         drop(wake);
         let woken: Vec<ObjectRef<FleetRollout>> = woken.by_ref().collect().await;
-        assert_eq!(woken, [ObjectRef::new("across").within("fleet")]);
+        assert_eq!(
+            woken,
+            [ObjectRef::new("across").within("fleet")],
+            "once: the same facts again wake nothing"
+        );
     }
 }

@@ -85,6 +85,26 @@ pub enum Readiness {
 }
 
 impl WorkloadFacts {
+    /// Whether every decision reads `other` as it reads these: the same facts but for the resourceVersion.
+    pub fn decides_as(&self, other: &Self) -> bool {
+        // Named field by field, so that a fact added later is compared too (or left out on purpose).
+        let WorkloadFacts {
+            namespace,
+            name,
+            labels,
+            applied,
+            containers,
+            containers_cut,
+            generation,
+            status,
+            resource_version: _,
+        } = self;
+        let o = other;
+        (namespace, name, labels, applied) == (&o.namespace, &o.name, &o.labels, &o.applied)
+            && (containers, containers_cut, generation, status)
+                == (&o.containers, &o.containers_cut, &o.generation, &o.status)
+    }
+
     /// The image of the container a rollout changes: the named one, or the only one.
     pub fn container_image(&self, container: Option<&str>) -> Result<(&str, &str), ContainerError> {
         let only = self.containers_cut == 0;
