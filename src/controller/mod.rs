@@ -72,8 +72,8 @@ pub struct Settings {
     pub http_check: http_check::Policy,
     /// The default analysis backend and where rollouts may point theirs (`--analysis-*`).
     pub analysis: crate::core::analysis::provider::Backends,
-    /// Where notifications may go besides public and cluster addresses (`--notify-allow`).
-    pub notify: http_check::Policy,
+    /// Where notifications may go besides public and cluster addresses (`--notify-allow`, by namespace).
+    pub notify: http_check::BoundPolicy,
 }
 
 /// Shared by every reconcile.
@@ -379,7 +379,7 @@ pub async fn run(
         members: crate::edge::members::watch::MemberWatches::new(
             crate::edge::members::Members::new(client.clone(), settings.fleet_namespace.clone())
                 .with_exec(settings.member_exec.clone()),
-            member_wake,
+            crate::edge::members::watch::MemberWakes::new(member_wake, controller.store()),
         ),
         client,
         plans: PlanStore::new(settings.plan_limits),

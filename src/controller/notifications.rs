@@ -9,7 +9,7 @@
 //! What was delivered lives in memory until written: a crash in between sends it again, with the same id.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeSet, HashMap},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -47,8 +47,8 @@ const PLATFORM_NAMESPACE_LANES_MAX: usize = 4;
 
 type Pairs = BTreeSet<(String, String)>;
 
-/// A lane owed notifications, with its rollout and what it owes, in order.
-type Owed = (LaneKey, (Arc<FleetRollout>, Vec<Notification>));
+/// A lane owed notifications, with its rollout (what it owes is read from it once the lane is taken).
+type Owed = (LaneKey, Arc<FleetRollout>);
 
 /// A lane: one rollout's notifications to one subscription, keyed (namespace, uid, subscriber key).
 #[derive(Default)]
@@ -66,6 +66,10 @@ type LaneKey = (String, String, String);
 #[derive(Default)]
 struct Lanes {
     lanes: HashMap<LaneKey, Lane>,
+    /// Lanes sending now, in each pool ([tenants', platform's]) and of each namespace in each: counted as
+    /// they are taken and freed, so that a claim costs the same however many lanes there are.
+    busy: [usize; 2],
+    busy_by_namespace: HashMap<String, [usize; 2]>,
     claims: u64,
 }
 
@@ -74,11 +78,9 @@ impl Lanes {
     /// share of it) is full.
     fn claim(&mut self, lane: &LaneKey, now: Instant) -> bool {
         let platform = notify::is_platform(&lane.2);
-        let (all, namespace) = self
-            .lanes
-            .iter()
-            .filter(|((_, _, key), l)| l.busy && notify::is_platform(key) == platform)
-            .fold((0, 0), |(a, n), ((ns, _, _), _)| (a + 1, n + usize::from(*ns == lane.0)));
+        let p = usize::from(platform);
+        let all = self.busy[p];
+        let namespace = self.busy_by_namespace.get(lane.0.as_str()).map_or(0, |b| b[p]);
         let (pool, share) = match platform {
             true => (PLATFORM_LANES_MAX, PLATFORM_NAMESPACE_LANES_MAX),
             false => (LANES_MAX, NAMESPACE_LANES_MAX),
@@ -92,13 +94,24 @@ impl Lanes {
         }
         self.claims += 1;
         (l.busy, l.served) = (true, self.claims);
+        self.busy[p] += 1;
+        self.busy_by_namespace.entry(lane.0.clone()).or_default()[p] += 1;
         true
     }
 
     /// Frees the lane; returns how many times in a row it has failed.
     fn release(&mut self, lane: &LaneKey, failed: bool, now: Instant) -> u32 {
         let l = self.lanes.entry(lane.clone()).or_default();
-        l.busy = false;
+        if std::mem::take(&mut l.busy) {
+            let p = usize::from(notify::is_platform(&lane.2));
+            self.busy[p] = self.busy[p].saturating_sub(1);
+            if let Some(b) = self.busy_by_namespace.get_mut(lane.0.as_str()) {
+                b[p] = b[p].saturating_sub(1);
+                if *b == [0, 0] {
+                    self.busy_by_namespace.remove(lane.0.as_str());
+                }
+            }
+        }
         l.failures = if failed { l.failures.saturating_add(1) } else { 0 };
         l.next = failed.then(|| now + backoff(l.failures));
         l.failures
@@ -231,28 +244,34 @@ pub(super) async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
             lanes.by_turn(&mut owed);
         }
         let now = Instant::now();
-        for (lane, (fr, notifications)) in owed {
+        for (lane, fr) in owed {
             if ctx.deliveries.claim(&lane, now) {
+                let notifications = owed_to(&ctx, &fr, &lane.2);
                 start_lane(&ctx, lane, fr, notifications);
             }
         }
     }
 }
 
-/// The lanes the rollout's outbox owes something, each with what it owes, in order.
+/// The lanes the rollout's outbox owes something not delivered yet.
 fn owed_lanes(ctx: &Context, fr: Arc<FleetRollout>) -> Vec<Owed> {
     let Some(outbox) = fr.status.as_ref().and_then(|s| s.notifications.as_ref()) else { return Vec::new() };
     let uid = fr.uid().unwrap_or_default();
     let delivered = ctx.deliveries.delivered(&uid);
-    let mut owed: BTreeMap<String, Vec<Notification>> = BTreeMap::new();
-    for (n, key) in notify::owed(outbox) {
-        if !delivered.contains(&(n.id.clone(), key.to_string())) {
-            owed.entry(key.to_string()).or_default().push(n.clone());
-        }
-    }
+    let undelivered =
+        |(n, key): &(&Notification, &str)| !delivered.contains(&(n.id.clone(), key.to_string()));
+    let keys: BTreeSet<&str> = notify::owed(outbox).filter(undelivered).map(|(_, key)| key).collect();
     let namespace = fr.namespace().unwrap_or_default();
-    owed.into_iter()
-        .map(|(key, notifications)| ((namespace.clone(), uid.clone(), key), (fr.clone(), notifications)))
+    keys.into_iter().map(|key| ((namespace.clone(), uid.clone(), key.to_string()), fr.clone())).collect()
+}
+
+/// What the rollout's outbox owes the subscription `key` and was not delivered yet, in order.
+fn owed_to(ctx: &Context, fr: &FleetRollout, key: &str) -> Vec<Notification> {
+    let Some(outbox) = fr.status.as_ref().and_then(|s| s.notifications.as_ref()) else { return Vec::new() };
+    let delivered = ctx.deliveries.delivered(&fr.uid().unwrap_or_default());
+    notify::owed(outbox)
+        .filter(|(n, k)| *k == key && !delivered.contains(&(n.id.clone(), key.to_string())))
+        .map(|(n, _)| n.clone())
         .collect()
 }
 
@@ -269,7 +288,7 @@ fn start_lane(ctx: &Arc<Context>, lane: LaneKey, fr: Arc<FleetRollout>, notifica
             warn!(rollout = %fr.name_any(), subscription = %lane.2, error = %why, failures, "a notification was not delivered; it will be sent again");
             // Once per streak of failures: a receiver down for hours is one Warning, not one a minute.
             if failures == 1 {
-                let message = format!("to {}: not delivered, sent again with backoff: {why}", lane.2);
+                let message = failure_event(&lane.2, &why);
                 ctx.rollouts_io.warn(
                     &fr,
                     crate::core::reason::NOTIFICATION_FAILED,
@@ -278,6 +297,18 @@ fn start_lane(ctx: &Arc<Context>, lane: LaneKey, fr: Arc<FleetRollout>, notifica
             }
         }
     });
+}
+
+/// The Event a subscription's failed delivery records on the rollout, which its tenant reads: of the
+/// platform's subscriptions, only that one failed (the policy, its Secret and the sink's answer are the
+/// platform's, in the operator's log).
+fn failure_event(key: &str, why: &str) -> String {
+    match notify::is_platform(key) {
+        true => "a notification a FleetRolloutPolicy subscribes to was not delivered; it is sent again with \
+                 backoff (the operator's log says why)"
+            .into(),
+        false => format!("to {key}: not delivered, sent again with backoff: {why}"),
+    }
 }
 
 /// Sends a lane's notifications in order; stops at the first that fails. Wakes the rollout once something
@@ -334,64 +365,4 @@ async fn deliver(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn lane(ns: &str, rollout: usize, key: &str) -> LaneKey {
-        (ns.into(), format!("uid-{rollout}"), key.into())
-    }
-
-    #[test]
-    fn a_tenant_whose_sinks_hang_fills_its_own_share_never_the_platforms_pool() {
-        let (mut lanes, now) = (Lanes::default(), Instant::now());
-        // 6 rollouts × 8 subscriptions of one tenant, all hanging: 8 lanes at once, no more.
-        let hung: Vec<LaneKey> =
-            (0..6).flat_map(|r| (0..8).map(move |s| lane("tenant", r, &format!("rollout/s{s}")))).collect();
-        let taken = hung.iter().filter(|l| lanes.claim(l, now)).count();
-        assert_eq!(taken, NAMESPACE_LANES_MAX);
-        // Another tenant, and the platform's subscription about this tenant's rollouts, still send.
-        assert!(lanes.claim(&lane("other", 9, "rollout/s0"), now));
-        for r in 0..6 {
-            let platform = lane("tenant", r, "policy/audit/sink");
-            assert_eq!(lanes.claim(&platform, now), r < PLATFORM_NAMESPACE_LANES_MAX, "rollout {r}");
-        }
-        // The platform's pool has its own bound, shared by namespaces.
-        let others = (0..20).filter(|i| lanes.claim(&lane(&format!("ns-{i}"), *i, "policy/audit/sink"), now));
-        assert_eq!(others.count(), PLATFORM_LANES_MAX - PLATFORM_NAMESPACE_LANES_MAX);
-    }
-
-    #[test]
-    fn a_failed_lane_waits_out_its_backoff_without_holding_a_share() {
-        let (mut lanes, now) = (Lanes::default(), Instant::now());
-        let all: Vec<LaneKey> = (0..9).map(|s| lane("tenant", 0, &format!("rollout/s{s}"))).collect();
-        assert!(all[..8].iter().all(|l| lanes.claim(l, now)));
-        assert!(!lanes.claim(&all[8], now), "the share is full");
-        assert_eq!(lanes.release(&all[0], true, now), 1);
-        assert!(!lanes.claim(&all[0], now), "backing off");
-        assert!(lanes.claim(&all[8], now), "its place in the share is free while it backs off");
-        lanes.release(&all[8], false, now);
-        assert!(lanes.claim(&all[0], now + backoff(1)), "and sends again once it is over");
-    }
-
-    #[test]
-    fn lanes_take_turns_the_longest_waiting_first() {
-        let (mut lanes, now) = (Lanes::default(), Instant::now());
-        let (a, b, c) = (lane("t", 0, "rollout/a"), lane("t", 1, "rollout/b"), lane("t", 2, "rollout/c"));
-        for l in [&a, &b] {
-            assert!(lanes.claim(l, now));
-            lanes.release(l, false, now);
-        }
-        let mut owed = vec![(b.clone(), ()), (a.clone(), ()), (c.clone(), ())];
-        lanes.by_turn(&mut owed);
-        let order: Vec<&LaneKey> = owed.iter().map(|(k, _)| k).collect();
-        assert_eq!(order, [&c, &a, &b], "never served, then served longest ago");
-    }
-
-    #[test]
-    fn a_failing_lane_backs_off_exponentially_up_to_a_cap() {
-        let waits: Vec<Duration> = (1..=8).map(backoff).collect();
-        assert_eq!(&waits[..3], &[Duration::from_secs(1), Duration::from_secs(2), Duration::from_secs(4)]);
-        assert_eq!(waits[7], BACKOFF_MAX);
-        assert_eq!(backoff(u32::MAX), BACKOFF_MAX, "no overflow, however long it fails");
-    }
-}
+mod tests;

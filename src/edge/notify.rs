@@ -1,6 +1,7 @@
 //! Sending one notification to one sink: where (the labelled Secret a subscription names, read live), what
-//! (the request each kind of sink takes) and how (through the egress guard, `--notify-allow`). Whether it
-//! is due, and what its delivery means for the outbox, is for the delivery loop and `core::notify`.
+//! (the request each kind of sink takes) and how (through the egress guard, allowed what `--notify-allow`
+//! binds to the Secret's namespace). Whether it is due, and what its delivery means for the outbox, is for
+//! the delivery loop and `core::notify`.
 
 use std::{sync::Arc, time::Duration};
 
@@ -12,7 +13,7 @@ use serde_json::{Value, json};
 use super::egress::{GuardedResolver, chain, guarded, refusal};
 use crate::{
     api::{NOTIFY_SECRET_LABEL, Notification, NotificationKind, SinkKind},
-    core::http_check::{Policy, Purpose},
+    core::http_check::{Allowed, BoundPolicy, Policy, Purpose},
 };
 
 /// How long one delivery may take, connecting included: a receiver that hangs costs its own lane this long
@@ -27,6 +28,8 @@ const ALERT_LIFETIME: Duration = Duration::from_secs(600);
 #[derive(Clone)]
 pub struct Sink {
     pub url: String,
+    /// The Secret's namespace: what it may reach is what `--notify-allow` binds to that namespace.
+    namespace: String,
     hmac_key: Option<Vec<u8>>,
     token: Option<String>,
 }
@@ -35,6 +38,7 @@ impl std::fmt::Debug for Sink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sink")
             .field("url", &self.url)
+            .field("namespace", &self.namespace)
             .field("signed", &self.hmac_key.is_some())
             .field("token", &self.token.is_some())
             .finish()
@@ -49,15 +53,30 @@ pub struct About {
     pub uid: String,
 }
 
+/// How many distinct sets of allowances have a client of their own at once (one per set of
+/// `--notify-allow` entries some namespace matches; few, as the entries are the operator's).
+const CLIENTS_KEPT: std::num::NonZeroUsize = match std::num::NonZeroUsize::new(64) {
+    Some(n) => n,
+    None => std::num::NonZeroUsize::MIN,
+};
+
 pub struct Sender {
-    http: reqwest::Client,
-    policy: Arc<Policy>,
+    egress: BoundPolicy,
+    /// A client for each set of allowances: a sink's connections are judged by what its Secret's namespace
+    /// is allowed, never by what another namespace is.
+    clients: std::sync::Mutex<lru::LruCache<Vec<Allowed>, Guarded>>,
     kube: Client,
 }
 
-impl Sender {
-    /// A sender under `policy` (built from `--notify-allow`).
-    pub fn new(policy: Policy, kube: Client) -> Result<Self, String> {
+/// A client whose every connection is judged by `policy`.
+#[derive(Clone)]
+struct Guarded {
+    http: reqwest::Client,
+    policy: Arc<Policy>,
+}
+
+impl Guarded {
+    fn new(policy: Policy, kube: &Client) -> Result<Self, String> {
         let policy = Arc::new(policy);
         let resolver =
             Arc::new(GuardedResolver::new(policy.clone(), Some(kube.clone()), Purpose::NOTIFICATIONS));
@@ -68,7 +87,31 @@ impl Sender {
         }
         let http =
             builder.build().map_err(|e| format!("cannot build the notification client: {}", chain(&e)))?;
-        Ok(Self { http, policy, kube })
+        Ok(Self { http, policy })
+    }
+}
+
+impl Sender {
+    /// A sender under `egress` (built from `--notify-allow`).
+    pub fn new(egress: BoundPolicy, kube: Client) -> Result<Self, String> {
+        // Built once here so that a client that cannot be built is a start-up error.
+        Guarded::new(egress.base.clone(), &kube)?;
+        Ok(Self { egress, clients: std::sync::Mutex::new(lru::LruCache::new(CLIENTS_KEPT)), kube })
+    }
+
+    /// The client for sinks whose Secret is in `namespace`.
+    fn client(&self, namespace: &str) -> Result<Guarded, String> {
+        let policy = self.egress.for_namespace(namespace);
+        let key = policy.allowed.clone();
+        let kept = self.clients.lock().ok().and_then(|mut c| c.get(&key).cloned());
+        if let Some(client) = kept {
+            return Ok(client);
+        }
+        let client = Guarded::new(policy, &self.kube)?;
+        if let Ok(mut clients) = self.clients.lock() {
+            clients.put(key, client.clone());
+        }
+        Ok(client)
     }
 
     /// The sink a subscription's Secret describes; it must be labelled for notifications.
@@ -98,13 +141,14 @@ impl Sender {
                 (url, alert(n, about, now), Vec::new())
             }
         };
+        let client = self.client(&sink.namespace)?;
         // Errors never name the URL: it is a secret of the Secret (a chat hook's path, a token in a query).
-        if let Some(why) = refusal(&self.policy, Purpose::NOTIFICATIONS, &url) {
+        if let Some(why) = refusal(&client.policy, Purpose::NOTIFICATIONS, &url) {
             return Err(format!("the Secret's url is refused: {why}"));
         }
         let body = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
         let headers = signed(sink, headers, &body);
-        let mut request = self.http.post(&url).header("content-type", "application/json").body(body);
+        let mut request = client.http.post(&url).header("content-type", "application/json").body(body);
         for (name, value) in headers {
             request = request.header(name, value);
         }
@@ -169,7 +213,7 @@ pub fn sink(secret: &Secret) -> Result<Sink, String> {
         return Err(format!("Secret {namespace}/{name}: url must be an http:// or https:// URL"));
     }
     let hmac_key = value("hmacKey")?.map(|v| v.0.clone()).filter(|k| !k.is_empty());
-    Ok(Sink { url, hmac_key, token: text("token")? })
+    Ok(Sink { url, namespace: namespace.to_string(), hmac_key, token: text("token")? })
 }
 
 /// The JSON every webhook and CloudEvent carries: the notification and the rollout it is about.

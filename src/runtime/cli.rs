@@ -244,11 +244,11 @@ struct OperatorArgs {
     #[arg(long = "http-check-allow", env = "FLEETROLL_HTTP_CHECK_ALLOW", value_delimiter = ',')]
     http_check_allow: Vec<crate::core::http_check::Allowed>,
 
-    /// Hosts, addresses or CIDRs notification sinks may be at besides public and cluster addresses
-    /// (comma-separated or repeated; none by default). A CIDR also lets notifications reach loopback or
-    /// link-local addresses in it; the API server is never reached unless allowed here.
+    /// Hosts, addresses or CIDRs sinks may be at besides public and cluster addresses, each bound to the
+    /// namespaces whose sink Secrets may use it: NAMESPACES=ENTRY (`platform=10.0.5.0/24`, `*=` for all;
+    /// none by default). A CIDR lets them reach loopback, link-local or API server addresses in it.
     #[arg(long = "notify-allow", env = "FLEETROLL_NOTIFY_ALLOW", value_delimiter = ',')]
-    notify_allow: Vec<crate::core::http_check::Allowed>,
+    notify_allow: Vec<crate::core::http_check::BoundAllowed>,
 
     /// The cluster's DNS domain: health checks name a target's Service as {name}.{namespace}.svc, or with
     /// this domain, and resolve it as the absolute name in it.
@@ -365,10 +365,9 @@ impl OperatorArgs {
                     api_server: Vec::new(),
                     cluster_domain: cluster_domain.clone(),
                 },
-                notify: crate::core::http_check::Policy {
-                    allowed: self.notify_allow,
-                    api_server: Vec::new(),
-                    cluster_domain,
+                notify: crate::core::http_check::BoundPolicy {
+                    base: crate::core::http_check::Policy { cluster_domain, ..Default::default() },
+                    allow: self.notify_allow,
                 },
                 analysis,
             },

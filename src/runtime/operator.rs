@@ -189,7 +189,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut settings = opts.settings;
     settings.http_check.api_server = api_server_addresses(&config.cluster_url, &client).await;
     settings.analysis.policy.api_server = settings.http_check.api_server.clone();
-    settings.notify.api_server = settings.http_check.api_server.clone();
+    settings.notify.base.api_server = settings.http_check.api_server.clone();
 
     let elector = Arc::new(Elector::new(
         client.clone(),

@@ -47,7 +47,7 @@ async fn run(client: &Client, ns: &str, n: usize, receiver: &Receiver, sink: Sin
     .unwrap();
     Api::<Secret>::namespaced(client.clone(), ns).create(&PostParams::default(), &secret).await.unwrap();
     receiver.set_mode(if sink == Sink::Hanging { Mode::Hang } else { Mode::Ok });
-    let op = Operator::start(ns, &["--notify-allow=127.0.0.0/8"], &[]);
+    let op = Operator::start(ns, &["--notify-allow=*=127.0.0.0/8"], &[]);
     let api: Api<FleetRollout> = Api::namespaced(client.clone(), ns);
     let image = "example.invalid/bench:notifications";
     let mut spec = json!({
@@ -164,7 +164,7 @@ pub async fn platform_latency(client: &Client, report: &mut Report, namespaces: 
             sink(&ns, &format!("hang-{s}"), hung.url(&format!("{ns}/s{s}"))).await;
             subscriptions.push(json!({"name": format!("s{s}"), "sink": "Webhook", "secretRef": {"name": format!("hang-{s}")}}));
         }
-        let op = Operator::start(&ns, &["--notify-allow=127.0.0.0/8", "--fleet-namespace", &fleet_ns], &[]);
+        let op = Operator::start(&ns, &["--notify-allow=*=127.0.0.0/8", "--fleet-namespace", &fleet_ns], &[]);
         op.ready().await;
         let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(client.clone(), &ns);
         let rollouts: Api<FleetRollout> = Api::namespaced(agent.client.clone(), &ns);

@@ -359,7 +359,7 @@ async fn notifications_reach_the_webhook_and_alertmanager_hears_only_trouble() {
         assert_ne!(local, manifest, "the example names the sinks this test replaces");
         let path = std::env::temp_dir().join(format!("{ns}-notifications.yaml"));
         std::fs::write(&path, local).unwrap();
-        let _op = Operator::start(&ns, &["--notify-allow=127.0.0.0/8"], &[]);
+        let _op = Operator::start(&ns, &["--notify-allow=*=127.0.0.0/8"], &[]);
         kubectl(&["apply", "-n", &ns, "-f", path.to_str().unwrap()]).await.ok();
         fleet
             .wait_rollout("storefront-notified", "success", DEADLINE, |f| phase(f) == Phase::Succeeded)

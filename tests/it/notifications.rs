@@ -20,7 +20,7 @@ use testkit::{
 const DEADLINE: Duration = Duration::from_secs(180);
 const KEY: &str = "a-shared-secret-for-signatures";
 /// Receivers are on loopback, which notifications may reach only when allowed.
-const ALLOW_LOOPBACK: &str = "--notify-allow=127.0.0.0/8";
+const ALLOW_LOOPBACK: &str = "--notify-allow=*=127.0.0.0/8";
 
 async fn sink_secret(fleet: &Fleet, name: &str, url: &str) {
     let secret: Secret = serde_json::from_value(json!({

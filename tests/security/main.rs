@@ -151,6 +151,7 @@ const ATTACKS: &[Entry] = &[
     attack!(member_secret_runs_its_plugin_on_the_previewers_machine),
     attack!(tenant_hangs_its_sinks_to_silence_the_platforms_audit),
     attack!(tenant_outruns_the_platforms_sink_to_drop_its_audit),
+    attack!(tenant_sends_to_an_address_the_platform_opened_for_its_own_sink),
     attack!(a_change_the_api_server_refuses),
     attack!(a_reconcile_panics),
     attack!(adopter_without_rights_or_in_someone_elses_name, exclusive),

@@ -36,7 +36,7 @@ pub(super) async fn tenant_hangs_its_sinks_to_silence_the_platforms_audit(env: &
         .unwrap();
     let audit = json!({"maxBatchSize": 100, "notify": [{"name": "audit", "sink": "Webhook", "secretRef": {"name": "audit"}}]});
     let (ns, agent, _policy) = guardrails::governed(env, "sec-audit", audit).await;
-    let allow = "--notify-allow=127.0.0.0/8";
+    let allow = "--notify-allow=*=127.0.0.0/8";
     let _op = Operator::start(&ns, &[allow, "--fleet-namespace", &fleet_ns], &[]);
     // The tenant's own sinks, all of which hang, made with its own rights.
     let secrets: Vec<Value> =
@@ -108,14 +108,17 @@ pub(super) async fn tenant_outruns_the_platforms_sink_to_drop_its_audit(env: &'s
         .await
         .unwrap();
     let audit = json!({"maxBatchSize": 100, "notify": [{"name": "audit", "sink": "Webhook", "secretRef": {"name": "audit"}}]});
-    let (ns, agent, _policy) = guardrails::governed(env, "sec-gap", audit).await;
-    let _op = Operator::start(&ns, &["--notify-allow=127.0.0.0/8", "--fleet-namespace", &fleet_ns], &[]);
+    let (ns, agent, policy) = guardrails::governed(env, "sec-gap", audit).await;
+    let _op = Operator::start(&ns, &["--notify-allow=*=127.0.0.0/8", "--fleet-namespace", &fleet_ns], &[]);
     let fleet = Fleet { client: env.admin.clone(), ns: ns.clone(), tenants: vec![] };
     fleet.deployments(&ns, 1, READY_IMAGE).await;
     let mut spec = deployments_spec();
     spec["image"] = json!(format!("{READY_IMAGE}-0"));
     create_as(&agent, &ns, "churn", spec).await.ok();
-    // Each new image is a revision, and each revision a Started notification owed to the platform.
+    // Each new image is a revision, and each revision a Started notification owed to the platform; the
+    // first is planned before the next image is asked for (else the two are one revision).
+    let first = |f: &FleetRollout| f.status.as_ref().is_some_and(|s| s.revision_number() >= 1);
+    fleet.wait_rollout("churn", "the first revision to be planned", Duration::from_secs(60), first).await;
     for r in 1..REVISIONS {
         let image = json!({"spec": {"image": format!("{READY_IMAGE}-{r}")}}).to_string();
         agent
@@ -137,21 +140,111 @@ pub(super) async fn tenant_outruns_the_platforms_sink_to_drop_its_audit(env: &'s
         .filter_map(|r| r.json.as_ref())
         .find(|j| j["reason"] == "NotificationsDropped")
         .map(|j| j["message"].as_str().unwrap_or_default().to_string());
+    // The tenant reads its rollout's Events: that the platform's sink failed, never which or how.
+    let events = fleet.wait_events("churn", &["NotificationFailed"], Duration::from_secs(30)).await;
+    let told = |(reason, note): &&(String, String)| {
+        reason == "NotificationFailed"
+            && (note.contains(&policy) || note.contains(&fleet_ns) || note.contains("503"))
+    };
+    let leaked = events.iter().filter(told).count();
     Row {
         attack: format!(
             "makes {REVISIONS} revisions of one rollout while the platform's audit sink is down, past the 32 the \
              outbox holds"
         ),
         who: who(&agent, "edit; governed by a policy that subscribes the platform's audit sink"),
-        expected: "the platform is told which of its notifications were dropped, once its sink is back"
+        expected: "the platform is told which of its notifications were dropped, once its sink is back; \
+                   the tenant's Events say only that a platform subscription failed"
             .into(),
         outcome: format!(
-            "outbox: {} pending, {} dropped; the platform heard {} notifications, the notice: {}",
+            "outbox: {} pending, {} dropped; the platform heard {} notifications, the notice: {}; the \
+             tenant's Events naming the platform's policy, Secret or sink's answer: {leaked}",
             outbox.pending.len(),
             outbox.dropped,
             requests.len(),
             notice.as_deref().unwrap_or("none")
         ),
-        contained: outbox.dropped > 0 && notice.is_some_and(|m| m.contains("dropped undelivered")),
+        contained: outbox.dropped > 0
+            && notice.is_some_and(|m| m.contains("dropped undelivered"))
+            && leaked == 0,
+    }
+}
+
+/// The platform opens loopback for its own receiver only (`--notify-allow=<fleet namespace>=127.0.0.0/8`);
+/// a tenant points its sinks at that receiver, as written and spelled six other ways.
+pub(super) async fn tenant_sends_to_an_address_the_platform_opened_for_its_own_sink(
+    env: &'static Env,
+) -> Row {
+    let platform = Receiver::start();
+    let fleet_ns = env.scratch_namespace("sec-bound-fleet", &[]).await;
+    let secret: Secret = serde_json::from_value(sink_secret("audit", &platform.url("audit"))).unwrap();
+    Api::<Secret>::namespaced(env.admin.clone(), &fleet_ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let audit = json!({"maxBatchSize": 100, "notify": [{"name": "audit", "sink": "Webhook", "secretRef": {"name": "audit"}}]});
+    let (ns, agent, _policy) = guardrails::governed(env, "sec-bound", audit).await;
+    let allow = format!("--notify-allow={fleet_ns}=127.0.0.0/8");
+    let _op = Operator::start(&ns, &[&allow, "--fleet-namespace", &fleet_ns], &[]);
+    let port = platform.addr().port();
+    let spellings = [
+        platform.url("t0"),
+        format!("http://127.1:{port}/t1"),
+        format!("http://2130706433:{port}/t2"),
+        format!("http://0x7f000001:{port}/t3"),
+        format!("http://[::ffff:127.0.0.1]:{port}/t4"),
+        format!("http://localhost:{port}/t5"),
+        format!("http://localhost.:{port}/t6"),
+    ];
+    let secrets: Vec<Value> =
+        spellings.iter().enumerate().map(|(i, url)| sink_secret(&format!("t{i}"), url)).collect();
+    let list = file(&format!("{ns}-sinks"), &json!({"apiVersion": "v1", "kind": "List", "items": secrets}));
+    let made = agent.kubectl(&["create", "-n", &ns, "-f", &list]).await;
+    let fleet = Fleet { client: env.admin.clone(), ns: ns.clone(), tenants: vec![] };
+    fleet.deployments(&ns, 1, READY_IMAGE).await;
+    let mut spec = deployments_spec();
+    spec["notify"] = (0..spellings.len())
+        .map(|i| json!({"name": format!("t{i}"), "sink": "Webhook", "secretRef": {"name": format!("t{i}")}}))
+        .collect();
+    let created = create_as(&agent, &ns, "aim", spec).await;
+    // Each subscription's first failure is one NotificationFailed Event naming it.
+    let failed = |seen: &[(String, String)], i: usize| {
+        let to = format!("to rollout/t{i}:");
+        seen.iter().any(|(reason, note)| reason == "NotificationFailed" && note.contains(&to))
+    };
+    let all_failed = |seen: &[(String, String)]| (0..spellings.len()).all(|i| failed(seen, i));
+    let events = match created.code {
+        0 => fleet.wait_events_until("aim", all_failed, Duration::from_secs(90)).await,
+        _ => Vec::new(),
+    };
+    let heard = platform.wait_until(Duration::from_secs(60), |r| first_heard(r, "aim").is_some()).await;
+    let heard = heard.unwrap_or_else(|r| r);
+    let reached: Vec<String> =
+        platform.requests().into_iter().map(|r| r.path).filter(|p| p.starts_with("/t")).collect();
+    let refused = (0..spellings.len()).filter(|i| failed(&events, *i)).count();
+    Row {
+        attack: format!(
+            "points {} notification sinks at the platform's loopback receiver, which --notify-allow opens for \
+             the fleet namespace's Secrets only: as written, short, decimal, hex, IPv4-mapped, localhost, \
+             localhost.",
+            spellings.len()
+        ),
+        who: who(&agent, "edit; governed by a policy that subscribes the platform's audit sink there"),
+        expected: "every tenant sink refused (NotificationFailed), the receiver never asked by them; the \
+                   platform's own sink there is heard"
+            .into(),
+        outcome: format!(
+            "sinks made: {}; rollout created: {}; {refused}/{} refused; requests the tenant's sinks made: \
+             {reached:?}; the platform heard of the rollout: {}",
+            made.code == 0,
+            created.code == 0,
+            spellings.len(),
+            first_heard(&heard, "aim").is_some()
+        ),
+        contained: made.code == 0
+            && created.code == 0
+            && refused == spellings.len()
+            && reached.is_empty()
+            && first_heard(&heard, "aim").is_some(),
     }
 }

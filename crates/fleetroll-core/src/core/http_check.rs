@@ -20,10 +20,13 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::api::TargetKind;
+use crate::{
+    api::TargetKind,
+    core::namespaces::{Namespaces, split_bound},
+};
 
 /// One entry of `--http-check-allow`: a CIDR (or a single address), or a host name.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Allowed {
     /// URLs may name, and reach, addresses in it (loopback or link-local ones too).
     Net(IpNet),
@@ -54,6 +57,48 @@ impl std::str::FromStr for Allowed {
         } else {
             Err(format!("{s:?} is neither a CIDR, an IP address nor a host name"))
         }
+    }
+}
+
+/// One `--notify-allow` entry: an allowance and the namespaces whose Secrets may use it. Every entry is
+/// bound (`*=` for every namespace), so that what the platform allows its own sinks is not what a tenant's
+/// sink may reach when the binding is forgotten.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BoundAllowed {
+    pub namespaces: Namespaces,
+    pub allowed: Allowed,
+}
+
+impl std::str::FromStr for BoundAllowed {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match split_bound(s)? {
+            (Some(namespaces), allowed) => Ok(BoundAllowed { namespaces, allowed: allowed.parse()? }),
+            (None, allowed) => Err(format!(
+                "{allowed:?} is bound to no namespace: write NAMESPACES={allowed} (fleetroll-system={allowed}, \
+                 team-*={allowed}) for the namespaces whose sink Secrets may reach it, or *={allowed} if every \
+                 tenant's may"
+            )),
+        }
+    }
+}
+
+/// A policy whose allowances are bound to namespaces: a request on behalf of a namespace is judged by
+/// `base` and the entries bound to that namespace only.
+#[derive(Clone, Debug, Default)]
+pub struct BoundPolicy {
+    pub base: Policy,
+    pub allow: Vec<BoundAllowed>,
+}
+
+impl BoundPolicy {
+    /// The policy for requests on behalf of `namespace`.
+    pub fn for_namespace(&self, namespace: &str) -> Policy {
+        let bound = self.allow.iter().filter(|e| e.namespaces.matches(namespace));
+        let mut allowed = self.base.allowed.clone();
+        allowed.extend(bound.map(|e| e.allowed.clone()));
+        Policy { allowed, ..self.base.clone() }
     }
 }
 
@@ -301,6 +346,28 @@ mod tests {
         assert!("not a host!".parse::<Allowed>().is_err());
     }
 
+    #[test]
+    fn a_bound_allowance_serves_its_own_namespaces_only() {
+        let entry = |s: &str| s.parse::<BoundAllowed>();
+        let bound = BoundPolicy {
+            base: policy(&[]),
+            allow: vec![
+                entry("fleetroll-system=127.0.0.0/8").unwrap(),
+                entry("team-*=hooks.internal").unwrap(),
+            ],
+        };
+        let loopback = "127.0.0.1".parse().unwrap();
+        let (platform, tenant) = (bound.for_namespace("fleetroll-system"), bound.for_namespace("team-a"));
+        assert_eq!(platform.check_address(loopback, Purpose::NOTIFICATIONS), Ok(()));
+        assert!(tenant.check_address(loopback, Purpose::NOTIFICATIONS).is_err());
+        assert!(tenant.allows_host("hooks.internal.") && !platform.allows_host("hooks.internal"));
+        // Every spelling of loopback is one address to the check.
+        assert!(tenant.check_address("::ffff:127.0.0.1".parse().unwrap(), Purpose::NOTIFICATIONS).is_err());
+        assert_eq!(entry("*=::1").unwrap().allowed, "::1".parse::<Allowed>().unwrap());
+        let unbound = entry("127.0.0.0/8").unwrap_err();
+        assert!(unbound.contains("bound to no namespace") && unbound.contains("*=127.0.0.0/8"), "{unbound}");
+        assert!(entry("Team=10.0.0.0/8").is_err() && entry("*=not a host!").is_err());
+    }
     #[test]
     fn loopback_link_local_and_the_api_server_are_never_reached_unless_allowed() {
         let p = policy(&[]);

@@ -8,6 +8,7 @@ pub mod duration;
 pub mod exec;
 pub mod http_check;
 pub mod identity;
+pub mod namespaces;
 pub mod nodes;
 pub mod notify;
 pub mod plan;
