@@ -20,7 +20,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{ListParams, WatchEvent, WatchParams},
-    runtime::reflector::ObjectRef,
+    runtime::reflector::{ObjectRef, Store},
 };
 use serde::de::DeserializeOwned;
 use tracing::{debug, info};
@@ -29,7 +29,10 @@ use super::{self as members, MemberError, Members};
 
 use crate::{
     api::{FleetRollout, ROLLOUT_ANNOTATION, TargetKind, target_key},
-    core::workload::{self, WorkloadFacts},
+    core::{
+        clusters,
+        workload::{self, WorkloadFacts},
+    },
     edge::lists,
     error::{Error, Result},
 };
@@ -103,12 +106,34 @@ impl Cache {
     }
 }
 
+/// Where a member's workload changes go: a wake of the rollout a workload's `fleetroll.dev/rollout`
+/// annotation names, when that rollout exists and reads member workloads of the workload's kind
+/// ([`clusters::reads_member_workloads`]).
+#[derive(Clone)]
+pub struct MemberWakes {
+    send: UnboundedSender<ObjectRef<FleetRollout>>,
+    rollouts: Store<FleetRollout>,
+}
+
+impl MemberWakes {
+    pub fn new(send: UnboundedSender<ObjectRef<FleetRollout>>, rollouts: Store<FleetRollout>) -> Self {
+        Self { send, rollouts }
+    }
+
+    fn wake(&self, rollout: ObjectRef<FleetRollout>, kind: TargetKind) {
+        let concerned =
+            self.rollouts.get(&rollout).is_some_and(|fr| clusters::reads_member_workloads(&fr, kind));
+        if concerned {
+            let _ = self.send.unbounded_send(rollout);
+        }
+    }
+}
+
 /// The watches of every member looked at so far.
 #[derive(Clone)]
 pub struct MemberWatches {
     members: Members,
-    /// Wakes the rollout named in a changed workload's `fleetroll.dev/rollout` annotation.
-    wake: UnboundedSender<ObjectRef<FleetRollout>>,
+    wake: MemberWakes,
     caches: Arc<Mutex<Caches>>,
 }
 
@@ -116,7 +141,7 @@ pub struct MemberWatches {
 type Caches = HashMap<(String, TargetKind), Arc<Cache>>;
 
 impl MemberWatches {
-    pub fn new(members: Members, wake: UnboundedSender<ObjectRef<FleetRollout>>) -> Self {
+    pub fn new(members: Members, wake: MemberWakes) -> Self {
         Self { members, wake, caches: Default::default() }
     }
 
@@ -158,7 +183,7 @@ struct Watch {
     key: (String, TargetKind),
     cache: Arc<Cache>,
     caches: Arc<Mutex<Caches>>,
-    wake: UnboundedSender<ObjectRef<FleetRollout>>,
+    wake: MemberWakes,
 }
 
 impl Watch {
@@ -253,7 +278,8 @@ impl Watch {
                 Err(e) => return e.into(),
             };
             let fleet_namespace = self.members.fleet_namespace();
-            match follow(events, &self.cache, &self.wake, fleet_namespace, facts).await {
+            let (wake, kind) = (&self.wake, self.key.1);
+            match follow(events, &self.cache, wake, kind, fleet_namespace, facts).await {
                 Ok(Some(latest)) => version = latest,
                 // A watch the member ends at once, with nothing in it, is not asked again at once.
                 Ok(None) => tokio::time::sleep_until(started + RENEW_AT_MOST_EVERY).await,
@@ -292,7 +318,8 @@ impl Watch {
 async fn follow<K>(
     events: impl futures::Stream<Item = Result<WatchEvent<K>, kube::Error>>,
     cache: &Cache,
-    wake: &UnboundedSender<ObjectRef<FleetRollout>>,
+    wake: &MemberWakes,
+    kind: TargetKind,
     fleet_namespace: &str,
     facts: fn(&K) -> WorkloadFacts,
 ) -> Result<Option<String>>
@@ -300,12 +327,13 @@ where
     K: Resource<DynamicType = ()>,
 {
     // Anyone who may write a workload in a member may write this annotation: it wakes only rollouts that
-    // can reach members (those of the fleet namespace), and only when a decision reads the workload
-    // otherwise (as here: a change of an annotation or a resourceVersion alone wakes nothing).
+    // read members' workloads of this kind (of the fleet namespace, across members), and only when a
+    // decision reads the workload otherwise (a change of an annotation or a resourceVersion alone wakes
+    // nothing).
     let wake_for = |obj: &K| {
         let named = obj.annotations().get(ROLLOUT_ANNOTATION).and_then(|r| r.split_once('/'));
         if let Some((ns, name)) = named.filter(|(ns, _)| *ns == fleet_namespace) {
-            let _ = wake.unbounded_send(ObjectRef::new(name).within(ns));
+            wake.wake(ObjectRef::new(name).within(ns), kind);
         }
     };
     let mut version = None;
@@ -338,95 +366,4 @@ where
 }
 
 #[cfg(test)]
-mod tests {
-    use futures::StreamExt;
-    use k8s_openapi::api::apps::v1::Deployment;
-    use serde_json::json;
-
-    use super::*;
-
-    fn deployment(ns: &str, name: &str, rollout: &str, version: &str) -> Deployment {
-        serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": ns, "annotations": {ROLLOUT_ANNOTATION: rollout},
-                         "resourceVersion": version},
-        }))
-        .unwrap()
-    }
-
-    #[tokio::test]
-    async fn the_watch_of_a_member_no_secret_names_ends_and_drops_its_cache() {
-        let (members, _hub) = crate::edge::members::registry_tests::fleet(Vec::new());
-        let (wake, _woken) = futures::channel::mpsc::unbounded();
-        let watches = MemberWatches::new(members, wake);
-        let cache = watches.cache("gone", TargetKind::Deployment).unwrap();
-        let key = ("gone".to_string(), TargetKind::Deployment);
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        while watches.caches.lock().unwrap().contains_key(&key) {
-            assert!(tokio::time::Instant::now() < deadline, "the watch of a member that is gone still runs");
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        assert!(!cache.ready(), "a retired cache is never read as current");
-    }
-
-    #[tokio::test]
-    async fn a_member_cache_weighs_no_more_than_it_may_whatever_the_watch_sends() {
-        // Workloads with as many labels as are kept, added without end: the watch fails before the cache
-        // is past its weight, and changes and deletions are counted as such.
-        let heavy = |name: &str| {
-            let mut d = deployment("tenant", name, "fleet/across", "1");
-            d.metadata.labels = Some((0..20).map(|i| (format!("k{i:02}"), "x".repeat(100))).collect());
-            d
-        };
-        let one = workload::deployment_facts(&heavy("w0")).weight();
-        assert!(workload::deployment_facts(&heavy("w0")).labels.is_some() && one > 4000, "{one}");
-        let events =
-            futures::stream::iter((0..).map(move |i| Ok(WatchEvent::Added(heavy(&format!("w{i}"))))));
-        let (wake, _woken) = futures::channel::mpsc::unbounded();
-        let cache = Cache::default();
-        let err = follow(events, &cache, &wake, "fleet", workload::deployment_facts).await.unwrap_err();
-        assert!(err.to_string().contains("past 64 MiB of facts in one member's cache"), "{err}");
-        let held = cache.facts.read().unwrap();
-        assert!(
-            held.weight <= lists::MAX_FACTS_BYTES && held.all.len() + 1 >= lists::MAX_FACTS_BYTES / (one + 8),
-            "{} {}",
-            held.weight,
-            held.all.len()
-        );
-        assert_eq!(held.weight, held.all.values().map(WorkloadFacts::weight).sum::<usize>());
-        drop(held);
-        // The same workload changed again and again weighs once; a deleted one not at all.
-        let cache = Cache::default();
-        for _ in 0..100 {
-            cache
-                .apply(workload::deployment_facts(&deployment("tenant", "web", "fleet/across", "2")))
-                .unwrap();
-        }
-        let one = cache.facts.read().unwrap().weight;
-        assert_eq!(one, cache.get("tenant", "web").unwrap().weight());
-        cache.delete("tenant/web");
-        assert_eq!(cache.facts.read().unwrap().weight, 0);
-    }
-
-    #[tokio::test]
-    async fn a_member_workload_wakes_only_a_rollout_of_the_fleet_namespace_it_names() {
-        let events = futures::stream::iter([
-            Ok(WatchEvent::Added(deployment("tenant", "web", "fleet/across", "11"))),
-            Ok(WatchEvent::Modified(deployment("tenant", "api", "tenant/victim", "12"))),
-            Ok(WatchEvent::Deleted(deployment("tenant", "db", "kube-system/other", "13"))),
-            Ok(WatchEvent::Added(deployment("tenant", "odd", "no-slash", "14"))),
-            // The first one again, with nothing a decision reads changed but its resourceVersion.
-            Ok(WatchEvent::Modified(deployment("tenant", "web", "fleet/across", "15"))),
-        ]);
-        let (wake, mut woken) = futures::channel::mpsc::unbounded();
-        let cache = Cache::default();
-        let followed = follow(events, &cache, &wake, "fleet", workload::deployment_facts).await.unwrap();
-        assert_eq!(followed.as_deref(), Some("15"), "the version of the last event");
-        drop(wake);
-        let woken: Vec<ObjectRef<FleetRollout>> = woken.by_ref().collect().await;
-        assert_eq!(
-            woken,
-            [ObjectRef::new("across").within("fleet")],
-            "once: the same facts again wake nothing"
-        );
-    }
-}
+mod tests;

@@ -9,11 +9,21 @@ use kube_core::{Selector, SelectorExt};
 
 use crate::{
     api::{
-        CLUSTERS_LISTED, ClusterCount, ClusterTrouble, ClustersStatus, PlannedTarget, TROUBLE_LISTED,
-        UNASSIGNED_WAVE, Wave, WaveStatus,
+        CLUSTERS_LISTED, ClusterCount, ClusterTrouble, ClustersStatus, FleetRollout, PlannedTarget,
+        TROUBLE_LISTED, TargetKind, UNASSIGNED_WAVE, Wave, WaveStatus,
     },
     core::{Blocked, count, reason},
 };
+
+/// Whether a change of a member cluster's workload of `kind` may concern `fr`: only a rollout across member
+/// clusters of that kind reads member workloads, as its spec asks or as the revision it runs was planned.
+/// Anyone who may write a member's workload may name any rollout in it; no other rollout is woken.
+pub fn reads_member_workloads(fr: &FleetRollout, kind: TargetKind) -> bool {
+    let targets = &fr.spec.targets;
+    let revision = fr.status.as_ref().and_then(|s| s.revision.as_ref());
+    (targets.clusters.is_some() && targets.kind == kind)
+        || revision.is_some_and(|r| r.inputs.clusters.is_some() && r.inputs.kind == kind)
+}
 
 /// A member cluster as discovery found it.
 #[derive(Clone, Debug, PartialEq, Eq)]

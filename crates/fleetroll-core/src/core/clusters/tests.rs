@@ -213,3 +213,28 @@ fn trouble_keeps_when_it_began_and_is_capped() {
     assert_eq!(capped.len(), TROUBLE_LISTED);
     assert!(capped.iter().all(|t| t.message.len() <= 256));
 }
+
+#[test]
+fn only_a_rollout_across_members_of_the_kind_is_concerned_by_a_member_workload() {
+    use crate::api::{FleetRollout, FleetRolloutStatus, Revision, RevisionInputs};
+    let rollout = |kind: &str, clusters: bool| -> FleetRollout {
+        let mut targets = serde_json::json!({"kind": kind, "selector": {}});
+        if clusters {
+            targets["clusters"] = serde_json::json!({"selector": {}});
+        }
+        serde_json::from_value(serde_json::json!({"apiVersion": "fleetroll.dev/v1alpha1", "kind": "FleetRollout",
+            "metadata": {"name": "r", "namespace": "fleet"}, "spec": {"image": "web:v2", "targets": targets}}))
+        .unwrap()
+    };
+    assert!(reads_member_workloads(&rollout("Deployment", true), TargetKind::Deployment));
+    assert!(!reads_member_workloads(&rollout("Deployment", true), TargetKind::StatefulSet));
+    assert!(!reads_member_workloads(&rollout("Deployment", false), TargetKind::Deployment));
+    // The spec left members behind, the revision it still runs did not.
+    let mut moved = rollout("Deployment", false);
+    let inputs = RevisionInputs::of(&rollout("StatefulSet", true).spec);
+    let started_at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH);
+    let revision = Revision { number: 1, spec_hash: String::new(), inputs, started_at };
+    moved.status = Some(FleetRolloutStatus { revision: Some(revision), ..Default::default() });
+    assert!(reads_member_workloads(&moved, TargetKind::StatefulSet));
+    assert!(!reads_member_workloads(&moved, TargetKind::DaemonSet));
+}
