@@ -328,6 +328,12 @@ pub enum Verdict {
     },
 }
 
+/// How many looks at a window the search for the moment every window allows may take past the first look
+/// at each: a batch across a thousand namespaces, each declaring windows of its own, moves on fewer times
+/// (its opening then may be "not found yet"), so that no decision costs more than reading every window
+/// once and this.
+const SEARCH_LOOKS: usize = 4096;
+
 /// Judges every owner's windows at `now`.
 pub fn judge(owners: &[&OwnerWindows], now: Timestamp) -> Verdict {
     let mut holds = holds_at(owners, now);
@@ -336,8 +342,9 @@ pub fn judge(owners: &[&OwnerWindows], now: Timestamp) -> Verdict {
         return Verdict::Open;
     };
     let others: Vec<Hold> = now_held.collect();
+    let looks_per_move = owners.iter().map(|o| o.windows.len()).sum::<usize>().max(1);
     let mut at = now;
-    for _ in 0..STEPS {
+    for _ in 0..(SEARCH_LOOKS / looks_per_move).clamp(1, STEPS) {
         // Nothing opens before every hold has lifted; a hold that never lifts means no opening at all.
         let lifted = holds.iter().try_fold(at, |latest, (_, until)| until.map(|u| latest.max(u)));
         match lifted {

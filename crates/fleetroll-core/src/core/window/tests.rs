@@ -292,3 +292,24 @@ fn windows_differing_only_by_name_are_compiled_once_and_keep_their_names() {
     assert!(COMPILED.lock().unwrap().contains_key(&unnamed), "remembered without its name");
     assert!(!COMPILED.lock().unwrap().contains_key(&named(Some("late"))));
 }
+
+#[test]
+fn the_search_for_an_opening_moves_on_fewer_times_the_more_windows_it_judges() {
+    // Allowed 09:00-09:20, frozen 09:00-09:10: from 08:00 the search moves twice (to 09:00, then 09:10).
+    let specs = [allow("0 9 * * *", "20m", "UTC"), window(WindowKind::Deny, "0 9 * * *", "10m", Some("UTC"))];
+    let each = |n: usize| -> Vec<OwnerWindows> {
+        (0..n).map(|i| owner(Owner::Namespace(format!("ns-{i}")), &specs)).collect()
+    };
+    let (few, many) = (each(10), each(3000));
+    let few: Vec<&OwnerWindows> = few.iter().collect();
+    assert_eq!(opens(&few, "2026-12-04T08:00:00Z"), Some(Some(at("2026-12-04T09:10:00Z"))));
+    // 6,000 windows: one move only, so the opening is not found yet; the hold is judged all the same.
+    let many: Vec<&OwnerWindows> = many.iter().collect();
+    match judge(&many, at("2026-12-04T08:00:00Z")) {
+        Verdict::Closed { hold, others, opens } => {
+            assert_eq!((hold.kind, opens), (WindowKind::Allow, None));
+            assert_eq!(others.len(), 2999, "every owner's hold is named");
+        }
+        Verdict::Open => panic!("closed at 08:00"),
+    }
+}
