@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error};
 
 use crate::{
-    mcp::limits::{Accepted, Connections, HEADER_READ_TIMEOUT, MAX_HEADER_BYTES, Serving},
+    mcp::limits::{Accepted, Caps, Connections, HEADER_READ_TIMEOUT, MAX_HEADER_BYTES, Serving},
     metrics::Metrics,
 };
 
@@ -86,13 +86,13 @@ pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 /// connections finish. Every connection is charged as `mcp::limits::Connections` says (to its address
 /// until a request authenticates on it, then to that caller; read at once when its request head has
 /// arrived whole, else when its address's turn comes; at the cap, in place of the oldest idle one), and
-/// must send a request's headers within [`HEADER_READ_TIMEOUT`] of opening or of its previous answer: a
-/// client that sends nothing, or headers a byte at a time, is cut off, and so is an idle keep-alive
-/// connection. A connection no caller has authenticated on (a probe, a scrape, a refusal) is answered once
+/// must send a request's headers within [`HEADER_READ_TIMEOUT`] of opening (its wait for a turn included)
+/// or of its previous answer: a client that sends nothing, or headers a byte at a time, is cut off, and so
+/// is an idle keep-alive connection. A connection no caller has authenticated on (a probe, a scrape, a refusal) is answered once
 /// and closed, and one whose answers are not read is cut off after [`WRITE_STALL_TIMEOUT`] without
 /// progress. Every listener the operator and the plugin open is served here.
 pub async fn serve(listener: TcpListener, app: Router, stop: CancellationToken) -> io::Result<()> {
-    let connections = Connections::default();
+    let connections = Connections::new(Caps { all: connection_cap(), ..Caps::default() });
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
@@ -122,20 +122,40 @@ pub async fn serve(listener: TcpListener, app: Router, stop: CancellationToken) 
     Ok(())
 }
 
+/// The connections a listener may hold: as many as the process's file descriptors allow
+/// ([`crate::mcp::limits::connections_for`]), once its soft limit is raised to the hard one (as Go raises
+/// its own), for a container runtime's soft limit is often a small one.
+fn connection_cap() -> usize {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    if let Rlimit { current: Some(current), maximum: Some(maximum) } = getrlimit(Resource::Nofile)
+        && current < maximum
+    {
+        let raised = Rlimit { current: Some(maximum), maximum: Some(maximum) };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            debug!(error = %e, "the soft limit of file descriptors stays {current}");
+        }
+    }
+    let descriptors = getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX);
+    crate::mcp::limits::connections_for(descriptors)
+}
+
 /// One connection, once its turn to be read has come, each of its requests carrying the `Connection`
 /// (for the MCP guard to charge it), and marking it as serving until its answer is sent.
 async fn serve_connection(
-    http: http1::Builder,
+    mut http: http1::Builder,
     stream: TcpStream,
     app: Router,
     accepted: Accepted,
     stop: CancellationToken,
 ) {
+    let opened = tokio::time::Instant::now();
     let Some((connection, turn)) = accepted.admitted(head_arrived(&stream)).await else {
         debug!("closed a connection whose turn did not come");
         return;
     };
     debug!(?turn, "reading a connection");
+    // The headers are due within the timeout of opening, the wait for a turn included.
+    http.header_read_timeout(HEADER_READ_TIMEOUT.saturating_sub(opened.elapsed()).max(HEAD_AT_LEAST));
     let closed = connection.closed().clone();
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
         let mut request = request.map(Body::new);
@@ -175,6 +195,10 @@ async fn serve_connection(
         debug!(error = %e, "connection ended");
     }
 }
+
+/// The least time a connection read after waiting its turn has left for its headers (the wait ends before
+/// the header timeout does).
+const HEAD_AT_LEAST: Duration = Duration::from_millis(100);
 
 /// How long a connection's writes may make no progress: a peer that stops reading (pipelining requests
 /// and never reading the answers, say) would otherwise hold its connection, marked as serving and never

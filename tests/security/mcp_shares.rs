@@ -12,7 +12,7 @@ use std::{
 
 use fleetroll::mcp::limits::{
     ACCESS_REVIEWS_PER_CALLER, BODY_MIN_BYTES_PER_SECOND, BODY_TIMEOUT, CONNECTIONS_PER_CALLER,
-    HEADER_READ_TIMEOUT, UNBOUND_CONNECTIONS_PER_PEER,
+    HEADER_READ_TIMEOUT, UNBOUND_CONNECTIONS_PER_PEER, UNBOUND_WAITING_PER_PEER,
 };
 use futures::StreamExt;
 use tokio::time::Instant;
@@ -128,8 +128,8 @@ pub(super) async fn one_mcp_tenant_floods_slow_bodies_connections_and_permission
     let answered = idle.iter().filter(|h| h.answer.is_some_and(|a| a.status == 200)).count();
     let kept = idle.iter().filter(|h| h.closed_after.is_none_or(|c| c > Duration::from_secs(1))).count();
     let idle_closed = idle.iter().all(|h| h.closed_after.is_some_and(|c| c <= HEADER_READ_TIMEOUT + margin));
-    // Silent connections: an address holds its share of them, each until the header timeout; the rest are
-    // closed as soon as they are accepted.
+    // Silent connections: an address holds its share of them read and its share waiting for a turn, each
+    // until the header timeout of its opening; the rest are closed as soon as they are accepted.
     let lasted = silent.iter().filter(|s| s.is_none_or(|s| s > HEADER_READ_TIMEOUT / 2)).count();
     let silent_cut = silent.iter().all(|s| s.is_some_and(|s| s <= HEADER_READ_TIMEOUT + margin));
     let review_bound =
@@ -183,7 +183,7 @@ pub(super) async fn one_mcp_tenant_floods_slow_bodies_connections_and_permission
             && slow.statuses.keys().all(|s| [408, 503].contains(s))
             && slow.statuses.get(&408).is_some_and(|n| *n > 0)
             && slow.longest <= BODY_TIMEOUT + margin
-            && lasted <= UNBOUND_CONNECTIONS_PER_PEER
+            && lasted <= UNBOUND_CONNECTIONS_PER_PEER + UNBOUND_WAITING_PER_PEER
             && silent_cut
             && header.is_some_and(|h| h <= HEADER_READ_TIMEOUT + margin)
             && unauth_ok

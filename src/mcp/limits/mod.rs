@@ -34,7 +34,7 @@ pub use self::budget::Rate;
 pub(crate) use self::{
     budget::{CallerBudgets, ReviewBudget},
     cache::{Cached, TtlLru},
-    connections::{Accepted, Connection, Connections, Serving},
+    connections::{Accepted, Caps, Connection, Connections, Serving},
     shares::{Caller, InFlight},
 };
 
@@ -87,9 +87,18 @@ pub const MAX_HEADER_BYTES: usize = 32 * 1024;
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(5);
 pub const BODY_MIN_BYTES_PER_SECOND: usize = 64 * 1024;
 
-/// Connections open at once on a listener; beyond, a new one is closed at once. Each costs a file
-/// descriptor and at most [`MAX_HEADER_BYTES`] of buffer before its request is read.
-pub const CONNECTIONS: usize = 1024;
+/// Connections open at once on a listener, at most ([`connections_for`] fewer when the process has
+/// fewer file descriptors); beyond, a new one closes the oldest idle one, or is closed. Each costs a file
+/// descriptor and at most [`MAX_HEADER_BYTES`] of buffer before its request is read: room for a flood
+/// to be held whole (each of its connections read or waiting until cut off) rather than turned over, each
+/// newcomer closing another that reconnects at once.
+pub const CONNECTIONS: usize = 4096;
+/// The fewest connections a listener holds, however few file descriptors the process has.
+const CONNECTIONS_AT_LEAST: usize = 128;
+/// File descriptors kept for what is not a listener's connection (API server clients, watches, outbound
+/// requests), and the listeners a process serves (MCP, and health and metrics).
+const DESCRIPTORS_KEPT: u64 = 1024;
+const LISTENERS: u64 = 2;
 /// Connections read at once while not yet tied to a caller (no request has authenticated on them; under
 /// `--auth none`, none ever is), from all addresses...
 pub const UNBOUND_CONNECTIONS: usize = 512;
@@ -98,7 +107,7 @@ pub const UNBOUND_CONNECTIONS_PER_PEER: usize = 128;
 /// An address's connections beyond its share wait their turn to be read, this many at most (beyond, a new
 /// one is closed at once) and for this long (then closed).
 pub const UNBOUND_WAITING_PER_PEER: usize = 128;
-pub const UNBOUND_WAIT: Duration = Duration::from_secs(1);
+pub const UNBOUND_WAIT: Duration = HEADER_READ_TIMEOUT;
 /// Connections tied to one caller (at least [`REQUESTS_PER_CALLER`], one per request in flight, with room
 /// for idle ones), and to one tenant's callers together; beyond, a connection is closed after its answer.
 pub const CONNECTIONS_PER_CALLER: usize = 32;
@@ -133,6 +142,12 @@ async fn deadline_with(timeout: Duration, request: Request, next: Next) -> Respo
     }
 }
 
+/// The connections each listener may hold when the process may open `descriptors` file descriptors.
+pub fn connections_for(descriptors: u64) -> usize {
+    let share = descriptors.saturating_sub(DESCRIPTORS_KEPT) / LISTENERS;
+    usize::try_from(share).unwrap_or(usize::MAX).clamp(CONNECTIONS_AT_LEAST, CONNECTIONS)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,5 +178,14 @@ mod tests {
         assert_eq!(retry_after(Duration::from_millis(1)), HeaderValue::from(1u64));
         assert_eq!(retry_after(Duration::from_millis(1500)), HeaderValue::from(2u64));
         assert_eq!(retry_after(Duration::ZERO), HeaderValue::from(1u64));
+    }
+
+    #[test]
+    fn a_listener_holds_what_the_processs_descriptors_allow() {
+        assert_eq!(connections_for(1_048_576), CONNECTIONS);
+        assert_eq!(connections_for(20_000), CONNECTIONS);
+        assert_eq!(connections_for(4_096), 1_536, "a quarter kept, the rest shared by two listeners");
+        assert_eq!(connections_for(1_024), CONNECTIONS_AT_LEAST);
+        assert_eq!(connections_for(0), CONNECTIONS_AT_LEAST);
     }
 }
