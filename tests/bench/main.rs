@@ -116,6 +116,10 @@ const SMOKE: Sizes = Sizes {
 const LONG: Duration = Duration::from_secs(3600);
 
 fn main() {
+    if let Ok(spec) = std::env::var(fairness::FLOODER_ENV) {
+        fairness::flooder(&spec);
+        return;
+    }
     let full = std::env::args().any(|a| a == "--full");
     let sizes = if full { FULL } else { SMOKE };
     let only: Option<Vec<String>> = std::env::args()
