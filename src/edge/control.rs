@@ -10,7 +10,8 @@ use serde_json::{Value, json};
 use crate::api::{Approval, FleetRollout};
 
 /// Why a control, a read or a start did not happen, told apart where callers branch on it: the MCP server
-/// maps each kind to a JSON-RPC code once (`mcp::errors`), the plugin to a documented exit code.
+/// maps each kind to a JSON-RPC code once (`mcp::handler`'s `rpc_error`), the plugin to a documented exit
+/// code.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
     #[error("{what}: not found")]

@@ -1,6 +1,8 @@
-//! The kube edge: the only code that talks to the API server. It gathers facts for the core (discovery,
-//! stored plans, targets, nodes and pods), and carries out what the core decides (image patches, pod
-//! deletions, status writes, spec controls), and sends analysis queries to metrics backends.
+//! The kube edge: the controller's IO. It gathers facts for the core (discovery, stored plans, targets,
+//! nodes and pods, member clusters), carries out what the core decides (image patches, pod deletions,
+//! status writes, spec controls), and sends health checks, analysis queries and notifications out. The
+//! controller's watches, the leader lease and the reads and reviews of MCP and the plugin call the API
+//! server from their own modules (ARCHITECTURE.md lists them).
 
 pub(crate) mod answers;
 pub(crate) mod cached;

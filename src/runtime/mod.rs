@@ -1,5 +1,5 @@
-//! The process: command line, the operator's tasks (leader election, controller, MCP, metrics), and the
-//! fault-injection points the crash tests use.
+//! The process: command line, and the operator's tasks (leader election, controller, MCP, metrics) and
+//! their listeners. The fault-injection points the crash tests use are `crate::failpoint`.
 
 use std::{fmt::Display, process::ExitCode};
 
