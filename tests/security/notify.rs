@@ -25,17 +25,25 @@ fn first_heard(requests: &[Request], name: &str) -> Option<Instant> {
     requests.iter().find(about).map(|r| r.at)
 }
 
-pub(super) async fn tenant_hangs_its_sinks_to_silence_the_platforms_audit(env: &'static Env) -> Row {
-    let (hung, platform) = (Receiver::start(), Receiver::start());
-    hung.set_mode(Mode::Hang);
-    let fleet_ns = env.scratch_namespace("sec-audit-fleet", &[]).await;
+/// A fleet namespace holding the platform's `audit` sink Secret (at `platform`), and a namespace `prefix-…`
+/// whose agent (edit) is governed by a policy subscribing that sink: (fleet namespace, namespace, agent,
+/// policy).
+async fn audited(env: &'static Env, prefix: &str, platform: &Receiver) -> (String, String, Tenant, String) {
+    let fleet_ns = env.scratch_namespace(&format!("{prefix}-fleet"), &[]).await;
     let secret: Secret = serde_json::from_value(sink_secret("audit", &platform.url("audit"))).unwrap();
     Api::<Secret>::namespaced(env.admin.clone(), &fleet_ns)
         .create(&PostParams::default(), &secret)
         .await
         .unwrap();
     let audit = json!({"maxBatchSize": 100, "notify": [{"name": "audit", "sink": "Webhook", "secretRef": {"name": "audit"}}]});
-    let (ns, agent, _policy) = guardrails::governed(env, "sec-audit", audit).await;
+    let (ns, agent, policy) = guardrails::governed(env, prefix, audit).await;
+    (fleet_ns, ns, agent, policy)
+}
+
+pub(super) async fn tenant_hangs_its_sinks_to_silence_the_platforms_audit(env: &'static Env) -> Row {
+    let (hung, platform) = (Receiver::start(), Receiver::start());
+    hung.set_mode(Mode::Hang);
+    let (fleet_ns, ns, agent, _policy) = audited(env, "sec-audit", &platform).await;
     let allow = "--notify-allow=*=127.0.0.0/8";
     let _op = Operator::start(&ns, &[allow, "--fleet-namespace", &fleet_ns], &[]);
     // The tenant's own sinks, all of which hang, made with its own rights.
@@ -101,14 +109,7 @@ const REVISIONS: u32 = 40;
 pub(super) async fn tenant_outruns_the_platforms_sink_to_drop_its_audit(env: &'static Env) -> Row {
     let platform = Receiver::start();
     platform.set_mode(Mode::Fail(503));
-    let fleet_ns = env.scratch_namespace("sec-gap-fleet", &[]).await;
-    let secret: Secret = serde_json::from_value(sink_secret("audit", &platform.url("audit"))).unwrap();
-    Api::<Secret>::namespaced(env.admin.clone(), &fleet_ns)
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
-    let audit = json!({"maxBatchSize": 100, "notify": [{"name": "audit", "sink": "Webhook", "secretRef": {"name": "audit"}}]});
-    let (ns, agent, policy) = guardrails::governed(env, "sec-gap", audit).await;
+    let (fleet_ns, ns, agent, policy) = audited(env, "sec-gap", &platform).await;
     let _op = Operator::start(&ns, &["--notify-allow=*=127.0.0.0/8", "--fleet-namespace", &fleet_ns], &[]);
     let fleet = Fleet { client: env.admin.clone(), ns: ns.clone(), tenants: vec![] };
     fleet.deployments(&ns, 1, READY_IMAGE).await;
@@ -176,14 +177,7 @@ pub(super) async fn tenant_sends_to_an_address_the_platform_opened_for_its_own_s
     env: &'static Env,
 ) -> Row {
     let platform = Receiver::start();
-    let fleet_ns = env.scratch_namespace("sec-bound-fleet", &[]).await;
-    let secret: Secret = serde_json::from_value(sink_secret("audit", &platform.url("audit"))).unwrap();
-    Api::<Secret>::namespaced(env.admin.clone(), &fleet_ns)
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
-    let audit = json!({"maxBatchSize": 100, "notify": [{"name": "audit", "sink": "Webhook", "secretRef": {"name": "audit"}}]});
-    let (ns, agent, _policy) = guardrails::governed(env, "sec-bound", audit).await;
+    let (fleet_ns, ns, agent, _policy) = audited(env, "sec-bound", &platform).await;
     let allow = format!("--notify-allow={fleet_ns}=127.0.0.0/8");
     let _op = Operator::start(&ns, &[&allow, "--fleet-namespace", &fleet_ns], &[]);
     let port = platform.addr().port();
