@@ -166,9 +166,10 @@ async fn serve_connection(
         let connection = connection.clone();
         async move {
             let mut response = answered.await?;
-            // No caller has shown a token on it: answered once and closed (hyper reads no further request),
-            // so a probe, a refusal or a client pipelining requests it never reads holds no place.
-            if !connection.is_bound() {
+            // No caller has shown a token on it (nor did `--auth none` keep it): answered once and closed
+            // (hyper reads no further request), so a probe, a refusal or a client pipelining requests it
+            // never reads holds no place.
+            if !connection.stays_open() {
                 response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
             // Until the body is sent (a stream's included), the connection is not idle.

@@ -62,10 +62,15 @@ pub async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> 
         response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1u64));
         return closing(response);
     };
-    // A connection beyond the caller's share serves this request and closes.
+    // A connection beyond the caller's share serves this request and closes. Under `--auth none` there is
+    // no caller to charge: the connection stays open, charged to its address (loopback) as before.
     let keep = match (request.extensions().get::<Arc<Connection>>(), &caller) {
         (Some(connection), Some(caller)) => connection.bind(caller),
-        _ => true,
+        (Some(connection), None) => {
+            connection.keep();
+            true
+        }
+        (None, _) => true,
     };
     let response = admitted(auth, identity, request, next).await;
     if keep { response } else { closing(response) }

@@ -19,7 +19,10 @@
 use std::{
     collections::{BTreeMap, HashMap},
     net::IpAddr,
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    sync::{
+        Arc, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -232,6 +235,8 @@ pub(crate) struct Connection {
     ledger: Ledger,
     charge: Mutex<Charge>,
     closed: CancellationToken,
+    /// Kept open after its answers while unbound: set when a request passed without a caller (`--auth none`).
+    kept: AtomicBool,
     _open: OwnedSemaphorePermit,
 }
 
@@ -333,6 +338,7 @@ impl Accepted {
             ledger: connections.ledger.clone(),
             charge: Mutex::new(charge),
             closed,
+            kept: AtomicBool::new(false),
             _open: open,
         };
         Some((Arc::new(connection), how))
@@ -360,6 +366,18 @@ impl Connection {
     /// Whether a caller has been charged with it.
     pub fn is_bound(&self) -> bool {
         self.charge().bound.is_some()
+    }
+
+    /// Keeps this unbound connection open after its answers: a request passed on it with no caller to
+    /// charge (under `--auth none`, a loopback listener). It stays charged to its address and among those
+    /// closed first for a newer connection, so keeping it alive holds no place a caller needs.
+    pub fn keep(&self) {
+        self.kept.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether its answers leave it open: a caller is charged with it, or it was kept.
+    pub fn stays_open(&self) -> bool {
+        self.kept.load(Ordering::Relaxed) || self.is_bound()
     }
 
     /// Charges this connection to `caller` from now on (a connection is charged to the first caller that

@@ -25,12 +25,20 @@ async fn a_silent_connection_is_cut_off_at_the_header_timeout_and_requests_carry
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = listen(([127, 0, 0, 1], 0).into()).unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = Router::new().route(
-        "/who",
-        get(|c: Option<axum::Extension<Arc<crate::mcp::limits::Connection>>>| async move {
-            if c.is_some() { "charged" } else { "-" }
-        }),
-    );
+    let app = Router::new()
+        .route(
+            "/who",
+            get(|c: Option<axum::Extension<Arc<crate::mcp::limits::Connection>>>| async move {
+                if c.is_some() { "charged" } else { "-" }
+            }),
+        )
+        .route(
+            "/kept",
+            get(|axum::Extension(c): axum::Extension<Arc<crate::mcp::limits::Connection>>| async move {
+                c.keep();
+                "kept"
+            }),
+        );
     let stop = CancellationToken::new();
     let server = tokio::spawn(serve(listener, app, stop.clone()));
 
@@ -53,6 +61,15 @@ async fn a_silent_connection_is_cut_off_at_the_header_timeout_and_requests_carry
     assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("charged"), "{answer}");
     assert_eq!(answer.matches("HTTP/1.1").count(), 1, "{answer}");
     assert!(answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
+
+    // Kept (as the guard keeps a connection under `--auth none`): both are answered on it.
+    let mut client = TcpStream::connect(addr).await.unwrap();
+    client.write_all(b"GET /kept HTTP/1.1\r\nHost: localhost\r\n\r\n".repeat(2).as_slice()).await.unwrap();
+    client.shutdown().await.unwrap();
+    let mut answer = String::new();
+    client.read_to_string(&mut answer).await.unwrap();
+    assert_eq!(answer.matches("HTTP/1.1 200").count(), 2, "{answer}");
+    assert!(!answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
 
     stop.cancel();
     server.await.unwrap().unwrap();

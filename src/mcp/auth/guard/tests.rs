@@ -210,6 +210,36 @@ async fn refusals_before_the_body_is_read_close_the_connection() {
     assert!(!served.headers().contains_key(header::CONNECTION), "a served caller keeps its connection");
 }
 
+/// Under `--auth none` no caller binds a connection, yet a served one stays open (else every request of a
+/// local agent would open a new one); a refused one does not, in either mode.
+#[tokio::test]
+async fn a_connection_served_without_a_caller_is_kept_and_a_refused_one_is_not() {
+    use crate::mcp::limits::{Connection, Connections};
+    let api = FakeApi::default();
+    let client = api.start().await;
+    let connections = Connections::default();
+    let open = || async {
+        let accepted = connections.accept([127, 0, 0, 1].into()).unwrap();
+        accepted.admitted(async { true }).await.unwrap().0
+    };
+    let on = |connection: &Arc<Connection>, mut request: Request| {
+        request.extensions_mut().insert(connection.clone());
+        request
+    };
+    let none = guarded(client.clone(), Mode::None);
+    let served = open().await;
+    assert_eq!(send(&none, on(&served, call(None, None))).await.status(), StatusCode::OK);
+    assert!(served.stays_open() && !served.is_bound(), "kept, charged to no caller");
+    let foreign = open().await;
+    let refused = send(&none, on(&foreign, call(None, Some("https://evil.example.com")))).await;
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    assert!(!foreign.stays_open(), "a refusal keeps nothing");
+    let sa = guarded(client, Mode::ServiceAccount { audience: AUDIENCE.into() });
+    let bad = open().await;
+    assert_eq!(send(&sa, on(&bad, call(Some("bad"), None))).await.status(), StatusCode::UNAUTHORIZED);
+    assert!(!bad.stays_open());
+}
+
 #[tokio::test]
 async fn one_callers_requests_in_flight_never_refuse_another_caller() {
     use crate::mcp::{
