@@ -63,7 +63,7 @@ pub async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> 
         return closing(response);
     };
     // A connection beyond the caller's share serves this request and closes. Under `--auth none` there is
-    // no caller to charge: the connection stays open, charged to its address (loopback) as before.
+    // no caller to charge: the connection stays open, still charged to its (loopback) address.
     let keep = match (request.extensions().get::<Arc<Connection>>(), &caller) {
         (Some(connection), Some(caller)) => connection.bind(caller),
         (Some(connection), None) => {
