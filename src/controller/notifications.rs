@@ -364,5 +364,8 @@ async fn deliver(
     result
 }
 
+mod deletion;
+pub(super) use deletion::{farewell, held};
+
 #[cfg(test)]
 mod tests;

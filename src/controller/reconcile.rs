@@ -30,7 +30,12 @@ use crate::{
         rollout::{self, Facts, Prep, Step, Transition},
         scope,
     },
-    edge::{nodes, plans::LoadedPlan, rollouts::holds_daemonset, workloads::Outcome},
+    edge::{
+        nodes,
+        plans::LoadedPlan,
+        rollouts::{FINALIZER, holds_daemonset},
+        workloads::Outcome,
+    },
     error::{Error, Result},
     failpoint,
 };
@@ -85,17 +90,22 @@ pub(super) async fn reconcile(obj: Arc<FleetRollout>, ctx: Arc<Context>) -> Resu
     result
 }
 
-async fn run_steps(mut fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -> Result<Action> {
+async fn run_steps(fr: Arc<FleetRollout>, ctx: &Context, started: Instant) -> Result<Action> {
     if fr.meta().deletion_timestamp.is_some() {
+        if !holds_daemonset(&fr) {
+            return super::notifications::farewell(ctx, &fr).await;
+        }
         match fr.spec.targets.clusters {
             Some(_) if fr.spec.targets.kind == TargetKind::Node => finalize_member_nodes(ctx, &fr).await?,
             _ => nodes::finalize(&ctx.client, ctx.writer(&fr), &fr).await?,
         }
+        // The DaemonSet first; the finalizer's removal wakes it again for the platform's farewell.
         return Ok(Action::await_change());
     }
     // Target health is read from the caches: never decide on a cache that has not been filled yet (every
     // target would look deleted).
     ctx.stores.wait_until_ready().await;
+    let mut fr = super::notifications::held(ctx, fr).await?;
     let mut round = Round { started, batch_settled_at: None };
     for _ in 0..MAX_STEPS {
         let next = match fr.spec.targets.kind {
@@ -268,12 +278,12 @@ async fn act<F: Fleet>(
             return Ok(Next::Done(Action::await_change()));
         }
         Step::HoldDaemonSet => {
-            let written = ctx.rollouts_io.set_finalizer(&fr, true).await?;
+            let written = ctx.rollouts_io.set_finalizer(&fr, FINALIZER, true).await?;
             return Ok(Next::Again(written.unwrap_or(fr)));
         }
         Step::ReleaseDaemonSet => {
             F::release(ctx, &fr, true).await?;
-            return Ok(match ctx.rollouts_io.set_finalizer(&fr, false).await? {
+            return Ok(match ctx.rollouts_io.set_finalizer(&fr, FINALIZER, false).await? {
                 Some(written) => Next::Again(written),
                 // Deleted and finalized meanwhile: nothing is left to do.
                 None => Next::Done(Action::await_change()),

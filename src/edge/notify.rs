@@ -290,6 +290,7 @@ pub fn alert(n: &Notification, about: &About, now: k8s_openapi::jiff::Timestamp)
         | NotificationKind::Failed
         | NotificationKind::RolledBack
         | NotificationKind::ChangedByOthers
+        | NotificationKind::Deleted
         | NotificationKind::Held => "warning",
         _ => "info",
     };

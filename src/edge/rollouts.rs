@@ -1,6 +1,6 @@
 //! The controller's writes to FleetRollouts themselves: status (the checkpoint, always with the
-//! resourceVersion read), the events that announce it, the finalizer of a node rollout, and deletion when
-//! its TTL has passed.
+//! resourceVersion read), the events that announce it, the operator's finalizers, and deletion when its
+//! TTL has passed.
 
 use std::sync::Arc;
 
@@ -94,10 +94,15 @@ impl Rollouts {
         }
     }
 
-    /// Adds or removes [`FINALIZER`], with the resourceVersion read (a concurrent change gets a conflict, not
-    /// a lost update). Returns the rollout as written; None when there was nothing to do.
-    pub async fn set_finalizer(&self, fr: &FleetRollout, on: bool) -> Result<Option<Arc<FleetRollout>>> {
-        set_finalizer(&self.client, fr, on).await.map(|written| written.map(Arc::new))
+    /// Adds or removes one of the operator's finalizers, with the resourceVersion read (a concurrent change
+    /// gets a conflict, not a lost update). Returns the rollout as written; None when there was nothing to do.
+    pub async fn set_finalizer(
+        &self,
+        fr: &FleetRollout,
+        finalizer: &str,
+        on: bool,
+    ) -> Result<Option<Arc<FleetRollout>>> {
+        set_finalizer(&self.client, fr, finalizer, on).await.map(|written| written.map(Arc::new))
     }
 
     /// Events are best effort and must not slow the rollout down: they are sent in the background.
@@ -118,15 +123,21 @@ impl Rollouts {
 
 /// Whether the rollout carries [`FINALIZER`].
 pub fn holds_daemonset(fr: &FleetRollout) -> bool {
-    fr.finalizers().iter().any(|f| f == FINALIZER)
+    holds(fr, FINALIZER)
+}
+
+/// Whether the rollout carries `finalizer`.
+pub fn holds(fr: &FleetRollout, finalizer: &str) -> bool {
+    fr.finalizers().iter().any(|f| f == finalizer)
 }
 
 pub(super) async fn set_finalizer(
     client: &Client,
     fr: &FleetRollout,
+    finalizer: &str,
     on: bool,
 ) -> Result<Option<FleetRollout>> {
-    if holds_daemonset(fr) == on {
+    if holds(fr, finalizer) == on {
         return Ok(None);
     }
     let api = Api::<FleetRollout>::namespaced(client.clone(), &fr.namespace().unwrap_or_default());
@@ -134,9 +145,9 @@ pub(super) async fn set_finalizer(
     // precondition on what was decided from still holds.
     let Some(live) = api.get_metadata_opt(&fr.name_any()).await? else { return Ok(None) };
     let mut finalizers = live.finalizers().to_vec();
-    finalizers.retain(|f| f != FINALIZER);
+    finalizers.retain(|f| f != finalizer);
     if on {
-        finalizers.push(FINALIZER.into());
+        finalizers.push(finalizer.into());
     }
     let patch =
         serde_json::json!({"metadata": {"resourceVersion": fr.resource_version(), "finalizers": finalizers}});

@@ -151,6 +151,7 @@ const ATTACKS: &[Entry] = &[
     attack!(member_secret_runs_its_plugin_on_the_previewers_machine),
     attack!(tenant_hangs_its_sinks_to_silence_the_platforms_audit),
     attack!(tenant_outruns_the_platforms_sink_to_drop_its_audit),
+    attack!(tenant_deletes_its_rollout_before_the_platform_heard_of_it),
     attack!(tenant_sends_to_an_address_the_platform_opened_for_its_own_sink),
     attack!(a_change_the_api_server_refuses),
     attack!(a_reconcile_panics),
@@ -254,6 +255,12 @@ async fn attack_all(admin: Client, namespaces: [String; 3]) -> Vec<Row> {
     }
     let scratch = std::mem::take(&mut *env.scratch.lock().unwrap());
     for ns in scratch {
+        // Rollouts whose operator stopped keep its finalizers: nothing else would take them off.
+        let rollouts = Api::<FleetRollout>::namespaced(env.admin.clone(), &ns);
+        for fr in rollouts.list(&Default::default()).await.map(|l| l.items).unwrap_or_default() {
+            let strip = json!({"metadata": {"finalizers": null}});
+            rollouts.patch(&fr.name_any(), &PatchParams::default(), &Patch::Merge(strip)).await.ok();
+        }
         // The (cluster-scoped) FleetRolloutPolicy a guardrails attack made for its namespace, if any.
         let policies = Api::<fleetroll::api::FleetRolloutPolicy>::all(env.admin.clone());
         let _gone_or_never_made =

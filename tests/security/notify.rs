@@ -242,3 +242,97 @@ pub(super) async fn tenant_sends_to_an_address_the_platform_opened_for_its_own_s
             && first_heard(&heard, "aim").is_some(),
     }
 }
+
+/// The rollout's (kind) notifications the platform's receiver heard of rollout `name`.
+fn kinds_heard(requests: &[Request], name: &str) -> Vec<String> {
+    let about = |j: &&Value| j["rollout"]["name"] == name;
+    let kind = |j: &Value| j["kind"].as_str().unwrap_or_default().to_string();
+    requests.iter().filter_map(|r| r.json.as_ref()).filter(about).map(kind).collect()
+}
+
+/// The tenant strips the platform's finalizer off rollout `name` every way it may write (merge patch, JSON
+/// patch, replace): how many of the three the admission policy refused, saying why.
+async fn strips_refused(agent: &Tenant, fleet: &Fleet, name: &str) -> usize {
+    let ns = fleet.ns.as_str();
+    let null = r#"{"metadata":{"finalizers":null}}"#;
+    let merge = agent.kubectl(&["patch", "fleetrollout", name, "-n", ns, "--type=merge", "-p", null]).await;
+    let remove = r#"[{"op":"remove","path":"/metadata/finalizers"}]"#;
+    let json_patch =
+        agent.kubectl(&["patch", "fleetrollout", name, "-n", ns, "--type=json", "-p", remove]).await;
+    let live = fleet.wait_rollout(name, "the rollout", Duration::from_secs(5), |_| true).await;
+    let mut live = serde_json::to_value(live).unwrap();
+    live["metadata"]["finalizers"] = json!([]);
+    let replace = agent.kubectl(&["replace", "-f", &file(&format!("{ns}-{name}"), &live)]).await;
+    let why = "may not remove the finalizer fleetroll.dev/platform-notifications";
+    [merge, json_patch, replace].iter().filter(|r| r.code != 0 && r.stderr.contains(why)).count()
+}
+
+pub(super) async fn tenant_deletes_its_rollout_before_the_platform_heard_of_it(env: &'static Env) -> Row {
+    use fleetroll::api::PLATFORM_NOTIFICATIONS_FINALIZER as PLATFORM;
+    let platform = Receiver::start();
+    platform.set_mode(Mode::Fail(503));
+    let (fleet_ns, ns, agent, _policy) = audited(env, "sec-gone", &platform).await;
+    let _op = Operator::start(&ns, &["--notify-allow=*=127.0.0.0/8", "--fleet-namespace", &fleet_ns], &[]);
+    let fleet = Fleet { client: env.admin.clone(), ns: ns.clone(), tenants: vec![] };
+    fleet.deployments(&ns, 1, READY_IMAGE).await;
+    let mut spec = deployments_spec();
+    spec["strategy"] = json!({"approval": "FirstBatch"});
+    let created = create_as(&agent, &ns, "gone", spec).await;
+    let held = |f: &FleetRollout| {
+        f.finalizers().iter().any(|f| f == PLATFORM)
+            && f.status.as_ref().is_some_and(|s| s.revision_number() >= 1)
+    };
+    let fr = fleet
+        .wait_rollout(
+            "gone",
+            "the platform's finalizer and the first revision",
+            Duration::from_secs(60),
+            held,
+        )
+        .await;
+    let deleted = agent.kubectl(&["delete", "fleetrollout", "gone", "-n", &ns, "--wait=false"]).await;
+    let refused = strips_refused(&agent, &fleet, "gone").await;
+    let told = |f: &FleetRollout| {
+        f.status.as_ref().and_then(|s| s.notifications.as_ref()).is_some_and(|o| o.deletion_told)
+    };
+    let waiting = fleet.wait_rollout("gone", "its deletion told", Duration::from_secs(60), told).await;
+    platform.set_mode(Mode::Ok);
+    let both = |r: &[Request]| {
+        let k = kinds_heard(r, "gone");
+        k.iter().any(|k| k == "Started") && k.iter().any(|k| k == "Deleted")
+    };
+    let heard =
+        kinds_heard(&platform.wait_until(Duration::from_secs(120), both).await.unwrap_or_else(|r| r), "gone");
+    let api = Api::<FleetRollout>::namespaced(env.admin.clone(), &ns);
+    let uid = fr.uid().unwrap_or_default();
+    let condition = kube::runtime::wait::conditions::is_deleted(&uid);
+    let gone = tokio::time::timeout(
+        Duration::from_secs(60),
+        kube::runtime::wait::await_condition(api, "gone", condition),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok());
+    Row {
+        attack: "deletes its running rollout while the platform's audit sink is down, then strips the \
+                 platform's finalizer (merge patch, JSON patch, replace) so that it goes unheard"
+            .into(),
+        who: who(&agent, "edit; governed by a policy that subscribes the platform's audit sink"),
+        expected: "the deletion is allowed, every strip refused; the rollout waits, Terminating, until the \
+                   platform heard Started and Deleted, then goes"
+            .into(),
+        outcome: format!(
+            "created: {}; deleted: {}; strips refused: {refused}/3; Terminating while the sink was down: {}; \
+             the platform heard {heard:?}; gone within 60 s of that: {gone}",
+            created.code == 0,
+            deleted.code == 0,
+            waiting.metadata.deletion_timestamp.is_some(),
+        ),
+        contained: created.code == 0
+            && deleted.code == 0
+            && refused == 3
+            && waiting.metadata.deletion_timestamp.is_some()
+            && heard.iter().any(|k| k == "Started")
+            && heard.iter().any(|k| k == "Deleted")
+            && gone,
+    }
+}

@@ -120,7 +120,7 @@ pub(in crate::controller) async fn finalize(ctx: &Context, fr: &FleetRollout) ->
     let finished =
         fr.status.as_ref().is_some_and(|s| matches!(s.phase, Phase::Succeeded | Phase::RolledBack));
     release(ctx, fr, finished, true).await?;
-    ctx.rollouts_io.set_finalizer(fr, false).await?;
+    ctx.rollouts_io.set_finalizer(fr, rollouts::FINALIZER, false).await?;
     info!("handed the member DaemonSets back; the rollout may go");
     Ok(())
 }

@@ -32,7 +32,7 @@ pub async fn finalize(
         warn!(daemonset = %daemonset_name(fr), %why, "could not hand the DaemonSet back; the rollout goes \
               all the same (set its updateStrategy back by hand)");
     }
-    crate::edge::rollouts::set_finalizer(client, fr, false).await?;
+    crate::edge::rollouts::set_finalizer(client, fr, crate::edge::rollouts::FINALIZER, false).await?;
     info!("handed the DaemonSet back; the rollout may go");
     Ok(())
 }

@@ -45,6 +45,13 @@ pub const FIELD_MANAGER: &str = "fleetroll";
 /// given back before the rollout goes.
 pub const RELEASE_DAEMONSET_FINALIZER: &str = "fleetroll.dev/release-daemonset";
 
+/// The operator's finalizer on a rollout a FleetRolloutPolicy subscribes notifications of: deleting it
+/// (by hand, before what the platform is owed was delivered) tells the platform, and waits for that.
+pub const PLATFORM_NOTIFICATIONS_FINALIZER: &str = "fleetroll.dev/platform-notifications";
+
+/// The operator's own finalizers: the only ones a cache keeps.
+pub const FINALIZERS: [&str; 2] = [RELEASE_DAEMONSET_FINALIZER, PLATFORM_NOTIFICATIONS_FINALIZER];
+
 /// The longest annotation value a cache keeps of a FleetRollout (hashes and user names are far shorter).
 const CACHED_ANNOTATION_MAX: usize = 512;
 
@@ -59,7 +66,7 @@ pub fn kept_for_cache(fr: &mut FleetRollout, keep: &[&str]) {
     meta.owner_references = None;
     // Anyone who may update a rollout may add finalizers, as many as fill the object.
     if let Some(finalizers) = meta.finalizers.as_mut() {
-        finalizers.retain(|f| f == RELEASE_DAEMONSET_FINALIZER);
+        finalizers.retain(|f| FINALIZERS.contains(&f.as_str()));
     }
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.retain(|k, v| keep.contains(&k.as_str()) && v.len() <= CACHED_ANNOTATION_MAX);
@@ -398,7 +405,7 @@ mod tests {
     }
 
     #[test]
-    fn a_cached_rollout_keeps_only_the_operators_finalizer() {
+    fn a_cached_rollout_keeps_only_the_operators_finalizers() {
         let mut fr = super::FleetRollout::new(
             "r",
             serde_json::from_value(serde_json::json!({
@@ -408,10 +415,9 @@ mod tests {
             .expect("a valid spec"),
         );
         let others = (0..10_000).map(|i| format!("example.com/hold-{i}"));
-        fr.metadata.finalizers =
-            Some(others.chain([super::RELEASE_DAEMONSET_FINALIZER.to_string()]).collect());
+        fr.metadata.finalizers = Some(others.chain(super::FINALIZERS.map(String::from)).collect());
         super::kept_for_cache(&mut fr, &[]);
-        assert_eq!(fr.metadata.finalizers, Some(vec![super::RELEASE_DAEMONSET_FINALIZER.to_string()]));
+        assert_eq!(fr.metadata.finalizers, Some(super::FINALIZERS.map(String::from).to_vec()));
     }
 }
 

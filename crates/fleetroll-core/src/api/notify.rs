@@ -77,10 +77,12 @@ pub enum NotificationKind {
     Aborted,
     /// After success, someone else changed targets the rollout had changed.
     ChangedByOthers,
+    /// The rollout was deleted before it finished: targets keep what they have.
+    Deleted,
 }
 
 impl NotificationKind {
-    pub const ALL: [NotificationKind; 9] = [
+    pub const ALL: [NotificationKind; 10] = [
         Self::Started,
         Self::WaitingForApproval,
         Self::BatchFailed,
@@ -90,6 +92,7 @@ impl NotificationKind {
         Self::RolledBack,
         Self::Aborted,
         Self::ChangedByOthers,
+        Self::Deleted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -103,6 +106,7 @@ impl NotificationKind {
             Self::RolledBack => "RolledBack",
             Self::Aborted => "Aborted",
             Self::ChangedByOthers => "ChangedByOthers",
+            Self::Deleted => "Deleted",
         }
     }
 }
@@ -126,6 +130,9 @@ pub struct Outbox {
     /// How many notifications were dropped undelivered because the outbox was full.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub dropped: u64,
+    /// Whether the rollout's deletion was written as a notification (once, as it waits to go).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deletion_told: bool,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -8,6 +8,8 @@
 //! The state machine never touches the outbox: [`record`] carries it over from the status read, so no
 //! transition can drop it.
 
+pub mod deletion;
+
 use std::collections::BTreeSet;
 
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};

@@ -28,6 +28,8 @@ pub const WINDOW_OVERRIDDEN: &str = "WindowOverridden";
 pub const NOTIFICATION_FAILED: &str = "NotificationFailed";
 /// Notifications owed to a platform subscription were dropped from a full outbox (a notice of the gap).
 pub const NOTIFICATIONS_DROPPED: &str = "NotificationsDropped";
+/// The rollout was deleted before it finished (the Deleted notification).
+pub const DELETED: &str = "Deleted";
 /// The operator changes targets as the rollout's creator, and cannot act as this one.
 pub const CANNOT_ACT_AS_CREATOR: &str = "CannotActAsCreator";
 /// The API server refused changes made as the rollout's creator: the creator lost its rights.
