@@ -120,13 +120,23 @@ impl MemberWakes {
         Self { send, rollouts }
     }
 
-    fn wake(&self, rollout: ObjectRef<FleetRollout>, kind: TargetKind) {
-        let concerned =
-            self.rollouts.get(&rollout).is_some_and(|fr| clusters::reads_member_workloads(&fr, kind));
+    fn wake(&self, rollout: ObjectRef<FleetRollout>, cluster: &str, kind: TargetKind) {
+        let concerned = self
+            .rollouts
+            .get(&rollout)
+            .is_some_and(|fr| clusters::reads_member_workloads(&fr, cluster, kind));
         if concerned {
             let _ = self.send.unbounded_send(rollout);
         }
     }
+}
+
+/// Where one member's watch of one kind sends its wakes.
+#[derive(Clone, Copy)]
+struct Wake<'a> {
+    to: &'a MemberWakes,
+    cluster: &'a str,
+    kind: TargetKind,
 }
 
 /// The watches of every member looked at so far.
@@ -278,8 +288,8 @@ impl Watch {
                 Err(e) => return e.into(),
             };
             let fleet_namespace = self.members.fleet_namespace();
-            let (wake, kind) = (&self.wake, self.key.1);
-            match follow(events, &self.cache, wake, kind, fleet_namespace, facts).await {
+            let wake = Wake { to: &self.wake, cluster: &self.key.0, kind: self.key.1 };
+            match follow(events, &self.cache, wake, fleet_namespace, facts).await {
                 Ok(Some(latest)) => version = latest,
                 // A watch the member ends at once, with nothing in it, is not asked again at once.
                 Ok(None) => tokio::time::sleep_until(started + RENEW_AT_MOST_EVERY).await,
@@ -318,8 +328,7 @@ impl Watch {
 async fn follow<K>(
     events: impl futures::Stream<Item = Result<WatchEvent<K>, kube::Error>>,
     cache: &Cache,
-    wake: &MemberWakes,
-    kind: TargetKind,
+    wake: Wake<'_>,
     fleet_namespace: &str,
     facts: fn(&K) -> WorkloadFacts,
 ) -> Result<Option<String>>
@@ -333,7 +342,7 @@ where
     let wake_for = |obj: &K| {
         let named = obj.annotations().get(ROLLOUT_ANNOTATION).and_then(|r| r.split_once('/'));
         if let Some((ns, name)) = named.filter(|(ns, _)| *ns == fleet_namespace) {
-            wake.wake(ObjectRef::new(name).within(ns), kind);
+            wake.to.wake(ObjectRef::new(name).within(ns), wake.cluster, wake.kind);
         }
     };
     let mut version = None;

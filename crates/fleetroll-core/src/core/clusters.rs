@@ -15,14 +15,27 @@ use crate::{
     core::{Blocked, count, reason},
 };
 
-/// Whether a change of a member cluster's workload of `kind` may concern `fr`: only a rollout across member
-/// clusters of that kind reads member workloads, as its spec asks or as the revision it runs was planned.
-/// Anyone who may write a member's workload may name any rollout in it; no other rollout is woken.
-pub fn reads_member_workloads(fr: &FleetRollout, kind: TargetKind) -> bool {
+/// Whether a change of `cluster`'s workload of `kind` may concern `fr`: only a rollout across member
+/// clusters of that kind reads member workloads, as its spec asks or as the revision it runs was planned,
+/// and of those only one whose plan may reach `cluster`. Anyone who may write a member's workload may name
+/// any rollout in it; no other rollout is woken.
+pub fn reads_member_workloads(fr: &FleetRollout, cluster: &str, kind: TargetKind) -> bool {
     let targets = &fr.spec.targets;
     let revision = fr.status.as_ref().and_then(|s| s.revision.as_ref());
-    (targets.clusters.is_some() && targets.kind == kind)
-        || revision.is_some_and(|r| r.inputs.clusters.is_some() && r.inputs.kind == kind)
+    let of_kind = (targets.clusters.is_some() && targets.kind == kind)
+        || revision.is_some_and(|r| r.inputs.clusters.is_some() && r.inputs.kind == kind);
+    of_kind && may_reach(fr, cluster)
+}
+
+/// Whether `fr`'s plan may hold targets in `cluster`: it lists that cluster, or it is not listed whole (a
+/// revision still to be planned for the spec, or more clusters than status lists).
+fn may_reach(fr: &FleetRollout, cluster: &str) -> bool {
+    let Some(status) = fr.status.as_ref() else { return true };
+    let planned = status.revision.is_some() && status.observed_generation == fr.metadata.generation;
+    let Some(clusters) = status.clusters.as_ref().filter(|_| planned) else { return true };
+    let planned_clusters: u64 = clusters.waves.iter().map(|w| u64::from(w.clusters)).sum();
+    let listed_whole = planned_clusters <= clusters.members.len() as u64;
+    !listed_whole || clusters.members.iter().any(|m| m.name == cluster)
 }
 
 /// A member cluster as discovery found it.

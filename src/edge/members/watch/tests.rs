@@ -47,6 +47,11 @@ async fn the_watch_of_a_member_no_secret_names_ends_and_drops_its_cache() {
     assert!(!cache.ready(), "a retired cache is never read as current");
 }
 
+/// The wakes of member `east`'s watch of Deployments.
+fn east(to: &MemberWakes) -> Wake<'_> {
+    Wake { to, cluster: "east", kind: TargetKind::Deployment }
+}
+
 #[tokio::test]
 async fn a_member_cache_weighs_no_more_than_it_may_whatever_the_watch_sends() {
     // Workloads with as many labels as are kept, added without end: the watch fails before the cache
@@ -61,9 +66,7 @@ async fn a_member_cache_weighs_no_more_than_it_may_whatever_the_watch_sends() {
     let events = futures::stream::iter((0..).map(move |i| Ok(WatchEvent::Added(heavy(&format!("w{i}"))))));
     let (wake, _woken) = futures::channel::mpsc::unbounded();
     let (cache, wake) = (Cache::default(), wakes(wake, &[]));
-    let err = follow(events, &cache, &wake, TargetKind::Deployment, "fleet", workload::deployment_facts)
-        .await
-        .unwrap_err();
+    let err = follow(events, &cache, east(&wake), "fleet", workload::deployment_facts).await.unwrap_err();
     assert!(err.to_string().contains("past 64 MiB of facts in one member's cache"), "{err}");
     let held = cache.facts.read().unwrap();
     assert!(
@@ -107,9 +110,7 @@ async fn a_member_workload_wakes_only_a_rollout_across_members_of_its_kind_it_na
         ("fleet", "sets", "StatefulSet", true),
     ];
     let (cache, wake) = (Cache::default(), wakes(send, &rollouts));
-    let followed = follow(events, &cache, &wake, TargetKind::Deployment, "fleet", workload::deployment_facts)
-        .await
-        .unwrap();
+    let followed = follow(events, &cache, east(&wake), "fleet", workload::deployment_facts).await.unwrap();
     assert_eq!(followed.as_deref(), Some("18"), "the version of the last event");
     drop(wake);
     let woken: Vec<ObjectRef<FleetRollout>> = woken.by_ref().collect().await;

@@ -226,15 +226,54 @@ fn only_a_rollout_across_members_of_the_kind_is_concerned_by_a_member_workload()
             "metadata": {"name": "r", "namespace": "fleet"}, "spec": {"image": "web:v2", "targets": targets}}))
         .unwrap()
     };
-    assert!(reads_member_workloads(&rollout("Deployment", true), TargetKind::Deployment));
-    assert!(!reads_member_workloads(&rollout("Deployment", true), TargetKind::StatefulSet));
-    assert!(!reads_member_workloads(&rollout("Deployment", false), TargetKind::Deployment));
+    assert!(reads_member_workloads(&rollout("Deployment", true), "east", TargetKind::Deployment));
+    assert!(!reads_member_workloads(&rollout("Deployment", true), "east", TargetKind::StatefulSet));
+    assert!(!reads_member_workloads(&rollout("Deployment", false), "east", TargetKind::Deployment));
     // The spec left members behind, the revision it still runs did not.
     let mut moved = rollout("Deployment", false);
     let inputs = RevisionInputs::of(&rollout("StatefulSet", true).spec);
     let started_at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH);
     let revision = Revision { number: 1, spec_hash: String::new(), inputs, started_at };
     moved.status = Some(FleetRolloutStatus { revision: Some(revision), ..Default::default() });
-    assert!(reads_member_workloads(&moved, TargetKind::StatefulSet));
-    assert!(!reads_member_workloads(&moved, TargetKind::DaemonSet));
+    assert!(reads_member_workloads(&moved, "east", TargetKind::StatefulSet));
+    assert!(!reads_member_workloads(&moved, "east", TargetKind::DaemonSet));
+}
+
+#[test]
+fn a_member_workload_concerns_only_a_rollout_whose_plan_may_reach_its_cluster() {
+    use crate::api::{ClusterCount, FleetRollout, FleetRolloutStatus, Revision, RevisionInputs};
+    let mut fr: FleetRollout = serde_json::from_value(serde_json::json!({"apiVersion": "fleetroll.dev/v1alpha1",
+        "kind": "FleetRollout", "metadata": {"name": "r", "namespace": "fleet", "generation": 3},
+        "spec": {"image": "web:v2", "targets": {"kind": "Deployment", "selector": {}, "clusters": {"selector": {}}}}}))
+    .unwrap();
+    let reads = |fr: &FleetRollout, cluster| reads_member_workloads(fr, cluster, TargetKind::Deployment);
+    assert!(reads(&fr, "west"), "not planned yet: any member may be in its plan");
+    let inputs = RevisionInputs::of(&fr.spec);
+    let started_at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH);
+    let revision = Revision { number: 1, spec_hash: String::new(), inputs, started_at };
+    let member = |name: &str| ClusterCount { name: name.into(), wave: "all".into(), ..Default::default() };
+    let wave = WaveStatus { name: "all".into(), clusters: 2, ..Default::default() };
+    let clusters = ClustersStatus {
+        waves: vec![wave],
+        members: vec![member("east"), member("north")],
+        ..Default::default()
+    };
+    fr.status = Some(FleetRolloutStatus {
+        observed_generation: Some(3),
+        revision: Some(revision),
+        clusters: Some(clusters),
+        ..Default::default()
+    });
+    assert!(reads(&fr, "east"));
+    assert!(!reads(&fr, "west"), "planned, and not in its plan");
+    // More clusters planned than listed: an unlisted one may be among them.
+    fn waves(fr: &mut FleetRollout) -> &mut Vec<WaveStatus> {
+        &mut fr.status.as_mut().unwrap().clusters.as_mut().unwrap().waves
+    }
+    waves(&mut fr)[0].clusters = 300;
+    assert!(reads(&fr, "west"));
+    // A new spec, not planned yet: its plan may reach any member.
+    waves(&mut fr)[0].clusters = 2;
+    fr.metadata.generation = Some(4);
+    assert!(reads(&fr, "west"));
 }
