@@ -3,7 +3,8 @@
 //! connections count against its own share, not against its neighbours' addresses, and what an address
 //! can hold is only what has not yet shown a token, each for at most [`HEADER_READ_TIMEOUT`].
 //!
-//! An address's connections beyond its share wait their turn (for [`UNBOUND_WAIT`] at most) instead of
+//! An address (an IPv6 address's whole /64) has a share of the connections not yet bound to a caller.
+//! Its connections beyond that share wait their turn (for [`UNBOUND_WAIT`] at most) instead of
 //! being closed: a burst from one address (a flood, or a proxy for many agents) is read as fast as the ones
 //! before it authenticate, and an agent sharing the address with a flood waits milliseconds, not forever.
 //!
@@ -191,7 +192,20 @@ impl Drop for Place {
     }
 }
 
-/// One unbound connection of an address, counted while it lasts.
+/// The source an address's connections are charged to: an IPv4 address, or the /64 an IPv6 address is
+/// in (one subscriber, one host, is given a whole /64 and may open connections from every address of it).
+/// An IPv4-mapped IPv6 address is its IPv4 address.
+fn source(peer: IpAddr) -> IpAddr {
+    match peer {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),
+        },
+        v4 => v4,
+    }
+}
+
+/// One unbound connection of a source ([`source`]), counted while it lasts.
 struct PeerTicket {
     peers: Peers,
     ip: IpAddr,
@@ -269,6 +283,7 @@ impl Connections {
     /// once: the address has as many connections read and waiting as it may, or the server is at its cap
     /// and every connection is bound or serving. At the cap otherwise, the oldest idle one is closed for it.
     pub fn accept(&self, peer: IpAddr) -> Option<Accepted> {
+        let peer = source(peer);
         let mut peers = self.peers.lock();
         let limit = self.caps.unbound_per_peer + self.caps.waiting_per_peer;
         if peers.get(&peer).is_some_and(|p| p.count >= limit) {

@@ -9,7 +9,7 @@
 //! then is its body read, within [`body_allowance`]. What no caller can be charged for is bounded apart:
 //! TokenReviews of unknown tokens (at most [`REVIEW_BURST`] + [`REVIEWS_PER_SECOND`] × t in t seconds,
 //! [`REVIEWS_IN_FLIGHT`] at a time), and connections that have not yet shown a token (read at once:
-//! [`UNBOUND_CONNECTIONS_PER_PEER`] per address, [`UNBOUND_CONNECTIONS`] in all; each closed after
+//! [`UNBOUND_CONNECTIONS_PER_PEER`] per address, an IPv6 /64 counted as one, [`UNBOUND_CONNECTIONS`] in all; each closed after
 //! [`HEADER_READ_TIMEOUT`] without a request, or after its one request when that request is refused; an
 //! address's others wait, [`UNBOUND_WAITING_PER_PEER`] of them for [`UNBOUND_WAIT`] at most).
 //!

@@ -54,6 +54,29 @@ async fn an_address_has_its_share_read_a_few_more_waiting_and_the_rest_closed() 
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_addresses_of_one_ipv6_slash_64_share_one_share() {
+    let connections = Connections::new(caps());
+    let in_64 = |host: u16| IpAddr::from([0x2001, 0xdb8, 0, 7, 0, 0, 0, host]);
+    let mut held = Vec::new();
+    for host in 1..=6 {
+        held.push(connections.accept(in_64(host)).expect("within the /64's share and waiting room"));
+    }
+    assert!(
+        connections.accept(in_64(7)).is_none(),
+        "a seventh address of the same /64 is one source too many"
+    );
+    assert!(
+        connections.accept(IpAddr::from([0x2001, 0xdb8, 0, 8, 0, 0, 0, 1])).is_some(),
+        "the next /64 is another"
+    );
+    // An IPv4-mapped address is its IPv4 address.
+    let mapped = IpAddr::from(std::net::Ipv4Addr::new(127, 0, 0, 5).to_ipv6_mapped());
+    assert_eq!(source(mapped), ip(5));
+    drop(held);
+    assert!(connections.accept(in_64(7)).is_some(), "the share comes back as its connections close");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_connection_whose_head_arrived_is_read_at_once_however_full_the_shares() {
     let connections = Connections::new(caps());
     let (_read, waiting) = open_from(&connections, ip(2), 5).await;
