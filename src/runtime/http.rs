@@ -122,21 +122,24 @@ pub async fn serve(listener: TcpListener, app: Router, stop: CancellationToken) 
     Ok(())
 }
 
-/// The connections a listener may hold: as many as the process's file descriptors allow
-/// ([`crate::mcp::limits::connections_for`]), once its soft limit is raised to the hard one (as Go raises
-/// its own), for a container runtime's soft limit is often a small one.
-fn connection_cap() -> usize {
+/// Raises the process's soft limit of file descriptors to its hard one, once, at start (as Go does for
+/// every program): a container runtime's soft limit is often a small one. Listeners size their caps from
+/// whatever limit holds, so a refusal changes only those caps.
+pub fn raise_descriptor_limit() {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
     if let Rlimit { current: Some(current), maximum: Some(maximum) } = getrlimit(Resource::Nofile)
         && current < maximum
     {
-        let raised = Rlimit { current: Some(maximum), maximum: Some(maximum) };
-        if let Err(e) = setrlimit(Resource::Nofile, raised) {
-            debug!(error = %e, "the soft limit of file descriptors stays {current}");
-        }
+        let _kept_as_it_was =
+            setrlimit(Resource::Nofile, Rlimit { current: Some(maximum), maximum: Some(maximum) });
     }
-    let descriptors = getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX);
-    crate::mcp::limits::connections_for(descriptors)
+}
+
+/// The connections a listener may hold: as many as the process's file descriptors allow
+/// ([`crate::mcp::limits::connections_for`]).
+fn connection_cap() -> usize {
+    let descriptors = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+    crate::mcp::limits::connections_for(descriptors.unwrap_or(u64::MAX))
 }
 
 /// One connection, once its turn to be read has come, each of its requests carrying the `Connection`

@@ -5,6 +5,7 @@ use std::{fmt::Display, process::ExitCode};
 
 pub mod cli;
 pub(crate) mod http;
+pub use http::raise_descriptor_limit;
 pub(crate) mod leader;
 pub(crate) mod operator;
 

@@ -826,3 +826,41 @@ async fn without_authentication_the_server_will_not_listen_beyond_loopback() {
         );
     }
 }
+
+/// The "Max open files" limits (soft, hard) of process `pid`.
+fn open_files_limits(pid: &str) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap().to_string();
+    let numbers: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
+    (numbers[0].to_string(), numbers[1].to_string())
+}
+
+/// A container runtime's soft limit of file descriptors is often small: the process raises it to the hard
+/// one as it starts, before its listeners size their caps from it.
+#[tokio::test]
+async fn the_soft_limit_of_file_descriptors_is_raised_to_the_hard_one_at_start() {
+    let (_, hard) = open_files_limits("self");
+    assert!(hard.parse::<u64>().is_ok_and(|h| h > 512), "a hard limit above 512 to raise to: {hard}");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    // prlimit runs the operator in its own place: the child is the operator itself.
+    let mut child = tokio::process::Command::new("prlimit")
+        .arg(format!("--nofile=512:{hard}"))
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_fleetroll"))
+        .args(["mcp", "--auth", "none", "--listen", &listen, "--fleet-namespace", "default"])
+        .env("KUBECONFIG", testkit::cluster().kubeconfig)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    testkit::poll_until("the MCP server to answer", Duration::from_secs(30), || async {
+        status(&http_get(port, "/healthz").await) == Some(200)
+    })
+    .await;
+    let pid = child.id().unwrap().to_string();
+    assert_eq!(open_files_limits(&pid), (hard.clone(), hard));
+    child.kill().await.unwrap();
+}
