@@ -85,6 +85,9 @@ pub async fn guard(State(dash): State<Dash>, request: Request, next: Next) -> Re
     } else {
         None
     };
+    if refused.is_none() && request.uri().path().starts_with("/api/") {
+        bind_to_the_session(&request);
+    }
     let mut response = match refused {
         Some(e) => e.into_response(),
         None => next.run(request).await,
@@ -96,6 +99,18 @@ pub async fn guard(State(dash): State<Dash>, request: Request, next: Next) -> Re
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
+}
+
+/// Who the connections the session's token was shown on are charged to.
+const SESSION: &str = "fleetroll-dashboard-session";
+
+/// A connection the session's token was shown on is the session's: kept open for its next calls and its
+/// live stream, and never closed to make room for a connection no one has shown a token on (the session's
+/// own share, 32 connections, bounds it).
+fn bind_to_the_session(request: &Request) {
+    if let Some(connection) = request.extensions().get::<std::sync::Arc<crate::mcp::limits::Connection>>() {
+        connection.bind(&crate::mcp::limits::Caller::of(SESSION));
+    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 
 mod actions;
 mod approvals;
+mod connections;
 mod hostile;
 mod members;
 mod reconnect;
