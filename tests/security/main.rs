@@ -255,19 +255,11 @@ async fn attack_all(admin: Client, namespaces: [String; 3]) -> Vec<Row> {
     }
     let scratch = std::mem::take(&mut *env.scratch.lock().unwrap());
     for ns in scratch {
-        // Rollouts whose operator stopped keep its finalizers: nothing else would take them off.
-        let rollouts = Api::<FleetRollout>::namespaced(env.admin.clone(), &ns);
-        for fr in rollouts.list(&Default::default()).await.map(|l| l.items).unwrap_or_default() {
-            let strip = json!({"metadata": {"finalizers": null}});
-            rollouts.patch(&fr.name_any(), &PatchParams::default(), &Patch::Merge(strip)).await.ok();
-        }
         // The (cluster-scoped) FleetRolloutPolicy a guardrails attack made for its namespace, if any.
         let policies = Api::<fleetroll::api::FleetRolloutPolicy>::all(env.admin.clone());
         let _gone_or_never_made =
             policies.delete(&guardrails::policy_name(&ns), &DeleteParams::default()).await;
-        if let Err(e) =
-            Api::<Namespace>::all(env.admin.clone()).delete(&ns, &DeleteParams::background()).await
-        {
+        if let Err(e) = testkit::delete_namespace(&env.admin, &ns).await {
             eprintln!("warning: could not delete test namespace {ns}: {e}");
         }
     }

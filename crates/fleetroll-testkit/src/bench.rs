@@ -11,7 +11,7 @@ use futures::{StreamExt, stream};
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::Namespace};
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, Patch, PatchParams, PostParams},
+    api::{Patch, PatchParams, PostParams},
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
@@ -20,9 +20,8 @@ use tokio::sync::watch;
 pub const V1: &str = "registry.k8s.io/pause:3.10";
 
 pub async fn cleanup(client: &Client, namespaces: &[String]) {
-    let api: Api<Namespace> = Api::all(client.clone());
     for ns in namespaces {
-        let _ = api.delete(ns, &DeleteParams::background()).await;
+        let _ = crate::delete_namespace(client, ns).await;
     }
 }
 
@@ -33,7 +32,7 @@ pub async fn cleanup_and_wait(client: &Client, namespaces: &mut Vec<String>) {
     let api: Api<Namespace> = Api::all(client.clone());
     for ns in namespaces.drain(..) {
         let Ok(Some(found)) = api.get_opt(&ns).await else { continue };
-        let _ = api.delete(&ns, &DeleteParams::background()).await;
+        let _ = crate::delete_namespace(client, &ns).await;
         let uid = found.uid().unwrap_or_default();
         let gone = await_condition(api.clone(), &ns, is_deleted(&uid));
         tokio::time::timeout(Duration::from_secs(600), gone)

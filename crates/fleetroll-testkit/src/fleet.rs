@@ -13,12 +13,12 @@ use futures::StreamExt;
 
 use fleetroll::api::{FleetRollout, OPT_IN_LABEL, OPT_IN_VALUE};
 use k8s_openapi::{
-    api::{apps::v1::Deployment, core::v1::Namespace},
+    api::apps::v1::Deployment,
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    api::{ListParams, Patch, PatchParams, PostParams},
     runtime::{WatchStreamExt, conditions, wait::await_condition, watcher},
 };
 use serde_json::{Value, json};
@@ -78,17 +78,17 @@ where
 {
     let client = client().await;
     ensure_crd(&client).await;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
     let ns = create_namespace(&client, prefix, &[]).await;
     let mut tenant_names = Vec::new();
     for i in 0..tenants {
         let labels = [(OPT_IN_LABEL, OPT_IN_VALUE), (FLEET_LABEL, ns.as_str())];
         tenant_names.push(create_namespace(&client, &format!("{prefix}-t{i}"), &labels).await);
     }
+    let fleet_client = client.clone();
     let fleet = Fleet { client, ns: ns.clone(), tenants: tenant_names.clone() };
     let outcome = tokio::spawn(body(fleet)).await;
     for name in std::iter::once(&ns).chain(tenant_names.iter()) {
-        if let Err(e) = namespaces.delete(name, &DeleteParams::background()).await {
+        if let Err(e) = crate::delete_namespace(&fleet_client, name).await {
             eprintln!("warning: could not delete test namespace {name}: {e}");
         }
     }

@@ -138,6 +138,25 @@ where
     Api::<K>::all(client.clone()).create(&PostParams::default(), &obj).await.expect("create the object")
 }
 
+/// Deletes namespace `ns` in the background. FleetRollouts whose operator has stopped keep its finalizers,
+/// which nothing else would take off (the namespace would stay Terminating): they are taken off, before the
+/// deletion and after it (an operator still running may give a rollout one again until its namespace goes).
+pub async fn delete_namespace(client: &Client, ns: &str) -> kube::Result<()> {
+    release_rollouts(client, ns).await;
+    let deleted = Api::<Namespace>::all(client.clone()).delete(ns, &DeleteParams::background()).await;
+    release_rollouts(client, ns).await;
+    deleted.map(drop)
+}
+
+async fn release_rollouts(client: &Client, ns: &str) {
+    let api = Api::<fleetroll::api::FleetRollout>::namespaced(client.clone(), ns);
+    let Ok(rollouts) = api.list(&Default::default()).await else { return };
+    let strip = kube::api::Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}}));
+    for fr in rollouts.items.iter().filter(|fr| !fr.finalizers().is_empty()) {
+        let _gone_or_released = api.patch(&fr.name_any(), &Default::default(), &strip).await;
+    }
+}
+
 /// Runs `body` in a fresh namespace named `<prefix>-<random>`, then deletes the namespace, whether the
 /// body passed or panicked (the panic is re-raised afterwards).
 pub async fn with_namespace<F, Fut>(prefix: &str, body: F)
@@ -146,11 +165,10 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let client = client().await;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
     let name = create_namespace(&client, prefix, &[]).await;
-    let outcome = tokio::spawn(body(client, name.clone())).await;
+    let outcome = tokio::spawn(body(client.clone(), name.clone())).await;
     // Deletion finishes in the background (the namespace controller empties it); tests never reuse names.
-    if let Err(e) = namespaces.delete(&name, &DeleteParams::background()).await {
+    if let Err(e) = delete_namespace(&client, &name).await {
         eprintln!("warning: could not delete test namespace {name}: {e}");
     }
     if let Err(e) = outcome {
